@@ -1,0 +1,62 @@
+"""fairq's broker: the Redis contract every other part imports.
+
+Settings, API keys, job and request models, the key schema, the Lua scripts,
+enqueue/cancel/status, result streams, the Python client and the HTTP gateway.
+``dispatcher`` and ``workers`` import only the names listed here.
+"""
+
+from broker.auth import KeyRing, Principal, hash_key
+from broker.dispatching import BandBacklog, DispatchStore, ModelSnapshot, Pick
+from broker.errors import (
+    BodyTooLarge,
+    BrokerUnavailable,
+    FairqError,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    QueueFull,
+    Unauthorized,
+    UnknownModel,
+)
+from broker.execution import Claimed, ExecutionStore, Outcome, StartedJob
+from broker.jobs import JobRecord, JobState, RequestKind
+from broker.queue import JobQueue, Submission
+from broker.redis_conn import connect, connect_blocking
+from broker.results import ResultEvent, ResultReader
+from broker.settings import ApiKeyConfig, ModelConfig, Settings, load_settings
+
+__all__ = [
+    "ApiKeyConfig",
+    "BandBacklog",
+    "BodyTooLarge",
+    "BrokerUnavailable",
+    "Claimed",
+    "DispatchStore",
+    "ExecutionStore",
+    "FairqError",
+    "Forbidden",
+    "InvalidRequest",
+    "JobQueue",
+    "JobRecord",
+    "JobState",
+    "KeyRing",
+    "ModelConfig",
+    "ModelSnapshot",
+    "NotFound",
+    "Outcome",
+    "Pick",
+    "Principal",
+    "QueueFull",
+    "RequestKind",
+    "ResultEvent",
+    "ResultReader",
+    "Settings",
+    "StartedJob",
+    "Submission",
+    "Unauthorized",
+    "UnknownModel",
+    "connect",
+    "connect_blocking",
+    "hash_key",
+    "load_settings",
+]

@@ -1,0 +1,90 @@
+"""The exception tree of fairq's broker and gateway.
+
+Every error a caller can act on derives from ``FairqError`` and carries the
+OpenAI-style triple the gateway returns (``message``, ``type``, ``code``) plus
+the HTTP status::
+
+    FairqError                      500 internal_error
+    ├── InvalidRequest              400 invalid_request_error
+    ├── Unauthorized                401 invalid_api_key
+    ├── NotFound                    404 not_found
+    │   └── UnknownModel            404 model_not_found
+    ├── Forbidden                   403 permission_denied
+    ├── BodyTooLarge                413 request_too_large
+    ├── QueueFull                   429 queue_full (with retry_after_s)
+    └── BrokerUnavailable           503 redis_unavailable
+
+redis-py errors are translated at the edge with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+
+class FairqError(Exception):
+    """Root of all fairq errors; subclasses fix the HTTP status and error type."""
+
+    status = 500
+    type = "internal_error"
+    code: str | None = "internal_error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+
+    def to_body(self) -> dict[str, dict[str, str | None]]:
+        """The OpenAI error object: ``{"error": {"message", "type", "code"}}``."""
+        return {"error": {"message": self.message, "type": self.type, "code": self.code}}
+
+
+class InvalidRequest(FairqError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class Unauthorized(FairqError):
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class Forbidden(FairqError):
+    status = 403
+    type = "invalid_request_error"
+    code = "permission_denied"
+
+
+class NotFound(FairqError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class UnknownModel(NotFound):
+    code = "model_not_found"
+
+
+class BodyTooLarge(FairqError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class QueueFull(FairqError):
+    """The user already has the maximum number of queued jobs for this model."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "queue_full"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class BrokerUnavailable(FairqError):
+    status = 503
+    type = "server_error"
+    code = "redis_unavailable"

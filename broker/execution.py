@@ -1,0 +1,133 @@
+"""The worker's view of Redis: claim dispatched jobs, write results, end jobs.
+
+A worker reads ready-stream entries through the consumer group, turns each
+into a running job with ``start.lua`` (or just acknowledges it when the job was
+cancelled meanwhile), writes result chunks with plain pipelined ``XADD``s and
+ends the job with ``complete.lua``, which also acknowledges the entry: an
+entry is acknowledged only once its job is terminal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import orjson
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+
+from broker import keys
+from broker.dispatching import ensure_ready_group
+from broker.jobs import JobState, RequestKind
+from broker.results import BODY_FIELD, CHUNK_FIELD
+from broker.scripts import Scripts
+from broker.settings import Settings
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A ready-stream entry this worker now holds."""
+
+    model: str
+    entry_id: bytes
+    job_id: str
+
+
+@dataclass(frozen=True)
+class StartedJob:
+    model: str
+    job_id: str
+    payload: bytes
+    kind: RequestKind
+    stream_flag: str  # "0", "1", or "2" (streamed and the client wants the usage chunk)
+    endpoint: str
+    attempts: int
+
+    @property
+    def stream(self) -> bool:
+        return self.stream_flag != "0"
+
+
+@dataclass
+class Outcome:
+    """How a job ended at the worker; written by ``complete.lua``."""
+
+    state: JobState
+    error: dict[str, object] | None = None
+    usage: dict[str, int] | None = None
+    finish_reason: str | None = None
+    first_token_ms: int | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class ExecutionStore:
+    def __init__(self, redis: Redis, settings: Settings) -> None:
+        self._redis = redis
+        self._settings = settings
+        self._scripts = Scripts.bind(redis)
+
+    async def ensure_groups(self, models: Sequence[str]) -> None:
+        for model in models:
+            await ensure_ready_group(self._redis, model)
+
+    async def claim(
+        self, blocking: Redis, models: Sequence[str], consumer: str, count: int, block_ms: int
+    ) -> list[Claimed]:
+        """Read up to ``count`` new ready entries for this consumer, blocking up to ``block_ms``."""
+        streams = {keys.ready(m): ">" for m in models}
+        reply = await blocking.xreadgroup(
+            keys.READY_GROUP, consumer, streams, count=count, block=block_ms  # type: ignore[arg-type]
+        )
+        by_key = {keys.ready(m).encode(): m for m in models}
+        return [
+            Claimed(by_key[stream], entry_id, fields[b"j"].decode())
+            for stream, entries in reply or []
+            for entry_id, fields in entries
+            if fields  # a trimmed entry comes back without fields
+        ]
+
+    async def start(self, claimed: Claimed, worker: str) -> StartedJob | None:
+        """Mark the job running under ``worker``; None (and acked) when it is not startable."""
+        reply = await self._scripts.start(keys=[keys.job(claimed.model, claimed.job_id)], args=[worker])
+        if reply[0] == 1:
+            _, payload, kind, stream_flag, endpoint, attempts = reply
+            return StartedJob(
+                claimed.model, claimed.job_id, payload, RequestKind(kind.decode()),
+                stream_flag.decode(), endpoint.decode(), int(attempts),
+            )  # fmt: skip
+        await self._redis.xack(keys.ready(claimed.model), keys.READY_GROUP, claimed.entry_id)
+        return None
+
+    @staticmethod
+    def add_chunk(pipe: Pipeline, model: str, job_id: str, data: bytes) -> None:
+        pipe.xadd(keys.results(model, job_id), {CHUNK_FIELD: data})
+
+    @staticmethod
+    def add_body(pipe: Pipeline, model: str, job_id: str, body: bytes) -> None:
+        pipe.xadd(keys.results(model, job_id), {BODY_FIELD: body})
+
+    async def add_complete(self, pipe: Pipeline, model: str, job_id: str, outcome: Outcome) -> None:
+        """Queue ``complete.lua`` in the pipeline; its reply is 1 when it ended the job."""
+        await self._scripts.complete(
+            keys=[
+                keys.job(model, job_id), keys.results(model, job_id),
+                keys.ready(model), keys.inflight(model),
+            ],
+            args=[
+                outcome.state.value, keys.READY_GROUP, self._settings.result_ttl_s,
+                keys.wake_channel(model), _json(outcome.error), _json(outcome.usage),
+                outcome.finish_reason or "", outcome.first_token_ms or "",
+            ],
+            client=pipe,
+        )  # fmt: skip
+
+    def pipeline(self) -> Pipeline:
+        return self._redis.pipeline(transaction=False)
+
+    def cancel_channels(self, models: Sequence[str]) -> dict[str, str]:
+        """Channel -> model, for the channels that announce cancelled jobs."""
+        return {keys.cancel_channel(m): m for m in models}
+
+
+def _json(value: object | None) -> str:
+    return orjson.dumps(value).decode() if value else ""

@@ -1,0 +1,138 @@
+"""Jobs: ids, states and the record a job hash holds.
+
+Who owns a job at each stage (the hand-over is done by one Lua script each):
+
+    queued      the broker: an entry in the user's queue stream (enqueue.lua)
+    dispatched  the ready stream: an entry not yet read by a worker (dispatch.lua)
+    running     one worker, that read the ready entry (start.lua)
+    terminal    nobody; set exactly once (complete.lua or cancel.lua), then expires
+
+A job id embeds its model (URL-safe base64) so that any process can find the
+job's hash-tagged keys from the id alone, without a global index.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import secrets
+from dataclasses import dataclass
+
+import orjson
+
+
+class JobState(enum.StrEnum):
+    QUEUED = "queued"
+    DISPATCHED = "dispatched"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+    @property
+    def terminal(self) -> bool:
+        return self not in (JobState.QUEUED, JobState.DISPATCHED, JobState.RUNNING)
+
+
+class RequestKind(enum.StrEnum):
+    CHAT = "chat"
+    COMPLETION = "completion"
+
+    @property
+    def path(self) -> str:
+        return "/v1/chat/completions" if self is RequestKind.CHAT else "/v1/completions"
+
+
+def new_job_id(model: str) -> str:
+    encoded = base64.urlsafe_b64encode(model.encode()).rstrip(b"=").decode()
+    return f"{encoded}.{secrets.token_hex(10)}"
+
+
+def model_of(job_id: str) -> str | None:
+    """The model a job id belongs to, or None when the id is not one of ours."""
+    encoded, dot, rest = job_id.partition(".")
+    if not dot or not rest or len(job_id) > 400:
+        return None
+    try:
+        return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
+
+
+def _ms(value: bytes | None) -> int | None:
+    return int(value) if value else None
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A job as stored in its hash (fields of ``fq:{m}:job:{id}``)."""
+
+    id: str
+    model: str
+    state: JobState
+    user: str
+    tenant: str
+    band: str
+    kind: RequestKind
+    stream: bool
+    endpoint: str | None
+    enqueued_ms: int | None
+    dispatched_ms: int | None
+    started_ms: int | None
+    first_token_ms: int | None
+    ended_ms: int | None
+    attempts: int
+    finish_reason: str | None
+    usage: dict[str, int] | None
+    error: dict[str, object] | None
+
+    @classmethod
+    def from_hash(cls, job_id: str, model: str, h: dict[bytes, bytes]) -> JobRecord:
+        def s(field: bytes) -> str | None:
+            value = h.get(field)
+            return value.decode() if value else None
+
+        usage, error = h.get(b"usage"), h.get(b"err")
+        return cls(
+            id=job_id,
+            model=model,
+            state=JobState(h[b"st"].decode()),
+            user=s(b"u") or "",
+            tenant=s(b"tn") or "",
+            band=s(b"b") or "",
+            kind=RequestKind(s(b"k") or "chat"),
+            stream=h.get(b"s") in (b"1", b"2"),
+            endpoint=s(b"ep"),
+            enqueued_ms=_ms(h.get(b"tq")),
+            dispatched_ms=_ms(h.get(b"td")),
+            started_ms=_ms(h.get(b"tr")),
+            first_token_ms=_ms(h.get(b"tf")),
+            ended_ms=_ms(h.get(b"te")),
+            attempts=int(h.get(b"att") or 0),
+            finish_reason=s(b"fin"),
+            usage=orjson.loads(usage) if usage else None,
+            error=orjson.loads(error) if error else None,
+        )
+
+    def public(self) -> dict[str, object]:
+        """The job as the API shows it to its owner."""
+        return {
+            "id": self.id,
+            "object": "fairq.job",
+            "model": self.model,
+            "status": self.state.value,
+            "band": self.band,
+            "kind": self.kind.value,
+            "stream": self.stream,
+            "attempts": self.attempts,
+            "created_at_ms": self.enqueued_ms,
+            "dispatched_at_ms": self.dispatched_ms,
+            "started_at_ms": self.started_ms,
+            "first_token_at_ms": self.first_token_ms,
+            "ended_at_ms": self.ended_ms,
+            "finish_reason": self.finish_reason,
+            "usage": self.usage,
+            "error": self.error,
+        }

@@ -1,0 +1,71 @@
+"""The Redis key schema: the one place that builds key strings.
+
+Every key of a model carries the model as a Redis Cluster hash tag
+(``fq:{model}:...``) so that each Lua script touches a single slot and models
+can spread across cluster shards. Lua scripts never invent key names: they get
+keys through KEYS, or a prefix from here through ARGV when the name depends on
+data they read (a job id popped from a queue).
+
+    fq:{m}:q:{band}:{user}   stream   a user's queued job ids in one band
+    fq:{m}:bk:{band}         zset     backlogged users of a band, score = fairness order
+    fq:{m}:meta              hash     per-band fairness clock ("join:{band}")
+    fq:{m}:job:{id}          hash     the job record (state, owner, payload, times)
+    fq:{m}:ready             stream   dispatched jobs, read by workers (consumer group)
+    fq:{m}:inflight          hash     endpoint -> jobs dispatched and not yet terminal
+    fq:{m}:out:{id}          stream   the job's result chunks, then an end entry
+    fq:{m}:wake              channel  "something changed": new job, freed capacity
+    fq:{m}:cancel            channel  job ids cancelled while at a worker
+"""
+
+from __future__ import annotations
+
+READY_GROUP = "workers"
+
+
+def _tag(model: str) -> str:
+    return f"fq:{{{model}}}"
+
+
+def queue(model: str, band: str, user: str) -> str:
+    return f"{_tag(model)}:q:{band}:{user}"
+
+
+def backlog(model: str, band: str) -> str:
+    return f"{_tag(model)}:bk:{band}"
+
+
+def meta(model: str) -> str:
+    return f"{_tag(model)}:meta"
+
+
+def join_field(band: str) -> str:
+    """Field of ``meta`` holding the score a newly backlogged user joins a band with."""
+    return f"join:{band}"
+
+
+def job_prefix(model: str) -> str:
+    return f"{_tag(model)}:job:"
+
+
+def job(model: str, job_id: str) -> str:
+    return job_prefix(model) + job_id
+
+
+def ready(model: str) -> str:
+    return f"{_tag(model)}:ready"
+
+
+def inflight(model: str) -> str:
+    return f"{_tag(model)}:inflight"
+
+
+def results(model: str, job_id: str) -> str:
+    return f"{_tag(model)}:out:{job_id}"
+
+
+def wake_channel(model: str) -> str:
+    return f"{_tag(model)}:wake"
+
+
+def cancel_channel(model: str) -> str:
+    return f"{_tag(model)}:cancel"

@@ -1,0 +1,39 @@
+-- cancel.lua: end a job as cancelled, wherever it is, unless it has ended already.
+-- KEYS[1] job hash            fq:{m}:job:{id}
+-- KEYS[2] result stream       fq:{m}:out:{id}
+-- KEYS[3] ready stream        fq:{m}:ready
+-- KEYS[4] inflight hash       fq:{m}:inflight
+-- KEYS[5] user queue stream   fq:{m}:q:{band}:{user}  (the job's own band and user)
+-- KEYS[6] band backlog zset   fq:{m}:bk:{band}
+-- ARGV[1] job id   ARGV[2] ready consumer group   ARGV[3] ttl seconds
+-- ARGV[4] wake channel   ARGV[5] cancel channel (workers abort the engine request)
+-- ARGV[6] user   ARGV[7] terminal state to record (cancelled, or expired for deadlines)
+-- Returns the state the job was in, or '' when there is no such job.
+local f = redis.call('HMGET', KEYS[1], 'st', 'qe', 're', 'ep')
+local st, qentry, rentry, endpoint = f[1], f[2], f[3], f[4]
+if not st then
+  return ''
+end
+if st ~= 'queued' and st ~= 'dispatched' and st ~= 'running' then
+  return st
+end
+if st == 'queued' then
+  redis.call('XDEL', KEYS[5], qentry)
+  if redis.call('XLEN', KEYS[5]) == 0 then
+    redis.call('DEL', KEYS[5])
+    redis.call('ZREM', KEYS[6], ARGV[6])
+  end
+else
+  redis.call('HINCRBY', KEYS[4], endpoint, -1)
+  redis.call('XACK', KEYS[3], ARGV[2], rentry)
+  redis.call('PUBLISH', ARGV[5], ARGV[1])
+end
+local t = redis.call('TIME')
+local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
+redis.call('HSET', KEYS[1], 'st', ARGV[7], 'te', now_ms)
+redis.call('HDEL', KEYS[1], 'p')
+redis.call('XADD', KEYS[2], '*', 'end', ARGV[7], 'e', '')
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('PUBLISH', ARGV[4], '1')
+return st

@@ -1,0 +1,35 @@
+-- complete.lua: record a running job's terminal state exactly once and release it.
+-- KEYS[1] job hash       fq:{m}:job:{id}
+-- KEYS[2] result stream  fq:{m}:out:{id}
+-- KEYS[3] ready stream   fq:{m}:ready
+-- KEYS[4] inflight hash  fq:{m}:inflight
+-- ARGV[1] terminal state (completed|failed)   ARGV[2] ready consumer group
+-- ARGV[3] ttl seconds of the job and its results   ARGV[4] wake channel
+-- ARGV[5] error JSON or ''   ARGV[6] usage JSON or ''   ARGV[7] finish reason or ''
+-- ARGV[8] first-token time in ms or ''
+-- Returns 1 when this call ended the job, 0 when it had already ended (e.g. cancelled);
+-- the ready entry is acknowledged either way.
+local f = redis.call('HMGET', KEYS[1], 'st', 're', 'ep')
+local st, entry, endpoint = f[1], f[2], f[3]
+if entry then
+  redis.call('XACK', KEYS[3], ARGV[2], entry)
+end
+if st ~= 'dispatched' and st ~= 'running' then
+  return 0
+end
+local t = redis.call('TIME')
+local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
+redis.call('HSET', KEYS[1], 'st', ARGV[1], 'te', now_ms)
+if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'err', ARGV[5]) end
+if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'usage', ARGV[6]) end
+if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'fin', ARGV[7]) end
+if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'tf', ARGV[8]) end
+redis.call('HDEL', KEYS[1], 'p')
+redis.call('XADD', KEYS[2], '*', 'end', ARGV[1], 'e', ARGV[5])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+if endpoint then
+  redis.call('HINCRBY', KEYS[4], endpoint, -1)
+end
+redis.call('PUBLISH', ARGV[4], '1')
+return 1

@@ -1,0 +1,116 @@
+"""The producer side of the queue: submit, look up and cancel jobs.
+
+Used by the HTTP gateway and the Python client alike; both resolve the caller
+to a user first, and every lookup by id checks that the job is the caller's own
+(another user's job is reported as not found, never as forbidden).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from broker import keys
+from broker.errors import BrokerUnavailable, NotFound, QueueFull
+from broker.jobs import JobRecord, JobState, RequestKind, model_of, new_job_id
+from broker.scripts import Scripts
+from broker.settings import Settings
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One request to queue; ``user`` is the fairness unit, ``owner`` the key's user."""
+
+    model: str
+    owner: str
+    user: str
+    tenant: str
+    band: str
+    kind: RequestKind
+    stream_flag: str  # "0" not streamed, "1" streamed, "2" streamed with usage chunk
+    payload: bytes
+    job_id: str | None = None
+
+
+class JobQueue:
+    def __init__(self, redis: Redis, settings: Settings) -> None:
+        self._redis = redis
+        self._settings = settings
+        self._scripts = Scripts.bind(redis)
+
+    async def submit(self, sub: Submission) -> str:
+        """Queue a job and return its id; raises QueueFull when the user's queue is full."""
+        job_id = sub.job_id or new_job_id(sub.model)
+        m = sub.model
+        try:
+            reply = await self._scripts.enqueue(
+                keys=[
+                    keys.job(m, job_id),
+                    keys.queue(m, sub.band, sub.user),
+                    keys.backlog(m, sub.band),
+                    keys.meta(m),
+                ],
+                args=[
+                    job_id, sub.user, sub.tenant, sub.band, sub.kind.value, sub.stream_flag,
+                    sub.payload, self._settings.max_queued_per_user, keys.wake_channel(m),
+                    keys.join_field(sub.band), sub.owner,
+                ],
+            )
+        except RedisError as exc:
+            raise BrokerUnavailable(f"could not queue the request: {exc}") from exc
+        if reply[0] == 0:
+            raise QueueFull(
+                f"you already have {reply[1]} queued requests for model {m!r} "
+                f"(the limit is {self._settings.max_queued_per_user}); "
+                "retry after some of them have started",
+                retry_after_s=self._settings.queue_full_retry_after_s,
+            )
+        return job_id
+
+    async def get(self, job_id: str, owner: str | None) -> JobRecord:
+        """The job record; NotFound if it does not exist or belongs to someone else.
+
+        ``owner=None`` skips the ownership check (admin and internal callers).
+        """
+        model = model_of(job_id)
+        if model is None or self._settings.model(model) is None:
+            raise NotFound(f"no job with id {job_id!r}")
+        try:
+            h = await self._redis.hgetall(keys.job(model, job_id))
+        except RedisError as exc:
+            raise BrokerUnavailable(f"could not read job {job_id!r}: {exc}") from exc
+        if not h or (owner is not None and h.get(b"o", b"").decode() != owner):
+            raise NotFound(f"no job with id {job_id!r}")
+        return JobRecord.from_hash(job_id, model, h)
+
+    async def cancel(
+        self, job_id: str, owner: str | None, state: JobState = JobState.CANCELLED
+    ) -> JobRecord:
+        """End the job as cancelled (or ``state``) unless it has ended; returns the record."""
+        job = await self.get(job_id, owner)
+        if not job.state.terminal:
+            await self._end_early(job, state)
+            job = await self.get(job_id, owner)
+        return job
+
+    async def _end_early(self, job: JobRecord, state: JobState) -> None:
+        m = job.model
+        try:
+            await self._scripts.cancel(
+                keys=[
+                    keys.job(m, job.id),
+                    keys.results(m, job.id),
+                    keys.ready(m),
+                    keys.inflight(m),
+                    keys.queue(m, job.band, job.user),
+                    keys.backlog(m, job.band),
+                ],
+                args=[
+                    job.id, keys.READY_GROUP, self._settings.result_ttl_s,
+                    keys.wake_channel(m), keys.cancel_channel(m), job.user, state.value,
+                ],
+            )
+        except RedisError as exc:
+            raise BrokerUnavailable(f"could not cancel job {job.id!r}: {exc}") from exc

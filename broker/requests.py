@@ -1,0 +1,94 @@
+"""Validating OpenAI request bodies and turning them into the payload an engine gets.
+
+Only what fairq needs is checked (model, messages or prompt, stream, token
+limits); every other field passes through to the engine untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from broker.errors import InvalidRequest
+from broker.jobs import RequestKind
+from broker.settings import ModelConfig
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    model: str = Field(min_length=1)
+    stream: bool = False
+    max_tokens: int | None = Field(default=None, ge=1)
+    user: str | None = None
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+
+
+class ChatBody(_Body):
+    messages: list[_Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+
+class CompletionBody(_Body):
+    prompt: str | list[str] | list[int] | list[list[int]]
+
+
+_SCHEMAS: dict[RequestKind, type[_Body]] = {
+    RequestKind.CHAT: ChatBody,
+    RequestKind.COMPLETION: CompletionBody,
+}
+
+
+def _describe(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "body"
+    return f"invalid request body at '{where}': {first['msg']}"
+
+
+def parse_body(kind: RequestKind, raw: bytes) -> dict[str, Any]:
+    """Parse and check a request body; raises InvalidRequest with a readable reason."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from exc
+    return check_body(kind, body)
+
+
+def check_body(kind: RequestKind, body: object) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    try:
+        _SCHEMAS[kind].model_validate(body)
+    except ValidationError as exc:
+        raise InvalidRequest(_describe(exc)) from exc
+    return body
+
+
+def engine_payload(body: dict[str, Any], job_id: str, model: ModelConfig) -> bytes:
+    """The exact bytes the worker will POST to the engine for this job.
+
+    vLLM takes ``request_id``, so its completion ids become ``chatcmpl-<job id>`` and
+    chunks pass through unchanged. Streams always ask for usage, which the worker
+    needs for accounting; it drops the usage chunk again if the client did not ask.
+    """
+    payload = dict(body)
+    payload.pop("user", None)  # the fairness identity stays inside fairq
+    if model.engine == "vllm":
+        payload["request_id"] = job_id
+    if payload.get("stream"):
+        options = dict(payload.get("stream_options") or {})
+        options["include_usage"] = True
+        payload["stream_options"] = options
+    return orjson.dumps(payload)
+
+
+def wants_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))

@@ -1,0 +1,161 @@
+"""Result streams: the entries a worker writes and the one reader per process that follows them.
+
+A job's result stream ``fq:{m}:out:{id}`` holds, in order:
+
+    {d: <SSE events>}      one or more ``data: {...}\\n\\n`` events, bytes as the engine sent
+    {b: <JSON body>}       the whole response of a non-streamed request
+    {end: <state>, e: <error JSON or ''>}   exactly one, last (written by complete/cancel.lua)
+
+``ResultReader`` multiplexes every stream that a process follows over a single
+blocking ``XREAD`` on one connection. A new follower must join a read that is
+already blocked; it does so by ``CLIENT UNBLOCK``-ing the reader, which then
+re-issues the read with the new key. Redis connections per process stay at two
+whatever the number of concurrent streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import orjson
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from broker import keys
+from broker.jobs import JobState
+
+log = logging.getLogger(__name__)
+
+CHUNK_FIELD = b"d"
+BODY_FIELD = b"b"
+_END_FIELD = b"end"
+_ERROR_FIELD = b"e"
+
+
+@dataclass(frozen=True, slots=True)
+class ResultEvent:
+    """One entry of a result stream."""
+
+    id: bytes
+    chunk: bytes | None = None
+    body: bytes | None = None
+    end: JobState | None = None
+    error: dict[str, object] | None = None
+
+    @classmethod
+    def parse(cls, entry_id: bytes, fields: dict[bytes, bytes]) -> ResultEvent:
+        end = fields.get(_END_FIELD)
+        if end is None:
+            return cls(entry_id, chunk=fields.get(CHUNK_FIELD), body=fields.get(BODY_FIELD))
+        error = fields.get(_ERROR_FIELD)
+        return cls(entry_id, end=JobState(end.decode()), error=orjson.loads(error) if error else None)
+
+
+@dataclass(slots=True)
+class _Follower:
+    queue: asyncio.Queue[ResultEvent]
+    last_id: bytes
+
+
+class ResultReader:
+    """Follows many result streams with one blocking XREAD loop (start once per process)."""
+
+    def __init__(self, blocking: Redis, control: Redis, block_ms: int = 2000, count: int = 512):
+        self._blocking = blocking  # dedicated single-connection client
+        self._control = control  # shared pool: CLIENT UNBLOCK and nothing else
+        self._block_ms = block_ms
+        self._count = count
+        self._followers: dict[bytes, _Follower] = {}
+        self._reading: frozenset[bytes] = frozenset()
+        self._blocked = False
+        self._client_id: int | None = None
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="result-reader")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self._blocking.aclose()
+
+    @contextlib.asynccontextmanager
+    async def follow(
+        self, model: str, job_id: str, after: bytes = b"0-0"
+    ) -> AsyncIterator[asyncio.Queue[ResultEvent]]:
+        """Follow one job's results from entry ``after`` on; yields the queue they arrive in."""
+        key = keys.results(model, job_id).encode()
+        if key in self._followers:
+            raise RuntimeError(f"job {job_id} is already followed in this process")
+        follower = _Follower(asyncio.Queue(), after)
+        self._followers[key] = follower
+        try:
+            await self._wake(key)
+            yield follower.queue
+        finally:
+            del self._followers[key]
+
+    async def events(self, model: str, job_id: str, after: bytes = b"0-0") -> AsyncIterator[ResultEvent]:
+        """Every event of the job up to and including its end event."""
+        async with self.follow(model, job_id, after) as queue:
+            while True:
+                event = await queue.get()
+                yield event
+                if event.end is not None:
+                    return
+
+    async def _wake(self, key: bytes) -> None:
+        """Make the reader include ``key`` in its next XREAD without waiting for its timeout."""
+        self._changed.set()
+        for _ in range(100):
+            if key in self._reading or self._task is None:
+                return
+            if self._blocked and self._client_id is not None:
+                with contextlib.suppress(RedisError):
+                    if await self._control.client_unblock(self._client_id):
+                        return
+            # The reader is between reads, or its XREAD has not reached Redis yet.
+            await asyncio.sleep(0.0005)
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        while True:
+            if not self._followers:
+                self._reading = frozenset()
+                await self._changed.wait()
+            self._changed.clear()
+            try:
+                await self._read_once()
+                backoff = 0.05
+            except RedisError as exc:
+                log.warning("result reader lost Redis (%s); retrying in %.2fs", exc, backoff)
+                self._client_id = None
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    async def _read_once(self) -> None:
+        if self._client_id is None:
+            self._client_id = int(await self._blocking.client_id())
+        streams = {key: f.last_id for key, f in self._followers.items()}
+        self._reading = frozenset(streams)
+        self._blocked = True
+        try:
+            reply = await self._blocking.xread(streams, count=self._count, block=self._block_ms)  # type: ignore[arg-type]
+        finally:
+            self._blocked = False
+        for key, entries in reply or []:
+            follower = self._followers.get(key)
+            if follower is None:
+                continue
+            for entry_id, fields in entries:
+                follower.last_id = entry_id
+                follower.queue.put_nowait(ResultEvent.parse(entry_id, fields))

@@ -1,0 +1,152 @@
+"""fairq's one settings object: environment (``FAIRQ_*``) over a YAML file.
+
+``load_settings()`` reads the environment and the YAML file named by
+``FAIRQ_CONFIG`` once, validates everything and returns a frozen ``Settings``.
+Environment variables win over the file. Secrets (the Redis URL may hold a
+password) are ``SecretStr`` and print masked.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+DEFAULT_BANDS = ("interactive", "default", "batch")
+# Model names become Redis Cluster hash tags and URL path parts: no braces, no spaces.
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelConfig(_Frozen):
+    """One served model and the engine pods (endpoints) that serve it."""
+
+    name: str
+    engine: Literal["vllm", "openai"] = "vllm"
+    endpoints: tuple[str, ...] = Field(min_length=1)
+    inflight_cap: int = Field(default=8, ge=1, description="static cap per endpoint")
+    policy: Literal["round_robin"] = "round_robin"
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, name: str) -> str:
+        if not _MODEL_NAME.match(name):
+            raise ValueError(
+                f"model name {name!r} must start with a letter or digit and use only "
+                "letters, digits and . _ : / @ + - (at most 200 characters)"
+            )
+        return name
+
+    @field_validator("endpoints")
+    @classmethod
+    def _valid_endpoints(cls, endpoints: tuple[str, ...]) -> tuple[str, ...]:
+        for url in endpoints:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"endpoint {url!r} must be an http:// or https:// base URL")
+        return tuple(url.rstrip("/") for url in endpoints)
+
+
+class ApiKeyConfig(_Frozen):
+    """An API key, stored as the SHA-256 of the key (``fairq hash-key``)."""
+
+    sha256: str
+    user: str = Field(min_length=1, max_length=200)
+    tenant: str | None = None
+    weight: float = Field(default=1.0, gt=0)
+    bands: tuple[str, ...] | None = None  # None: every band; the first is the default
+    models: tuple[str, ...] | None = None  # None: every model
+    admin: bool = False
+    trusted_app: bool = False  # may name end users with OpenAI's `user` field
+
+    @field_validator("sha256")
+    @classmethod
+    def _valid_hash(cls, value: str) -> str:
+        if not _SHA256.match(value):
+            raise ValueError("sha256 must be 64 lowercase hex digits (see `fairq hash-key`)")
+        return value
+
+
+class Settings(BaseSettings):
+    """All of fairq's configuration; units are in the names."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="FAIRQ_", env_nested_delimiter="__", frozen=True, extra="forbid"
+    )
+
+    redis_url: SecretStr | None = None
+    bands: tuple[str, ...] = DEFAULT_BANDS
+    models: tuple[ModelConfig, ...] = ()
+    api_keys: tuple[ApiKeyConfig, ...] = ()
+
+    max_queued_per_user: int = Field(default=1000, ge=1)
+    queue_full_retry_after_s: int = Field(default=5, ge=1)
+    max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    result_ttl_s: int = Field(default=3600, ge=1)
+    ready_stream_maxlen: int = Field(default=100_000, ge=1000)
+
+    dispatcher_idle_tick_s: float = Field(default=1.0, gt=0)
+    worker_concurrency: int = Field(default=64, ge=1)
+    worker_drain_timeout_s: float = Field(default=30.0, ge=0)
+    stream_linger_ms: float = Field(default=5.0, ge=0)
+    engine_connect_timeout_s: float = Field(default=5.0, gt=0)
+    engine_read_timeout_s: float = Field(default=300.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check_references(self) -> Settings:
+        if len(set(self.bands)) != len(self.bands) or not self.bands:
+            raise ValueError("bands must be a non-empty list of distinct names")
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError("model names must be unique")
+        for key in self.api_keys:
+            for band in key.bands or ():
+                if band not in self.bands:
+                    raise ValueError(f"api key of user {key.user!r} names unknown band {band!r}")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_path = os.environ.get("FAIRQ_CONFIG")
+        if config_path:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=Path(config_path)))
+        return tuple(sources)
+
+    def model(self, name: str) -> ModelConfig | None:
+        return next((m for m in self.models if m.name == name), None)
+
+    def require_redis_url(self) -> str:
+        if self.redis_url is None:
+            raise ValueError(
+                "FAIRQ_REDIS_URL is not set: point it at your Redis (redis://host:6379/0), "
+                "or use `fairq up`, which starts a private Redis"
+            )
+        return self.redis_url.get_secret_value()
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read and validate the configuration once; raises a readable error on bad input."""
+    config_path = os.environ.get("FAIRQ_CONFIG")
+    if config_path and not Path(config_path).is_file():
+        raise FileNotFoundError(f"FAIRQ_CONFIG names {config_path!r}, which is not a file")
+    return Settings(**overrides)  # type: ignore[arg-type]

@@ -1,0 +1,1 @@
+"""fairq's composition root: the ``fairq`` command line and the local stack (``fairq up``)."""

@@ -1,0 +1,34 @@
+"""Shared fixtures: one private Redis server per test session, flushed between tests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis
+from redis.asyncio import Redis
+
+from fairq.localredis import LocalRedis
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[LocalRedis]:
+    """A real redis/valkey server on a free loopback port, torn down after the session."""
+    with LocalRedis() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: LocalRedis) -> str:
+    """The session server's URL, emptied before each test."""
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    client.close()
+    return redis_server.url
+
+
+@pytest.fixture
+async def aredis(redis_url: str) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
