@@ -5,7 +5,9 @@ enqueue/cancel/status, result streams, the Python client and the HTTP gateway.
 ``dispatcher`` and ``workers`` import only the names listed here.
 """
 
+from broker import keys
 from broker.auth import KeyRing, Principal, hash_key
+from broker.client import AsyncClient, Client
 from broker.dispatching import BandBacklog, DispatchStore, ModelSnapshot, Pick
 from broker.errors import (
     BodyTooLarge,
@@ -13,6 +15,7 @@ from broker.errors import (
     FairqError,
     Forbidden,
     InvalidRequest,
+    JobFailed,
     NotFound,
     QueueFull,
     Unauthorized,
@@ -26,6 +29,9 @@ from broker.results import ResultEvent, ResultReader
 from broker.settings import ApiKeyConfig, ModelConfig, Settings, load_settings
 
 __all__ = [
+    "AsyncClient",
+    "Client",
+    "JobFailed",
     "ApiKeyConfig",
     "BandBacklog",
     "BodyTooLarge",
@@ -58,5 +64,6 @@ __all__ = [
     "connect",
     "connect_blocking",
     "hash_key",
+    "keys",
     "load_settings",
 ]

@@ -12,7 +12,8 @@ the HTTP status::
     ├── Forbidden                   403 permission_denied
     ├── BodyTooLarge                413 request_too_large
     ├── QueueFull                   429 queue_full (with retry_after_s)
-    └── BrokerUnavailable           503 redis_unavailable
+    ├── BrokerUnavailable           503 redis_unavailable
+    └── JobFailed                   the job's own status (502 by default)
 
 redis-py errors are translated at the edge with ``raise ... from exc``.
 """
@@ -88,3 +89,18 @@ class BrokerUnavailable(FairqError):
     status = 503
     type = "server_error"
     code = "redis_unavailable"
+
+
+class JobFailed(FairqError):
+    """A job ended without a result (failed, cancelled or expired); carries the job's error."""
+
+    status = 502
+    type = "server_error"
+    code = "job_failed"
+
+    def __init__(self, message: str, *, state: str, status: int | None = None,
+                 code: str | None = None) -> None:  # fmt: skip
+        super().__init__(message, code=code)
+        self.state = state
+        if status is not None:
+            self.status = status

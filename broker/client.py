@@ -1,0 +1,159 @@
+"""The Python client: submit to fairq directly through Redis, no gateway in between.
+
+``AsyncClient`` is the implementation; ``Client`` is a thin synchronous wrapper
+that runs it on an event loop in a background thread (one implementation, no
+drifting twin). The client acts as the holder of an API key: the key decides
+the user, bands and models exactly as at the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from typing import Any, TypeVar
+
+import orjson
+from redis.asyncio import Redis
+
+from broker.auth import KeyRing, Principal
+from broker.errors import JobFailed, UnknownModel
+from broker.jobs import JobRecord, JobState, RequestKind, new_job_id
+from broker.queue import JobQueue, Submission
+from broker.redis_conn import connect, connect_blocking
+from broker.requests import check_body, engine_payload, wants_usage
+from broker.results import ResultEvent, ResultReader
+from broker.settings import Settings, load_settings
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    def __init__(self, settings: Settings | None = None, *, api_key: str) -> None:
+        self._settings = settings or load_settings()
+        self._principal: Principal = KeyRing(self._settings).resolve(api_key)
+        self._redis: Redis = connect(self._settings)
+        self._queue = JobQueue(self._redis, self._settings)
+        self._reader: ResultReader | None = None
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._reader is not None:
+            await self._reader.close()
+        await self._redis.aclose()
+
+    async def submit(self, model: str, *, band: str | None = None, **body: Any) -> str:
+        """Queue a chat completion (``messages=``) or completion (``prompt=``); returns the job id."""
+        config = self._settings.model(model)
+        if config is None or not self._principal.may_use_model(model):
+            raise UnknownModel(f"The model `{model}` does not exist or you do not have access to it.")
+        kind = RequestKind.CHAT if "messages" in body else RequestKind.COMPLETION
+        body = check_body(kind, {"model": model, **body})
+        job_id = new_job_id(model)
+        stream_flag = ("2" if wants_usage(body) else "1") if body.get("stream") else "0"
+        return await self._queue.submit(
+            Submission(
+                model=model, owner=self._principal.user,
+                user=self._principal.end_user(body.get("user")), tenant=self._principal.tenant,
+                band=self._principal.band_for(band), kind=kind, stream_flag=stream_flag,
+                payload=engine_payload(body, job_id, config), job_id=job_id,
+            )
+        )  # fmt: skip
+
+    async def status(self, job_id: str) -> JobRecord:
+        return await self._queue.get(job_id, self._principal.user)
+
+    async def cancel(self, job_id: str) -> JobRecord:
+        return await self._queue.cancel(job_id, self._principal.user)
+
+    async def events(self, job_id: str) -> AsyncIterator[ResultEvent]:
+        """The job's raw result events, resumable from the start, until its end."""
+        job = await self.status(job_id)  # ownership check before reading anything
+        if self._reader is None:
+            self._reader = ResultReader(connect_blocking(self._settings, 2.0), self._redis)
+            self._reader.start()
+        async for event in self._reader.events(job.model, job_id):
+            if event.end is not None and event.end is not JobState.COMPLETED:
+                raise _failure(event)
+            yield event
+
+    async def stream(self, job_id: str) -> AsyncIterator[dict[str, Any]]:
+        """The chunks of a streamed job, parsed, in order."""
+        async for event in self.events(job_id):
+            for raw in (event.chunk or b"").split(b"\n\n"):
+                if raw.startswith(b"data: "):
+                    yield orjson.loads(raw[6:])
+
+    async def result(self, job_id: str) -> dict[str, Any]:
+        """Wait for a non-streamed job and return the engine's response object."""
+        body: dict[str, Any] = {}
+        async for event in self.events(job_id):
+            if event.body is not None:
+                body = orjson.loads(event.body)
+        return body
+
+
+async def _next(chunks: AsyncIterator[T]) -> T:
+    return await chunks.__anext__()
+
+
+def _failure(event: ResultEvent) -> JobFailed:
+    error = event.error or {}
+    state = event.end.value if event.end else "failed"
+    message = str(error.get("message") or f"the job ended {state}")
+    status = error.get("status")
+    return JobFailed(message, state=state, status=status if isinstance(status, int) else None)
+
+
+class Client:
+    """Synchronous wrapper: the same calls as ``AsyncClient``, blocking."""
+
+    def __init__(self, settings: Settings | None = None, *, api_key: str) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._async = self._call(self._create(settings, api_key))
+
+    @staticmethod
+    async def _create(settings: Settings | None, api_key: str) -> AsyncClient:
+        return AsyncClient(settings, api_key=api_key)
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._call(self._async.aclose())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def submit(self, model: str, *, band: str | None = None, **body: Any) -> str:
+        return self._call(self._async.submit(model, band=band, **body))
+
+    def status(self, job_id: str) -> JobRecord:
+        return self._call(self._async.status(job_id))
+
+    def cancel(self, job_id: str) -> JobRecord:
+        return self._call(self._async.cancel(job_id))
+
+    def result(self, job_id: str) -> dict[str, Any]:
+        return self._call(self._async.result(job_id))
+
+    def stream(self, job_id: str) -> Iterator[dict[str, Any]]:
+        chunks = self._async.stream(job_id)
+        while True:
+            try:
+                yield self._call(_next(chunks))
+            except StopAsyncIteration:
+                return

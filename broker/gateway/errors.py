@@ -1,0 +1,111 @@
+"""Every error leaves the gateway as an OpenAI error object, never as HTML or a trace.
+
+``{"error": {"message", "type", "code"}}`` with the status of the ``FairqError``
+(see ``broker.errors``); routing errors (404, 405) and FastAPI's validation
+errors get the same shape. An unexpected exception is logged once (type and
+route; never headers or bodies, which hold API keys and prompts) and answered
+with a 500 by ``CatchAll``, the outermost middleware.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from broker.errors import BodyTooLarge, FairqError, InvalidRequest, QueueFull
+
+log = logging.getLogger(__name__)
+
+JOB_HEADER = "X-Fairq-Job-Id"
+
+
+def json_response(
+    content: object, status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    return Response(orjson.dumps(content), status, headers, media_type="application/json")
+
+
+def error_response(exc: FairqError, headers: dict[str, str] | None = None) -> Response:
+    headers = dict(headers or {})
+    if isinstance(exc, QueueFull):
+        headers["Retry-After"] = str(exc.retry_after_s)
+    if isinstance(exc, BodyTooLarge):
+        # The rest of the body may still be on its way: do not reuse the connection.
+        headers["Connection"] = "close"
+    return json_response(exc.to_body(), exc.status, headers)
+
+
+def _openai_body(message: str, type_: str, code: str | None) -> dict[str, object]:
+    return {"error": {"message": message, "type": type_, "code": code}}
+
+
+async def _on_fairq_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, FairqError)
+    return error_response(exc)
+
+
+async def _on_http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    where = f"{request.method} {request.url.path}"
+    if exc.status_code == 404:
+        body = _openai_body(f"Invalid URL ({where})", "invalid_request_error", "unknown_url")
+    elif exc.status_code == 405:
+        message = f"Method {request.method} is not allowed for {request.url.path}"
+        body = _openai_body(message, "invalid_request_error", "method_not_allowed")
+    else:
+        body = _openai_body(str(exc.detail), "invalid_request_error", None)
+    return json_response(body, exc.status_code, exc.headers)
+
+
+async def _on_validation_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestValidationError)
+    first = exc.errors()[0] if exc.errors() else {}
+    where = ".".join(str(p) for p in first.get("loc", ())) or "request"
+    return error_response(InvalidRequest(f"invalid {where}: {first.get('msg', 'invalid')}"))
+
+
+def install_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(FairqError, _on_fairq_error)
+    app.add_exception_handler(HTTPException, _on_http_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_middleware(CatchAll)
+
+
+class CatchAll:
+    """Turns an unexpected exception into a 500 error object (pure ASGI: streams untouched).
+
+    Starlette's own last-resort handler re-raises after answering, so uvicorn would
+    log every failure a second time with its own traceback.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except ClientDisconnect:
+            return  # the client is gone; nobody to answer
+        except Exception:
+            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
+            if started:
+                raise  # mid-response: only closing the connection tells the client
+            body = _openai_body("internal server error", "server_error", "internal_error")
+            await json_response(body, 500)(scope, receive, send)

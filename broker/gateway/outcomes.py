@@ -1,0 +1,75 @@
+"""How a job that ended without a result is reported to its client.
+
+    failed      the worker's error object ``{"message", "type", "code", "status"}``;
+                non-streamed: with its ``status`` (502 when it has none or a bad one)
+    cancelled   409 ``{"type": "cancelled", "code": "job_cancelled"}``: the job was
+                cancelled (``DELETE /v1/jobs/{id}``, possibly from another connection)
+                while this request waited. 499 is nginx's private code and would
+                claim that the client closed the connection, which it did not.
+    expired     408 ``{"type": "timeout", "code": "job_expired"}``: it was not served
+                within its deadline.
+
+Streamed requests have sent their 200 already; they get the same error object as
+one ``data: {"error": {...}}`` event before ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+from broker.errors import FairqError
+from broker.jobs import JobState
+from broker.results import ResultEvent
+
+_FAILED_STATUS = 502
+
+
+class JobEnded(FairqError):
+    """A job that reached a terminal state other than ``completed``."""
+
+    def __init__(self, message: str, *, status: int, type_: str, code: str | None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.type = type_
+        self.code = code
+
+
+def _failed(error: dict[str, object] | None) -> JobEnded:
+    error = error or {}
+    status = error.get("status")
+    if not isinstance(status, int) or not 400 <= status <= 599:
+        status = _FAILED_STATUS
+    message = error.get("message")
+    code = error.get("code")
+    return JobEnded(
+        message if isinstance(message, str) and message else "the request failed",
+        status=status,
+        type_=str(error.get("type") or "server_error"),
+        code=str(code) if code is not None else None,
+    )
+
+
+def ended_error(event: ResultEvent) -> JobEnded | None:
+    """The error to report for an end event; None when the job completed."""
+    if event.end is JobState.FAILED:
+        return _failed(event.error)
+    if event.end is JobState.CANCELLED:
+        return JobEnded(
+            "the request was cancelled", status=409, type_="cancelled", code="job_cancelled"
+        )
+    if event.end is JobState.EXPIRED:
+        return JobEnded(
+            "the request expired: it was not served within its deadline",
+            status=408,
+            type_="timeout",
+            code="job_expired",
+        )
+    return None
+
+
+def no_body() -> JobEnded:
+    """A job that completed without the response body a non-streamed request needs."""
+    return JobEnded(
+        "the engine returned no response body",
+        status=_FAILED_STATUS,
+        type_="server_error",
+        code="engine_error",
+    )

@@ -1,0 +1,91 @@
+"""The per-process resources every route shares, opened and closed by the lifespan.
+
+One Redis client (pooled) for commands, one ``ResultReader`` that follows every
+job this process waits for over a single blocking connection, one ``JobQueue``
+and one ``KeyRing``. Work that must outlive the request that started it (the
+cancel of a job whose client has left) runs as a tracked task, so that shutdown
+can wait for it before closing Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
+
+from fastapi import Request
+from redis.asyncio import Redis
+
+from broker.auth import KeyRing
+from broker.queue import JobQueue
+from broker.redis_conn import connect, connect_blocking
+from broker.results import ResultReader
+from broker.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# The reader's XREAD blocks this long at most; the socket timeout outlasts it.
+_READER_BLOCK_S = 2
+_DRAIN_TIMEOUT_S = 5.0
+
+
+class Gateway:
+    """What the routes need; one per process (see ``lifespan``)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.keyring = KeyRing(settings)
+        self.redis: Redis = connect(settings)
+        self.queue = JobQueue(self.redis, settings)
+        self.reader = ResultReader(
+            connect_blocking(settings, block_s=_READER_BLOCK_S),
+            self.redis,
+            block_ms=_READER_BLOCK_S * 1000,
+        )
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        self.reader.start()
+
+    async def close(self) -> None:
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=_DRAIN_TIMEOUT_S)
+        await self.reader.close()
+        await self.redis.aclose()
+
+    async def finish(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` to its end even if the awaiting request is being cancelled.
+
+        Starlette cancels a streaming response's task scope when the client leaves,
+        and anyio re-cancels every await inside that scope: cleanup awaited there
+        would never reach Redis. A separate task is outside the scope.
+        """
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        # A failure is logged by _done; the request itself has nothing left to report.
+        with contextlib.suppress(Exception):
+            await asyncio.shield(task)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("gateway cleanup task failed", exc_info=task.exception())
+
+
+def gateway_of(request: Request) -> Gateway:
+    gateway: Gateway = request.app.state.gateway
+    return gateway
+
+
+@contextlib.asynccontextmanager
+async def opened(settings: Settings) -> AsyncIterator[Gateway]:
+    """The gateway's resources for the lifetime of the app."""
+    gateway = Gateway(settings)
+    gateway.start()
+    try:
+        yield gateway
+    finally:
+        await gateway.close()

@@ -1,0 +1,65 @@
+"""Fair selection inside a band: which user goes next (pure, no I/O).
+
+A policy turns a snapshot of a band's backlog -- the lowest-scored users with
+their scores, and the band's join score -- into a plan of ``n`` picks, each
+with the user's score after service and the band's new join score. Redis keeps
+users ordered by score; the dispatch script applies the plan atomically.
+
+Policies are registered by name; ``tests/test_fairness.py`` runs every
+registered policy against the shared contract.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from typing import Protocol
+
+from broker import Pick
+
+Backlog = Sequence[tuple[str, float]]  # (user, score), ascending like the Redis zset
+
+
+class FairPolicy(Protocol):
+    name: str
+
+    def plan(self, band: str, backlog: Backlog, join: float, n: int) -> list[Pick]:
+        """Up to ``n`` picks in service order, assuming each user has jobs enough.
+
+        Contract: only users of ``backlog`` are picked; a user who was idle and
+        joins at ``join`` is served before any user is served twice in a row.
+        """
+        ...
+
+
+class RoundRobin:
+    """Per-request round-robin: serve the longest-unserved user, then send them to the back.
+
+    The score is a per-band service clock: a served user gets ``clock + 1`` and
+    the clock advances; a user who becomes backlogged joins at ``clock - 0.5``,
+    i.e. at the end of the current round but before the user served last.
+    """
+
+    name = "round_robin"
+
+    def plan(self, band: str, backlog: Backlog, join: float, n: int) -> list[Pick]:
+        clock = join + 0.5
+        heap = [(score, user) for user, score in backlog]
+        heapq.heapify(heap)
+        picks: list[Pick] = []
+        while heap and len(picks) < n:
+            _, user = heapq.heappop(heap)
+            clock += 1
+            picks.append(Pick(band, user, score_after=clock, join_after=clock - 0.5))
+            heapq.heappush(heap, (clock, user))
+        return picks
+
+
+POLICIES: dict[str, FairPolicy] = {p.name: p for p in (RoundRobin(),)}
+
+
+def policy(name: str) -> FairPolicy:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown fairness policy {name!r}; known: {', '.join(POLICIES)}") from None

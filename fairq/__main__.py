@@ -1,0 +1,3 @@
+from fairq.cli import main
+
+main()

@@ -1,0 +1,141 @@
+"""The ``fairq`` command: one entry point per component, and ``fairq up`` for all of them.
+
+This is the only place that chooses exit codes: 0 done, 1 failed at run time,
+2 bad configuration or usage.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from typing import NoReturn
+
+import click
+from pydantic import ValidationError
+
+from broker import Settings, hash_key, load_settings
+from fairq import runtime
+from fairq.localredis import free_port
+from fairq.stack import DEMO_KEYS, DEMO_MODELS, Stack, demo_config
+
+
+def _settings() -> Settings:
+    try:
+        settings = load_settings()
+        settings.require_redis_url()
+    except (ValidationError, ValueError, FileNotFoundError) as exc:
+        _fail_config(exc)
+    return settings
+
+
+def _fail_config(exc: Exception) -> NoReturn:
+    click.echo(f"fairq: configuration error: {exc}", err=True)
+    sys.exit(2)
+
+
+@click.group()
+def main() -> None:
+    """fairq: a fair, priority-aware request queue for self-hosted LLM inference."""
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True)
+def api(host: str, port: int) -> None:
+    """Run the OpenAI-compatible HTTP gateway."""
+    from broker.gateway import serve
+
+    runtime.setup_logging()
+    serve(_settings(), host, port)
+
+
+@main.command()
+def dispatcher() -> None:
+    """Run a dispatcher for every configured model."""
+    from fairq.services import run_dispatcher
+
+    settings = _settings()
+    runtime.setup_logging()
+    runtime.run_until_signalled(lambda stop: run_dispatcher(settings, stop))
+
+
+@main.command()
+@click.option("--concurrency", type=int, default=None, help="jobs at once [settings: 64]")
+def worker(concurrency: int | None) -> None:
+    """Run a worker that executes dispatched jobs against the engines."""
+    from fairq.services import run_worker
+
+    settings = _settings()
+    runtime.setup_logging()
+    runtime.run_until_signalled(lambda stop: run_worker(settings, stop, concurrency))
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8100, show_default=True)
+@click.option("--model", "models", multiple=True, required=True, help="served model name")
+@click.option("--profile", default=None, help="profile YAML file [built-in default]")
+def sim(host: str, port: int, models: tuple[str, ...], profile: str | None) -> None:
+    """Run the engine simulator (a stand-in vLLM pod; its timings are estimates)."""
+    from workers.sim import ProfileError, load_profile, serve
+
+    try:
+        sim_profile = load_profile(profile)
+    except ProfileError as exc:
+        _fail_config(exc)
+    serve(host, port, list(models), sim_profile)
+
+
+@main.command(name="hash-key")
+@click.argument("key")
+def hash_key_cmd(key: str) -> None:
+    """Print the sha256 to put in the config for an API key."""
+    click.echo(hash_key(key))
+
+
+@main.command()
+@click.option("--port", default=8000, show_default=True, help="gateway port on 127.0.0.1")
+@click.option("--sim-port", default=None, type=int, help="first simulator port [free ports]")
+@click.option("--redis-url", envvar="FAIRQ_REDIS_URL", default=None,
+              help="use this Redis instead of starting a private one")  # fmt: skip
+@click.option("--workers", default=1, show_default=True)
+def up(port: int, sim_port: int | None, redis_url: str | None, workers: int) -> None:
+    """Bring up the whole stack locally: Redis, two simulated engines, dispatcher, worker, gateway."""
+    ports = [sim_port + i if sim_port else free_port() for i in range(len(DEMO_MODELS))]
+    stack = Stack(
+        config=demo_config(ports),
+        gateway_port=port,
+        sims=dict(zip(ports, DEMO_MODELS, strict=True)),
+        redis_url=redis_url,
+        workers=workers,
+    )
+    # Ctrl-C reaches the children too; the parent only has to wait for them and clean up.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        stack.start()
+        _print_welcome(stack)
+        while (dead := stack.dead()) is None:
+            time.sleep(0.5)
+        click.echo(f"fairq: {dead} exited; stopping the stack", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.echo("\nfairq: stopping")
+    finally:
+        stack.stop()
+
+
+def _print_welcome(stack: Stack) -> None:
+    key = next(iter(DEMO_KEYS))
+    click.echo(f"fairq is up: {stack.gateway_url}/v1  (Redis: {stack.redis_url})")
+    click.echo(f"models: {', '.join(DEMO_MODELS)} (simulated engines; timings are estimates)")
+    for demo_key, (user, tenant) in DEMO_KEYS.items():
+        click.echo(f"API key {demo_key}  user={user} tenant={tenant}")
+    click.echo("try:")
+    click.echo(
+        f"  curl -N {stack.gateway_url}/v1/chat/completions -H 'Authorization: Bearer {key}' "
+        f"-H 'Content-Type: application/json' -d '{{\"model\": \"{DEMO_MODELS[0]}\", "
+        f"\"stream\": true, \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'"
+    )
+    click.echo("Ctrl-C stops everything.", nl=True)
+    sys.stdout.flush()

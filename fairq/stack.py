@@ -1,0 +1,150 @@
+"""The local stack of ``fairq up``: every component as its own process.
+
+Starts a private Redis (unless a URL is given), the engine simulators, a
+dispatcher, workers and the gateway, each a child process running the same
+``fairq`` command a production pod runs. Children die with the parent (Linux
+PR_SET_PDEATHSIG), and ``stop`` ends them all, so nothing is left behind.
+Tests and benchmarks use the same class.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from broker import hash_key
+from fairq.localredis import LocalRedis
+
+DEMO_MODELS = ("demo-chat", "demo-code")
+DEMO_KEYS = {  # key -> (user, tenant): printed by `fairq up`, for local use only
+    "fq-demo-alice": ("alice", "team-a"),
+    "fq-demo-bob": ("bob", "team-b"),
+}
+
+
+def demo_config(sim_ports: list[int], **overrides: Any) -> dict[str, Any]:
+    """The configuration of the demo stack: one simulated pod per demo model."""
+    config: dict[str, Any] = {
+        "models": [
+            {"name": name, "engine": "vllm", "endpoints": [f"http://127.0.0.1:{port}"]}
+            for name, port in zip(DEMO_MODELS, sim_ports, strict=True)
+        ],
+        "api_keys": [
+            {"sha256": hash_key(key), "user": user, "tenant": tenant}
+            for key, (user, tenant) in DEMO_KEYS.items()
+        ]
+        + [{"sha256": hash_key("fq-demo-admin"), "user": "admin", "admin": True}],
+    }
+    config.update(overrides)
+    return config
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class Stack:
+    config: dict[str, Any]
+    gateway_port: int
+    sims: dict[int, str] = field(default_factory=dict)  # port -> model served
+    redis_url: str | None = None
+    workers: int = 1
+    dispatchers: int = 1
+    gateway: bool = True
+    env: dict[str, str] = field(default_factory=dict)
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    _redis: LocalRedis | None = None
+    _dir: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.gateway_port}"
+
+    def start(self, timeout_s: float = 30.0) -> Stack:
+        try:
+            self._start(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self, timeout_s: float) -> None:
+        if self.redis_url is None:
+            self._redis = LocalRedis().start()
+            self.redis_url = self._redis.url
+        self._dir = tempfile.TemporaryDirectory(prefix="fairq-up-")
+        config_path = Path(self._dir.name) / "fairq.yaml"
+        config_path.write_text(yaml.safe_dump(self.config))
+        self.env = {**os.environ, **self.env, "FAIRQ_CONFIG": str(config_path),
+                    "FAIRQ_REDIS_URL": self.redis_url}  # fmt: skip
+        for port, model in self.sims.items():
+            self._spawn(f"sim-{model}", ["sim", "--port", str(port), "--model", model])
+        for port in self.sims:
+            self._wait_http(f"http://127.0.0.1:{port}/health", timeout_s)
+        for i in range(self.dispatchers):
+            self._spawn(f"dispatcher-{i}", ["dispatcher"])
+        for i in range(self.workers):
+            self._spawn(f"worker-{i}", ["worker"])
+        if self.gateway:
+            self._spawn("api", ["api", "--host", "127.0.0.1", "--port", str(self.gateway_port)])
+            self._wait_http(f"{self.gateway_url}/readyz", timeout_s)
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        self.processes[name] = subprocess.Popen(
+            [sys.executable, "-m", "fairq", *args], env=self.env, preexec_fn=_die_with_parent
+        )
+
+    def _wait_http(self, url: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            dead = self.dead()
+            if dead:
+                raise RuntimeError(f"{dead} exited while the stack was starting")
+            try:
+                if httpx.get(url, timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"{url} did not become ready in {timeout_s}s")
+
+    def dead(self) -> str | None:
+        """The name of a child that has exited, if any."""
+        return next((n for n, p in self.processes.items() if p.poll() is not None), None)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._redis is not None:
+            self._redis.stop()
+            self._redis = None
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

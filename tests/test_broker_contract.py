@@ -1,0 +1,173 @@
+"""The broker's Redis contract, run against a real Redis and against fakeredis.
+
+Each test drives the Lua scripts through the public stores (JobQueue,
+DispatchStore, ExecutionStore) and checks the state the contract promises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import fakeredis
+import pytest
+from redis.asyncio import Redis
+
+from broker import (
+    DispatchStore,
+    ExecutionStore,
+    JobQueue,
+    JobState,
+    NotFound,
+    Outcome,
+    Pick,
+    QueueFull,
+    RequestKind,
+    Settings,
+    Submission,
+    keys,
+)
+
+MODEL = "m1"
+EP = "http://127.0.0.1:9"
+
+
+@pytest.fixture(params=["real", "fake"])
+async def r(request: pytest.FixtureRequest) -> AsyncIterator[Redis]:
+    if request.param == "real":
+        client = Redis.from_url(request.getfixturevalue("redis_url"))
+    else:
+        client = fakeredis.FakeAsyncRedis()
+    yield client
+    await client.aclose()
+
+
+def settings(**overrides: object) -> Settings:
+    base: dict[str, object] = {
+        "redis_url": "redis://unused",
+        "models": [{"name": MODEL, "endpoints": [EP], "inflight_cap": 4}],
+    }
+    return Settings(**(base | overrides))  # type: ignore[arg-type]
+
+
+def submission(user: str, band: str = "default", owner: str | None = None) -> Submission:
+    return Submission(
+        model=MODEL, owner=owner or user, user=user, tenant=user, band=band,
+        kind=RequestKind.CHAT, stream_flag="1", payload=b'{"model":"m1"}',
+    )  # fmt: skip
+
+
+async def test_enqueue_records_a_queued_job_and_backlogs_its_user(r: Redis) -> None:
+    q = JobQueue(r, settings())
+    job_id = await q.submit(submission("alice"))
+    job = await q.get(job_id, "alice")
+    assert job.state is JobState.QUEUED and job.user == "alice" and job.band == "default"
+    assert await r.xlen(keys.queue(MODEL, "default", "alice")) == 1
+    assert await r.zscore(keys.backlog(MODEL, "default"), "alice") is not None
+
+
+async def test_a_full_user_queue_refuses_and_keeps_what_is_queued(r: Redis) -> None:
+    q = JobQueue(r, settings(max_queued_per_user=2))
+    first = [await q.submit(submission("alice")) for _ in range(2)]
+    with pytest.raises(QueueFull) as info:
+        await q.submit(submission("alice"))
+    assert info.value.status == 429 and info.value.retry_after_s > 0
+    assert await r.xlen(keys.queue(MODEL, "default", "alice")) == 2
+    assert [(await q.get(j, "alice")).state for j in first] == [JobState.QUEUED] * 2
+    await q.submit(submission("bob"))  # another user is not affected
+
+
+async def test_another_users_job_is_not_found(r: Redis) -> None:
+    q = JobQueue(r, settings())
+    job_id = await q.submit(submission("alice"))
+    with pytest.raises(NotFound):
+        await q.get(job_id, "bob")
+    with pytest.raises(NotFound):
+        await q.cancel(job_id, "bob")
+    assert (await q.get(job_id, "alice")).state is JobState.QUEUED
+
+
+async def test_dispatch_moves_head_jobs_in_plan_order_and_counts_inflight(r: Redis) -> None:
+    s = settings()
+    q, d = JobQueue(r, s), DispatchStore(r, s)
+    a = [await q.submit(submission("alice")) for _ in range(3)]
+    b = await q.submit(submission("bob"))
+    picks = [Pick("default", "alice", 1, 0.5), Pick("default", "bob", 2, 1.5)]
+    assert await d.dispatch(MODEL, EP, picks) == [a[0], b]
+    snap = await d.snapshot(MODEL, depth=10)
+    assert snap.inflight == {EP: 2}
+    assert [u for u, _ in snap.backlogs[0].users] == ["alice"]  # bob's queue is empty
+    assert snap.backlogs[0].join == 1.5
+    ready = await r.xrange(keys.ready(MODEL))
+    assert [f[b"j"].decode() for _, f in ready] == [a[0], b]
+    assert (await q.get(b, "bob")).state is JobState.DISPATCHED
+
+
+async def test_dispatch_of_an_emptied_queue_dispatches_nothing_and_cleans_backlog(r: Redis) -> None:
+    s = settings()
+    q, d = JobQueue(r, s), DispatchStore(r, s)
+    job_id = await q.submit(submission("alice"))
+    await q.cancel(job_id, "alice")
+    assert await r.zcard(keys.backlog(MODEL, "default")) == 0
+    assert await d.dispatch(MODEL, EP, [Pick("default", "alice", 1, 0.5)]) == []
+    assert await r.xlen(keys.ready(MODEL)) == 0
+
+
+async def test_cancel_of_a_queued_job_removes_it_and_ends_its_stream(r: Redis) -> None:
+    q = JobQueue(r, settings())
+    job_id = await q.submit(submission("alice"))
+    job = await q.cancel(job_id, "alice")
+    assert job.state is JobState.CANCELLED
+    assert await r.exists(keys.queue(MODEL, "default", "alice")) == 0
+    entries = await r.xrange(keys.results(MODEL, job_id))
+    assert entries[-1][1][b"end"] == b"cancelled"
+    assert (await q.cancel(job_id, "alice")).state is JobState.CANCELLED  # idempotent
+
+
+async def test_start_and_complete_end_the_job_once_and_release_capacity(r: Redis) -> None:
+    s = settings()
+    q, d, x = JobQueue(r, s), DispatchStore(r, s), ExecutionStore(r, s)
+    await x.ensure_groups([MODEL])
+    job_id = await q.submit(submission("alice"))
+    await d.dispatch(MODEL, EP, [Pick("default", "alice", 1, 0.5)])
+    (claimed,) = await x.claim(r, [MODEL], "w1", count=10, block_ms=100)
+    started = await x.start(claimed, "w1")
+    assert started is not None and started.endpoint == EP and started.attempts == 1
+    assert started.payload == b'{"model":"m1"}'
+    outcome = Outcome(JobState.COMPLETED, usage={"completion_tokens": 3}, finish_reason="stop")
+    for _ in range(2):  # the second completion is ignored
+        pipe = x.pipeline()
+        x.add_chunk(pipe, MODEL, job_id, b"data: {}\n\n")
+        await x.add_complete(pipe, MODEL, job_id, outcome)
+        replies = await pipe.execute()
+    assert replies[-1] == 0
+    job = await q.get(job_id, "alice")
+    assert job.state is JobState.COMPLETED and job.usage == {"completion_tokens": 3}
+    assert (await d.snapshot(MODEL, 1)).inflight == {EP: 0}
+    pending = await r.xpending(keys.ready(MODEL), keys.READY_GROUP)
+    assert pending["pending"] == 0
+    assert await r.ttl(keys.job(MODEL, job_id)) > 0
+
+
+async def test_a_job_cancelled_while_dispatched_is_not_started(r: Redis) -> None:
+    s = settings()
+    q, d, x = JobQueue(r, s), DispatchStore(r, s), ExecutionStore(r, s)
+    await x.ensure_groups([MODEL])
+    job_id = await q.submit(submission("alice"))
+    await d.dispatch(MODEL, EP, [Pick("default", "alice", 1, 0.5)])
+    await q.cancel(job_id, "alice")
+    (claimed,) = await x.claim(r, [MODEL], "w1", count=10, block_ms=100)
+    assert await x.start(claimed, "w1") is None
+    assert (await d.snapshot(MODEL, 1)).inflight == {EP: 0}
+    assert await r.xpending(keys.ready(MODEL), keys.READY_GROUP) == {
+        "pending": 0, "min": None, "max": None, "consumers": []
+    }
+
+
+async def test_a_newcomer_joins_at_the_bands_clock(r: Redis) -> None:
+    s = settings()
+    q, d = JobQueue(r, s), DispatchStore(r, s)
+    for _ in range(2):
+        await q.submit(submission("alice"))
+    await d.dispatch(MODEL, EP, [Pick("default", "alice", 7, 6.5)])
+    await q.submit(submission("bob"))
+    assert await r.zscore(keys.backlog(MODEL, "default"), "bob") == 6.5

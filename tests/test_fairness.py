@@ -1,0 +1,92 @@
+"""Fair selection and admission on hand-made cases (pure code, no Redis).
+
+The conformance tests run every registered policy against the contract of
+``FairPolicy.plan``; the rest pin down each policy's own order.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dispatcher.admission import Admission, choose_endpoint, room
+from dispatcher.fairness import POLICIES, FairPolicy, RoundRobin, policy
+
+
+def simulate(p: FairPolicy, queued: dict[str, int], arrivals: dict[int, str], steps: int) -> list[str]:
+    """Serve one job per step like the dispatcher and Redis would; return who was served.
+
+    ``arrivals`` maps a step number to a user who arrives (with one job) before it.
+    """
+    scores: dict[str, float] = {}
+    join = 0.0
+    served: list[str] = []
+    for user in queued:
+        scores[user] = join
+    for step in range(steps):
+        if step in arrivals:
+            user = arrivals[step]
+            queued[user] = queued.get(user, 0) + 1
+            scores.setdefault(user, join)
+        backlog = sorted(((u, s) for u, s in scores.items()), key=lambda us: (us[1], us[0]))
+        if not backlog:
+            break
+        (pick,) = p.plan("default", backlog, join, 1)
+        served.append(pick.user)
+        join = pick.join_after
+        queued[pick.user] -= 1
+        if queued[pick.user] == 0:
+            del scores[pick.user]
+        else:
+            scores[pick.user] = pick.score_after
+    return served
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_picks_only_backlogged_users_and_at_most_n(name: str) -> None:
+    picks = POLICIES[name].plan("default", [("a", 0.0), ("b", 0.0)], 0.0, 5)
+    assert len(picks) == 5
+    assert {p.user for p in picks} <= {"a", "b"}
+    assert all(p.band == "default" for p in picks)
+    assert POLICIES[name].plan("default", [], 0.0, 3) == []
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_serves_a_newcomer_before_anyone_twice_in_a_row(name: str) -> None:
+    served = simulate(POLICIES[name], {"power": 500}, arrivals={5: "newcomer"}, steps=8)
+    assert served[:5] == ["power"] * 5
+    assert served[5] == "newcomer"
+
+
+def test_round_robin_alternates_between_backlogged_users() -> None:
+    served = simulate(RoundRobin(), {"a": 3, "b": 3, "c": 1}, arrivals={}, steps=7)
+    assert served == ["a", "b", "c", "a", "b", "a", "b"]
+
+
+def test_round_robin_plan_of_several_picks_rotates_users() -> None:
+    picks = RoundRobin().plan("default", [("a", 1.0), ("b", 2.0)], 1.5, 4)
+    assert [p.user for p in picks] == ["a", "b", "a", "b"]
+    assert [p.score_after for p in picks] == [3.0, 4.0, 5.0, 6.0]
+    assert picks[-1].join_after == 5.5
+
+
+def test_a_late_user_waits_at_most_one_round() -> None:
+    served = simulate(RoundRobin(), {"a": 10, "b": 10, "c": 10}, arrivals={4: "d"}, steps=12)
+    assert "d" in served[4:7]
+
+
+def test_unknown_policy_name_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="unknown fairness policy 'fifo'"):
+        policy("fifo")
+
+
+def test_room_is_cap_minus_inflight_never_negative() -> None:
+    assert room(0, 3) == 3
+    assert room(3, 3) == 0
+    assert room(5, 3) == 0
+
+
+def test_choose_endpoint_prefers_the_most_room_and_none_when_full() -> None:
+    eps = ["http://a", "http://b"]
+    assert choose_endpoint(eps, {"http://a": 2, "http://b": 1}, 4) == Admission("http://b", 3)
+    assert choose_endpoint(eps, {}, 4) == Admission("http://a", 4)
+    assert choose_endpoint(eps, {"http://a": 4, "http://b": 4}, 4) is None

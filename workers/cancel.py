@@ -1,0 +1,40 @@
+"""Cancel notices for running jobs: one pub/sub subscription per worker process.
+
+``cancel.lua`` publishes a job's id on its model's cancel channel after ending
+the job; the worker holding it cancels the job's task, which closes the engine
+request. A notice lost during a reconnect costs only engine time: the job has
+already ended and its later completion is ignored by ``complete.lua``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+log = logging.getLogger(__name__)
+
+
+class CancelListener:
+    def __init__(self, redis: Redis, channels: Mapping[str, str]) -> None:
+        self._redis = redis
+        self._channels = list(channels)
+
+    async def run(self, on_cancel: Callable[[str], Awaitable[None]]) -> None:
+        backoff = 0.05
+        while True:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(*self._channels)
+                backoff = 0.05
+                async for message in pubsub.listen():
+                    await on_cancel(message["data"].decode())
+            except RedisError as exc:
+                log.warning("cancel subscription lost (%s); resubscribing", exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+            finally:
+                await pubsub.aclose()

@@ -1,0 +1,43 @@
+"""The exception tree of the worker side::
+
+    WorkerError
+    └── EngineError      the engine answered with an error, broke off, or timed out
+
+An ``EngineError`` carries what the client will see (the engine's own reason
+where it gave one) and the HTTP status to report it with.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+
+class WorkerError(Exception):
+    """Root of the worker's errors."""
+
+
+class EngineError(WorkerError):
+    def __init__(self, message: str, *, status: int = 502, code: str = "engine_error") -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.code = code
+
+    @classmethod
+    def from_response(cls, status: int, body: bytes) -> EngineError:
+        """Pass the engine's own reason on (vLLM: ``{"error": {"message": ...}}``)."""
+        reason = body[:500].decode(errors="replace").strip() or "no reason given"
+        try:
+            parsed = orjson.loads(body)
+            error = parsed.get("error", parsed) if isinstance(parsed, dict) else {}
+            if isinstance(error, dict) and isinstance(error.get("message"), str):
+                reason = error["message"]
+        except orjson.JSONDecodeError:
+            pass
+        # A 4xx is the request's fault and keeps its status; anything else is a bad gateway.
+        return cls(f"the engine rejected the request ({status}): {reason}",
+                   status=status if 400 <= status < 500 else 502, code=f"engine_http_{status}")
+
+    def to_error(self) -> dict[str, object]:
+        kind = "invalid_request_error" if 400 <= self.status < 500 else "engine_error"
+        return {"message": self.message, "type": kind, "code": self.code, "status": self.status}

@@ -1,0 +1,59 @@
+"""Running one job: call the engine, stream its output into Redis, decide the outcome.
+
+The runner owns a job from ``start.lua`` to its ``Outcome``; the writer then
+records the outcome after the job's last chunk. Cancellation arrives as
+``asyncio.CancelledError`` (the service cancels the task): the ``async with``
+around the engine request closes the connection, which aborts the request at
+the engine.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from broker import JobState, Outcome, StartedJob
+from workers.engine import Accounting, complete, stream_events
+from workers.errors import EngineError
+from workers.writer import ResultWriter
+
+
+class JobRunner:
+    def __init__(self, writer: ResultWriter, http: httpx.AsyncClient) -> None:
+        self._writer = writer
+        self._http = http
+
+    async def run(self, job: StartedJob) -> Outcome:
+        """Execute the job at its endpoint; engine failures become a failed outcome."""
+        accounting = Accounting()
+        url = job.endpoint + job.kind.path
+        try:
+            if job.stream:
+                first_ms = await self._stream(job, url, accounting)
+            else:
+                first_ms = await self._plain(job, url, accounting)
+        except EngineError as exc:
+            return Outcome(JobState.FAILED, error=exc.to_error())
+        return Outcome(
+            JobState.COMPLETED,
+            usage=accounting.usage,
+            finish_reason=accounting.finish_reason,
+            first_token_ms=first_ms,
+        )
+
+    async def _stream(self, job: StartedJob, url: str, accounting: Accounting) -> int | None:
+        first_ms: int | None = None
+        keep_usage = job.stream_flag == "2"
+        async for events in stream_events(self._http, url, job.payload, accounting, keep_usage):
+            if first_ms is None:
+                first_ms = int(time.time() * 1000)
+                self._writer.chunk(job.model, job.job_id, events, first=True)
+            else:
+                self._writer.chunk(job.model, job.job_id, events)
+        return first_ms
+
+    async def _plain(self, job: StartedJob, url: str, accounting: Accounting) -> int:
+        body = await complete(self._http, url, job.payload, accounting)
+        self._writer.body(job.model, job.job_id, body)
+        return int(time.time() * 1000)
