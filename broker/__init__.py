@@ -29,19 +29,19 @@ from broker.results import ResultEvent, ResultReader
 from broker.settings import ApiKeyConfig, ModelConfig, Settings, load_settings
 
 __all__ = [
-    "AsyncClient",
-    "Client",
-    "JobFailed",
     "ApiKeyConfig",
+    "AsyncClient",
     "BandBacklog",
     "BodyTooLarge",
     "BrokerUnavailable",
     "Claimed",
+    "Client",
     "DispatchStore",
     "ExecutionStore",
     "FairqError",
     "Forbidden",
     "InvalidRequest",
+    "JobFailed",
     "JobQueue",
     "JobRecord",
     "JobState",

@@ -74,9 +74,7 @@ class KeyRing:
 
     def resolve(self, key: str | None) -> Principal:
         if not key:
-            raise Unauthorized(
-                "missing API key: send it as 'Authorization: Bearer <key>'"
-            )
+            raise Unauthorized("missing API key: send it as 'Authorization: Bearer <key>'")
         # A dict lookup on the hash: timing can at most reveal a hash prefix, not the key.
         principal = self._by_hash.get(hash_key(key))
         if principal is None:

@@ -48,10 +48,12 @@ class AsyncClient:
         await self._redis.aclose()
 
     async def submit(self, model: str, *, band: str | None = None, **body: Any) -> str:
-        """Queue a chat completion (``messages=``) or completion (``prompt=``); returns the job id."""
+        """Queue a chat (``messages=``) or text completion (``prompt=``); returns the job id."""
         config = self._settings.model(model)
         if config is None or not self._principal.may_use_model(model):
-            raise UnknownModel(f"The model `{model}` does not exist or you do not have access to it.")
+            raise UnknownModel(
+                f"The model `{model}` does not exist or you do not have access to it."
+            )
         kind = RequestKind.CHAT if "messages" in body else RequestKind.COMPLETION
         body = check_body(kind, {"model": model, **body})
         job_id = new_job_id(model)

@@ -81,7 +81,9 @@ class DispatchStore:
             return []
         script_keys = [keys.ready(model), keys.inflight(model), keys.meta(model)]
         args: list[str | float | int] = [
-            endpoint, keys.job_prefix(model), self._settings.ready_stream_maxlen,
+            endpoint,
+            keys.job_prefix(model),
+            self._settings.ready_stream_maxlen,
         ]
         for p in picks:
             script_keys += [keys.backlog(model, p.band), keys.queue(model, p.band, p.user)]

@@ -76,7 +76,11 @@ class ExecutionStore:
         """Read up to ``count`` new ready entries for this consumer, blocking up to ``block_ms``."""
         streams = {keys.ready(m): ">" for m in models}
         reply = await blocking.xreadgroup(
-            keys.READY_GROUP, consumer, streams, count=count, block=block_ms  # type: ignore[arg-type]
+            keys.READY_GROUP,
+            consumer,
+            streams,
+            count=count,
+            block=block_ms,  # type: ignore[arg-type]
         )
         by_key = {keys.ready(m).encode(): m for m in models}
         return [
@@ -88,7 +92,9 @@ class ExecutionStore:
 
     async def start(self, claimed: Claimed, worker: str) -> StartedJob | None:
         """Mark the job running under ``worker``; None (and acked) when it is not startable."""
-        reply = await self._scripts.start(keys=[keys.job(claimed.model, claimed.job_id)], args=[worker])
+        reply = await self._scripts.start(
+            keys=[keys.job(claimed.model, claimed.job_id)], args=[worker]
+        )
         if reply[0] == 1:
             _, payload, kind, stream_flag, endpoint, attempts = reply
             return StartedJob(

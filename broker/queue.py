@@ -53,9 +53,17 @@ class JobQueue:
                     keys.meta(m),
                 ],
                 args=[
-                    job_id, sub.user, sub.tenant, sub.band, sub.kind.value, sub.stream_flag,
-                    sub.payload, self._settings.max_queued_per_user, keys.wake_channel(m),
-                    keys.join_field(sub.band), sub.owner,
+                    job_id,
+                    sub.user,
+                    sub.tenant,
+                    sub.band,
+                    sub.kind.value,
+                    sub.stream_flag,
+                    sub.payload,
+                    self._settings.max_queued_per_user,
+                    keys.wake_channel(m),
+                    keys.join_field(sub.band),
+                    sub.owner,
                 ],
             )
         except RedisError as exc:
@@ -108,8 +116,13 @@ class JobQueue:
                     keys.backlog(m, job.band),
                 ],
                 args=[
-                    job.id, keys.READY_GROUP, self._settings.result_ttl_s,
-                    keys.wake_channel(m), keys.cancel_channel(m), job.user, state.value,
+                    job.id,
+                    keys.READY_GROUP,
+                    self._settings.result_ttl_s,
+                    keys.wake_channel(m),
+                    keys.cancel_channel(m),
+                    job.user,
+                    state.value,
                 ],
             )
         except RedisError as exc:

@@ -52,7 +52,9 @@ class ResultEvent:
         if end is None:
             return cls(entry_id, chunk=fields.get(CHUNK_FIELD), body=fields.get(BODY_FIELD))
         error = fields.get(_ERROR_FIELD)
-        return cls(entry_id, end=JobState(end.decode()), error=orjson.loads(error) if error else None)
+        return cls(
+            entry_id, end=JobState(end.decode()), error=orjson.loads(error) if error else None
+        )
 
 
 @dataclass(slots=True)
@@ -104,7 +106,9 @@ class ResultReader:
         finally:
             del self._followers[key]
 
-    async def events(self, model: str, job_id: str, after: bytes = b"0-0") -> AsyncIterator[ResultEvent]:
+    async def events(
+        self, model: str, job_id: str, after: bytes = b"0-0"
+    ) -> AsyncIterator[ResultEvent]:
         """Every event of the job up to and including its end event."""
         async with self.follow(model, job_id, after) as queue:
             while True:

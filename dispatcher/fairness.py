@@ -62,4 +62,6 @@ def policy(name: str) -> FairPolicy:
     try:
         return POLICIES[name]
     except KeyError:
-        raise ValueError(f"unknown fairness policy {name!r}; known: {', '.join(POLICIES)}") from None
+        raise ValueError(
+            f"unknown fairness policy {name!r}; known: {', '.join(POLICIES)}"
+        ) from None

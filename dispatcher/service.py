@@ -45,12 +45,17 @@ class Dispatcher:
         wake = WakeListener(self._redis, [m.name for m in self._models])
         async with asyncio.TaskGroup() as tasks:
             listener = tasks.create_task(wake.run())
-            loops = [tasks.create_task(self._model_loop(m, wake.event(m.name), stop)) for m in self._models]
+            loops = [
+                tasks.create_task(self._model_loop(m, wake.event(m.name), stop))
+                for m in self._models
+            ]
             await stop.wait()
             for task in [listener, *loops]:
                 task.cancel()
 
-    async def _model_loop(self, model: ModelConfig, wake: asyncio.Event, stop: asyncio.Event) -> None:
+    async def _model_loop(
+        self, model: ModelConfig, wake: asyncio.Event, stop: asyncio.Event
+    ) -> None:
         backoff = 0.05
         while not stop.is_set():
             wake.clear()  # before reading state, so a wake-up during the round is not lost

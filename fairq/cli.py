@@ -101,7 +101,7 @@ def hash_key_cmd(key: str) -> None:
               help="use this Redis instead of starting a private one")  # fmt: skip
 @click.option("--workers", default=1, show_default=True)
 def up(port: int, sim_port: int | None, redis_url: str | None, workers: int) -> None:
-    """Bring up the whole stack locally: Redis, two simulated engines, dispatcher, worker, gateway."""
+    """Run the whole stack locally: Redis, two simulated engines, dispatcher, worker, gateway."""
     ports = [sim_port + i if sim_port else free_port() for i in range(len(DEMO_MODELS))]
     stack = Stack(
         config=demo_config(ports),
@@ -134,8 +134,8 @@ def _print_welcome(stack: Stack) -> None:
     click.echo("try:")
     click.echo(
         f"  curl -N {stack.gateway_url}/v1/chat/completions -H 'Authorization: Bearer {key}' "
-        f"-H 'Content-Type: application/json' -d '{{\"model\": \"{DEMO_MODELS[0]}\", "
-        f"\"stream\": true, \"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}]}}'"
+        f'-H \'Content-Type: application/json\' -d \'{{"model": "{DEMO_MODELS[0]}", '
+        f'"stream": true, "messages": [{{"role": "user", "content": "Hello"}}]}}\''
     )
     click.echo("Ctrl-C stops everything.", nl=True)
     sys.stdout.flush()

@@ -27,7 +27,9 @@ async def run_worker(settings: Settings, stop: asyncio.Event, concurrency: int |
     blocking = connect_blocking(settings, block_s=1.0)
     try:
         worker = Worker(settings, redis, blocking, concurrency=concurrency)
-        log.info("worker %s serving models: %s", worker.name, ", ".join(m.name for m in settings.models))
+        log.info(
+            "worker %s serving models: %s", worker.name, ", ".join(m.name for m in settings.models)
+        )
         await worker.run(stop)
     finally:
         await blocking.aclose()

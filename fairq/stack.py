@@ -104,7 +104,9 @@ class Stack:
 
     def _spawn(self, name: str, args: list[str]) -> None:
         self.processes[name] = subprocess.Popen(
-            [sys.executable, "-m", "fairq", *args], env=self.env, preexec_fn=_die_with_parent
+            [sys.executable, "-m", "fairq", *args],
+            env=self.env,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only ctypes prctl, no locks taken
         )
 
     def _wait_http(self, url: str, timeout_s: float) -> None:

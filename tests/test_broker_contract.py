@@ -159,7 +159,10 @@ async def test_a_job_cancelled_while_dispatched_is_not_started(r: Redis) -> None
     assert await x.start(claimed, "w1") is None
     assert (await d.snapshot(MODEL, 1)).inflight == {EP: 0}
     assert await r.xpending(keys.ready(MODEL), keys.READY_GROUP) == {
-        "pending": 0, "min": None, "max": None, "consumers": []
+        "pending": 0,
+        "min": None,
+        "max": None,
+        "consumers": [],
     }
 
 

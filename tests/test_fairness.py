@@ -12,7 +12,9 @@ from dispatcher.admission import Admission, choose_endpoint, room
 from dispatcher.fairness import POLICIES, FairPolicy, RoundRobin, policy
 
 
-def simulate(p: FairPolicy, queued: dict[str, int], arrivals: dict[int, str], steps: int) -> list[str]:
+def simulate(
+    p: FairPolicy, queued: dict[str, int], arrivals: dict[int, str], steps: int
+) -> list[str]:
     """Serve one job per step like the dispatcher and Redis would; return who was served.
 
     ``arrivals`` maps a step number to a user who arrives (with one job) before it.

@@ -26,8 +26,8 @@ def stack(redis_url: str) -> Iterator[Stack]:
     ports = [free_port(), free_port()]
     config = demo_config(ports)
     config["models"][0]["inflight_cap"] = 2
-    with Stack(config, gateway_port=0, sims=dict(zip(ports, ["demo-chat", "demo-code"], strict=True)),
-               redis_url=redis_url, gateway=False) as running:  # fmt: skip
+    sims = dict(zip(ports, ["demo-chat", "demo-code"], strict=True))
+    with Stack(config, gateway_port=0, sims=sims, redis_url=redis_url, gateway=False) as running:
         yield running
 
 

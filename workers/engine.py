@@ -68,9 +68,7 @@ async def stream_events(
                 raise EngineError.from_response(response.status_code, await response.aread())
             tail = b""
             async for piece in response.aiter_raw():
-                if b"\r" in piece:
-                    piece = piece.replace(b"\r\n", b"\n")
-                tail += piece
+                tail += piece.replace(b"\r\n", b"\n") if b"\r" in piece else piece
                 cut = tail.rfind(b"\n\n")
                 if cut < 0:
                     continue
@@ -78,23 +76,31 @@ async def stream_events(
                 if events:
                     yield events
     except httpx.TimeoutException as exc:
-        raise EngineError(f"the engine did not answer in time at {url}: {type(exc).__name__}",
-                          status=504, code="engine_timeout") from exc
+        raise EngineError(
+            f"the engine did not answer in time at {url}: {type(exc).__name__}",
+            status=504,
+            code="engine_timeout",
+        ) from exc
     except httpx.HTTPError as exc:
-        raise EngineError(f"the engine connection failed at {url}: {exc!r}",
-                          code="engine_unreachable") from exc
+        raise EngineError(
+            f"the engine connection failed at {url}: {exc!r}", code="engine_unreachable"
+        ) from exc
 
 
-async def complete(client: httpx.AsyncClient, url: str, payload: bytes, accounting: Accounting) -> bytes:
+async def complete(
+    client: httpx.AsyncClient, url: str, payload: bytes, accounting: Accounting
+) -> bytes:
     """Send a non-streamed request; returns the engine's JSON body."""
     try:
         response = await client.post(url, content=payload, headers=_HEADERS)
     except httpx.TimeoutException as exc:
-        raise EngineError(f"the engine did not answer in time at {url}", status=504,
-                          code="engine_timeout") from exc
+        raise EngineError(
+            f"the engine did not answer in time at {url}", status=504, code="engine_timeout"
+        ) from exc
     except httpx.HTTPError as exc:
-        raise EngineError(f"the engine connection failed at {url}: {exc!r}",
-                          code="engine_unreachable") from exc
+        raise EngineError(
+            f"the engine connection failed at {url}: {exc!r}", code="engine_unreachable"
+        ) from exc
     if response.status_code != 200:
         raise EngineError.from_response(response.status_code, response.content)
     try:

@@ -35,8 +35,11 @@ class EngineError(WorkerError):
         except orjson.JSONDecodeError:
             pass
         # A 4xx is the request's fault and keeps its status; anything else is a bad gateway.
-        return cls(f"the engine rejected the request ({status}): {reason}",
-                   status=status if 400 <= status < 500 else 502, code=f"engine_http_{status}")
+        return cls(
+            f"the engine rejected the request ({status}): {reason}",
+            status=status if 400 <= status < 500 else 502,
+            code=f"engine_http_{status}",
+        )
 
     def to_error(self) -> dict[str, object]:
         kind = "invalid_request_error" if 400 <= self.status < 500 else "engine_error"

@@ -15,6 +15,7 @@ briefly away.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
 
@@ -82,10 +83,8 @@ class ResultWriter:
         while True:
             await self._has_data.wait()
             if not self._urgent.is_set() and self._linger_s > 0:
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._urgent.wait(), self._linger_s)
-                except TimeoutError:
-                    pass
             await self._flush_with_retry()
 
     async def drain(self) -> None:
