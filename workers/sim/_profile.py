@@ -13,11 +13,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from workers.sim._errors import ProfileError
+
 DEFAULT_PROFILE = "default"
-
-
-class ProfileError(ValueError):
-    """A profile file is missing, is not YAML, or holds unknown or invalid keys."""
 
 
 class SimProfile(BaseModel):
@@ -63,7 +61,9 @@ def _parse(text: str, source: str) -> SimProfile:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ProfileError(f"profile {source}: expected a mapping of keys, got {type(data).__name__}")
+        raise ProfileError(
+            f"profile {source}: expected a mapping of keys, got {type(data).__name__}"
+        )
     unknown = sorted(str(key) for key in data if key not in SimProfile.model_fields)
     if unknown:
         known = ", ".join(SimProfile.model_fields)

@@ -9,6 +9,7 @@ them per token.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -123,9 +124,9 @@ class SimMetrics:
         """Make the gauges read `state` whenever /metrics is scraped."""
         for model in self._models:
             labels = {"engine": ENGINE_INDEX, "model_name": model}
-            self.running.labels(**labels).set_function(lambda m=model: state.num_running(m))
-            self.waiting.labels(**labels).set_function(lambda m=model: state.num_waiting(m))
-            self.kv_usage.labels(**labels).set_function(lambda m=model: state.kv_cache_usage(m))
+            self.running.labels(**labels).set_function(partial(state.num_running, model))
+            self.waiting.labels(**labels).set_function(partial(state.num_waiting, model))
+            self.kv_usage.labels(**labels).set_function(partial(state.kv_cache_usage, model))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

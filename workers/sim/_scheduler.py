@@ -1,7 +1,7 @@
 """Which waiting requests join the batch in the next engine step, and how long it lasts.
 
 Pure: plain values in, plain values out, no asyncio and no clock, so the policy
-is testable on hand-made queues. The engine loop (`engine.py`) feeds it and
+is testable on hand-made queues. The engine loop (`_engine.py`) feeds it and
 applies the plan. Later policies (a chunked-prefill token budget, KV-cache
 capacity with preemption, priority order) extend `plan` or sit beside
 `FcfsScheduler` without touching the loop or the HTTP layer.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Protocol
 
-from workers.sim.profile import SimProfile
+from workers.sim._profile import SimProfile
 
 
 class Schedulable(Protocol):

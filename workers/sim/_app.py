@@ -1,0 +1,118 @@
+"""The simulator's HTTP surface: vLLM's OpenAI-compatible routes over one engine.
+
+`create_app` wires one profile, one engine loop (started and stopped by the
+app's lifespan) and one private metrics registry per app, so several simulated
+pods can run in one process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import zlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, Response
+
+from workers.sim._engine import Engine, engine_running
+from workers.sim._errors import EngineStopped, RequestError
+from workers.sim._metrics import CONTENT_TYPE_LATEST, SimMetrics
+from workers.sim._parsing import GenRequest, parse_request
+from workers.sim._profile import SimProfile
+from workers.sim._responses import JsonCompletionResponse, SseResponse
+from workers.sim._wire import VLLM_VERSION, ResponseMeta, error_body, models_body
+
+
+def create_app(models: list[str], profile: SimProfile) -> FastAPI:
+    """An ASGI app that serves `models` from one simulated engine.
+
+    The engine loop runs inside the app's lifespan, so the ASGI server must run
+    lifespan events (uvicorn does by default); without it, requests get 503.
+    """
+    if not models:
+        raise ValueError("the engine simulator needs at least one model name")
+    routes = _Routes(list(models), profile)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async with engine_running(routes.engine):
+            yield
+
+    app = FastAPI(
+        title="fairq engine simulator",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.sim_engine = routes.engine  # for serve(): abort open requests on a signal
+    # Plain Starlette routes: the handlers read raw bytes, no validation layer per request.
+    app.add_route("/v1/chat/completions", routes.chat_completions, methods=["POST"])
+    app.add_route("/v1/completions", routes.completions, methods=["POST"])
+    app.add_route("/v1/models", routes.list_models, methods=["GET"])
+    app.add_route("/health", routes.health, methods=["GET"])
+    app.add_route("/metrics", routes.metrics, methods=["GET"])
+    return app
+
+
+class _Routes:
+    def __init__(self, models: list[str], profile: SimProfile) -> None:
+        self.models = models
+        self.profile = profile
+        self.created = int(time.time())
+        self.registry = SimMetrics(models)
+        self.engine = Engine(profile, self.registry)
+        self.registry.watch(self.engine)
+        digest = hashlib.sha256(",".join(models).encode()).hexdigest()[:8]
+        self.fingerprint = f"vllm-{VLLM_VERSION}-{digest}"
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._generate(request, chat=True)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, chat=False)
+
+    async def list_models(self, _: Request) -> Response:
+        body = models_body(self.models, self.created, self.profile.max_model_len)
+        return Response(body, media_type="application/json")
+
+    async def health(self, _: Request) -> Response:
+        # As vLLM: healthy while the engine loop is alive.
+        return Response(status_code=200 if self.engine.accepting else 503)
+
+    async def metrics(self, _: Request) -> Response:
+        return Response(self.registry.render(), media_type=CONTENT_TYPE_LATEST)
+
+    async def _generate(self, request: Request, *, chat: bool) -> Response:
+        try:
+            req = parse_request(
+                await request.body(), chat=chat, models=self.models, profile=self.profile
+            )
+            seq = self.engine.submit(
+                req.model, req.prompt_tokens, req.max_tokens, req.finish_reason
+            )
+        except RequestError as exc:
+            return _error(exc.status, exc.error_type, exc.message)
+        except EngineStopped as exc:
+            return _error(503, "ServiceUnavailableError", str(exc))
+        meta = self._meta(req)
+        if req.stream:
+            return SseResponse(self.engine, seq, meta, chat=chat, include_usage=req.include_usage)
+        return JsonCompletionResponse(self.engine, seq, meta, chat=chat)
+
+    def _meta(self, req: GenRequest) -> ResponseMeta:
+        return ResponseMeta(
+            id=req.id,
+            created=int(time.time()),
+            model=req.model,
+            seed=zlib.crc32(req.id.encode()),  # same id, same text
+            prompt_tokens=req.prompt_tokens,
+            finish_reason=req.finish_reason,
+            fingerprint=self.fingerprint,
+        )
+
+
+def _error(status: int, error_type: str, message: str) -> Response:
+    body = error_body(status, error_type, message)
+    return Response(body, status_code=status, media_type="application/json")

@@ -1,0 +1,31 @@
+"""The simulator's exceptions, under one root.
+
+SimError
+├── ProfileError   a profile file is missing, not YAML, or has unknown/invalid keys
+├── RequestError   a request rejected as vLLM would (status, error type, message)
+└── EngineStopped  the engine loop is not running (not started, shut down, crashed)
+"""
+
+from __future__ import annotations
+
+
+class SimError(Exception):
+    """Root of every error the engine simulator raises on purpose."""
+
+
+class ProfileError(SimError, ValueError):
+    """A profile file is missing, is not YAML, or holds unknown or invalid keys."""
+
+
+class RequestError(SimError):
+    """A request the simulator rejects, as vLLM would: status, error type, message."""
+
+    def __init__(self, status: int, error_type: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.message = message
+
+
+class EngineStopped(SimError, RuntimeError):
+    """The engine loop is not running (not started yet, shut down, or crashed)."""

@@ -1,0 +1,156 @@
+"""Turn an OpenAI request body into the few numbers the simulator needs.
+
+Only what shapes timing and output is read: model, prompt size, output length,
+streaming flags and vLLM's `request_id`. Everything else in the body is
+accepted and ignored. Rejections carry vLLM's status codes and error types.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from workers.sim._errors import RequestError
+from workers.sim._profile import SimProfile
+
+CHARS_PER_TOKEN = 4  # a rough English average; the simulator has no tokenizer
+CHAT_TOKENS_PER_MESSAGE = 4  # role markers a chat template adds around each message
+
+
+def bad_request(message: str) -> RequestError:
+    return RequestError(400, "BadRequestError", message)
+
+
+@dataclass(frozen=True, slots=True)
+class GenRequest:
+    chat: bool
+    id: str
+    model: str
+    prompt_tokens: int
+    max_tokens: int
+    finish_reason: str
+    stream: bool
+    include_usage: bool
+
+
+def parse_request(raw: bytes, *, chat: bool, models: list[str], profile: SimProfile) -> GenRequest:
+    body = _json_object(raw)
+    model = _model(body, models)
+    if body.get("n") not in (None, 1):
+        raise bad_request("The engine simulator supports only n=1.")
+    prompt_tokens = _chat_prompt_tokens(body) if chat else _completion_prompt_tokens(body)
+    requested = _max_tokens(body, chat=chat)
+    max_tokens, finish_reason = _output_length(prompt_tokens, requested, profile)
+    stream = body.get("stream") is True
+    options = body.get("stream_options")
+    include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
+    return GenRequest(
+        chat=chat,
+        id=_response_id(body, chat=chat),
+        model=model,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        finish_reason=finish_reason,
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"Invalid JSON in request body: {exc}") from exc
+    if not isinstance(body, dict):
+        raise bad_request("The request body must be a JSON object.")
+    return body
+
+
+def _model(body: dict[str, Any], models: list[str]) -> str:
+    model = body.get("model")
+    if model is None:
+        return models[0]  # vLLM serves its first model name when none is given
+    if not isinstance(model, str) or model not in models:
+        raise RequestError(404, "NotFoundError", f"The model `{model}` does not exist.")
+    return model
+
+
+def _chat_prompt_tokens(body: dict[str, Any]) -> int:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty list of messages.")
+    chars = 0
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise bad_request("Each message must be an object with a string 'role'.")
+        chars += _content_chars(message.get("content"))
+    return _tokens_of(chars) + CHAT_TOKENS_PER_MESSAGE * len(messages)
+
+
+def _content_chars(content: Any) -> int:
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(len(part.get("text") or "") for part in content if isinstance(part, dict))
+    return 0
+
+
+def _completion_prompt_tokens(body: dict[str, Any]) -> int:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str) and prompt:
+        return _tokens_of(len(prompt))
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return len(prompt)  # already token ids
+    raise bad_request("'prompt' must be a non-empty string or list of token ids (one prompt).")
+
+
+def _tokens_of(chars: int) -> int:
+    return max(1, -(-chars // CHARS_PER_TOKEN))
+
+
+def _max_tokens(body: dict[str, Any], *, chat: bool) -> int | None:
+    name = "max_tokens"
+    value = body.get(name)
+    if chat and body.get("max_completion_tokens") is not None:
+        name = "max_completion_tokens"  # vLLM prefers it over the deprecated max_tokens
+        value = body[name]
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise bad_request(f"'{name}' must be an integer of at least 1, got {value!r}.")
+    return value
+
+
+def _output_length(
+    prompt_tokens: int, requested: int | None, profile: SimProfile
+) -> tuple[int, str]:
+    limit = profile.max_model_len
+    if prompt_tokens >= limit:
+        raise bad_request(
+            f"This model's maximum context length is {limit} tokens. However, your request "
+            f"has {prompt_tokens} input tokens. Please reduce the length of the input."
+        )
+    room = limit - prompt_tokens
+    if requested is None:
+        out = min(profile.default_output_tokens, room)
+        return out, "stop" if out == profile.default_output_tokens else "length"
+    if requested > room:
+        raise bad_request(
+            f"'max_tokens' or 'max_completion_tokens' is too large: {requested}. This model's "
+            f"maximum context length is {limit} tokens and your request has {prompt_tokens} "
+            f"input tokens ({requested} > {limit} - {prompt_tokens})."
+        )
+    return requested, "length"
+
+
+def _response_id(body: dict[str, Any], *, chat: bool) -> str:
+    prefix = "chatcmpl" if chat else "cmpl"
+    request_id = body.get("request_id")
+    if isinstance(request_id, str) and request_id:
+        return f"{prefix}-{request_id}"
+    return f"{prefix}-{secrets.token_hex(8)}"

@@ -1,0 +1,64 @@
+"""Run one simulated engine pod: uvicorn in the foreground until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+
+import uvicorn
+
+from workers.sim._app import create_app
+from workers.sim._engine import Engine
+from workers.sim._profile import SimProfile
+
+# A backstop: open requests are aborted as soon as a signal arrives, so their
+# connections close at once; this only bounds a connection that still hangs.
+GRACEFUL_SHUTDOWN_S = 3
+
+
+class _Server(uvicorn.Server):
+    """uvicorn.Server that stops like a pod told to stop: abort, close, exit 0.
+
+    uvicorn would wait for open streams to finish, then re-raise the captured
+    signal, so Ctrl+C ends in KeyboardInterrupt and SIGTERM in status 143.
+    """
+
+    def __init__(self, config: uvicorn.Config, engine: Engine) -> None:
+        super().__init__(config)
+        self._engine = engine
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # Streams end without [DONE], as from a real engine that is shutting down.
+        self._engine.abort_all()
+        await super().shutdown(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield  # signals can be handled only on the main thread
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def serve(host: str, port: int, models: list[str], profile: SimProfile) -> None:
+    """Serve `models` on host:port from one simulated engine; blocks until a signal."""
+    app = create_app(models, profile)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
+    _Server(config, app.state.sim_engine).run()
