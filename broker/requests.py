@@ -23,6 +23,8 @@ class _Body(BaseModel):
     stream: bool = False
     max_tokens: int | None = Field(default=None, ge=1)
     user: str | None = None
+    # engine_payload merges into it: anything but an object would fail there, not here.
+    stream_options: dict[str, Any] | None = None
 
 
 class _Message(BaseModel):

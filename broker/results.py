@@ -140,8 +140,8 @@ class ResultReader:
             try:
                 await self._read_once()
                 backoff = 0.05
-            except RedisError as exc:
-                log.warning("result reader lost Redis (%s); retrying in %.2fs", exc, backoff)
+            except Exception as exc:  # the reader must outlive any error: every stream waits on it
+                log.warning("result reader failed (%r); retrying in %.2fs", exc, backoff)
                 self._client_id = None
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)

@@ -20,7 +20,7 @@ def bearer_key(header: str | None) -> str | None:
     return key.strip() or None
 
 
-def authenticate(request: Request) -> Principal:
+async def authenticate(request: Request) -> Principal:
     key = bearer_key(request.headers.get("authorization"))
     return gateway_of(request).keyring.resolve(key)
 

@@ -10,6 +10,7 @@ with a 500 by ``CatchAll``, the outermost middleware.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import orjson
 from fastapi import FastAPI, Request
@@ -19,7 +20,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from broker.errors import BodyTooLarge, FairqError, InvalidRequest, QueueFull
+from broker.errors import BodyTooLarge, FairqError, InvalidRequest, QueueFull, Unauthorized
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ JOB_HEADER = "X-Fairq-Job-Id"
 
 
 def json_response(
-    content: object, status: int = 200, headers: dict[str, str] | None = None
+    content: object, status: int = 200, headers: Mapping[str, str] | None = None
 ) -> Response:
     return Response(orjson.dumps(content), status, headers, media_type="application/json")
 
@@ -36,6 +37,8 @@ def error_response(exc: FairqError, headers: dict[str, str] | None = None) -> Re
     headers = dict(headers or {})
     if isinstance(exc, QueueFull):
         headers["Retry-After"] = str(exc.retry_after_s)
+    if isinstance(exc, Unauthorized):
+        headers["WWW-Authenticate"] = "Bearer"
     if isinstance(exc, BodyTooLarge):
         # The rest of the body may still be on its way: do not reuse the connection.
         headers["Connection"] = "close"

@@ -14,6 +14,7 @@ import contextlib
 import logging
 
 from broker.errors import FairqError
+from broker.gateway.outcomes import SHUTDOWN
 from broker.gateway.state import Gateway
 from broker.queue import Submission
 from broker.results import ResultEvent
@@ -22,6 +23,8 @@ log = logging.getLogger(__name__)
 
 
 class FollowedJob:
+    """One request's job: its event queue, and the cleanup that must run exactly once."""
+
     def __init__(
         self,
         gateway: Gateway,
@@ -34,7 +37,7 @@ class FollowedJob:
         self.sub = sub
         self.id = job_id
         self.events = events
-        self.ended = False  # set once the end event was handed to the client
+        self.ended = False  # set once the end event was read: nothing left to cancel
         self._stack = stack
 
     @classmethod
@@ -43,6 +46,8 @@ class FollowedJob:
         assert sub.job_id is not None, "the payload embeds the id: generate it first"
         stack = contextlib.AsyncExitStack()
         events = await stack.enter_async_context(gateway.reader.follow(sub.model, sub.job_id))
+        gateway.track(sub.job_id, events)
+        stack.callback(gateway.untrack, sub.job_id)
         try:
             await gateway.queue.submit(sub)
         except BaseException:
@@ -61,7 +66,7 @@ class FollowedJob:
             await self._stack.aclose()
 
     async def result(self) -> tuple[bytes | None, ResultEvent]:
-        """The response body (if one was written) and the end event."""
+        """The response body (if one was written) and the end event (or ``SHUTDOWN``)."""
         body = None
         while True:
             event = await self.events.get()
@@ -69,4 +74,6 @@ class FollowedJob:
                 body = event.body
             elif event.end is not None:
                 self.ended = True
+                return body, event
+            elif event is SHUTDOWN:
                 return body, event

@@ -9,6 +9,10 @@
     expired     408 ``{"type": "timeout", "code": "job_expired"}``: it was not served
                 within its deadline.
 
+    (shutdown)  503 ``{"type": "server_error", "code": "gateway_shutting_down"}``: the
+                gateway is stopping and the job had not left the queue (it is
+                cancelled); retrying the request is safe.
+
 Streamed requests have sent their 200 already; they get the same error object as
 one ``data: {"error": {...}}`` event before ``data: [DONE]``.
 """
@@ -20,6 +24,9 @@ from broker.jobs import JobState
 from broker.results import ResultEvent
 
 _FAILED_STATUS = 502
+
+# Put in a followed job's event queue by the gateway's drain; compared by identity.
+SHUTDOWN = ResultEvent(b"gateway-shutdown")
 
 
 class JobEnded(FairqError):
@@ -48,7 +55,14 @@ def _failed(error: dict[str, object] | None) -> JobEnded:
 
 
 def ended_error(event: ResultEvent) -> JobEnded | None:
-    """The error to report for an end event; None when the job completed."""
+    """The error to report for an end event (or ``SHUTDOWN``); None when the job completed."""
+    if event is SHUTDOWN:
+        return JobEnded(
+            "the gateway is shutting down and the request had not started; retry it",
+            status=503,
+            type_="server_error",
+            code="gateway_shutting_down",
+        )
     if event.end is JobState.FAILED:
         return _failed(event.error)
     if event.end is JobState.CANCELLED:

@@ -5,6 +5,12 @@ job this process waits for over a single blocking connection, one ``JobQueue``
 and one ``KeyRing``. Work that must outlive the request that started it (the
 cancel of a job whose client has left) runs as a tracked task, so that shutdown
 can wait for it before closing Redis.
+
+Shutdown, in order: ``drain`` (called by ``server`` as soon as a signal arrives)
+ends every request whose job is still queued with a "shutting down" error, so
+its client can retry elsewhere at once instead of waiting out the graceful
+period; jobs already at a worker keep streaming. Then uvicorn waits for the
+responses in flight, and the lifespan's ``close`` waits for their cleanup.
 """
 
 from __future__ import annotations
@@ -19,20 +25,23 @@ from fastapi import Request
 from redis.asyncio import Redis
 
 from broker.auth import KeyRing
+from broker.errors import FairqError
+from broker.gateway.outcomes import SHUTDOWN
+from broker.jobs import JobState
 from broker.queue import JobQueue
 from broker.redis_conn import connect, connect_blocking
-from broker.results import ResultReader
+from broker.results import ResultEvent, ResultReader
 from broker.settings import Settings
 
 log = logging.getLogger(__name__)
 
 # The reader's XREAD blocks this long at most; the socket timeout outlasts it.
 _READER_BLOCK_S = 2
-_DRAIN_TIMEOUT_S = 5.0
+_CLEANUP_TIMEOUT_S = 5.0
 
 
 class Gateway:
-    """What the routes need; one per process (see ``lifespan``)."""
+    """What the routes need; one per process (see ``opened``)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -45,13 +54,39 @@ class Gateway:
             block_ms=_READER_BLOCK_S * 1000,
         )
         self._tasks: set[asyncio.Task[None]] = set()
+        self._followed: dict[str, asyncio.Queue[ResultEvent]] = {}  # job id -> its events
+        self._released = asyncio.Event()
 
     def start(self) -> None:
         self.reader.start()
 
+    def track(self, job_id: str, events: asyncio.Queue[ResultEvent]) -> None:
+        self._followed[job_id] = events
+
+    def untrack(self, job_id: str) -> None:
+        del self._followed[job_id]
+        self._released.set()
+
+    async def drain(self) -> None:
+        """End the requests whose jobs are still queued (their release cancels the jobs)."""
+        for job_id, events in list(self._followed.items()):
+            try:
+                job = await self.queue.get(job_id, None)
+            except FairqError:
+                continue
+            if job.state is JobState.QUEUED:
+                events.put_nowait(SHUTDOWN)
+
     async def close(self) -> None:
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=_DRAIN_TIMEOUT_S)
+        # uvicorn cancels the requests still running after its graceful timeout and
+        # starts the lifespan shutdown at once: their cleanup has not begun yet.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_CLEANUP_TIMEOUT_S):
+                while self._followed:
+                    self._released.clear()
+                    await self._released.wait()
+                if self._tasks:
+                    await asyncio.wait(self._tasks)
         await self.reader.close()
         await self.redis.aclose()
 

@@ -1,0 +1,40 @@
+"""The gateway's FastAPI application: routes, error handlers and the lifespan.
+
+The lifespan opens the per-process resources (``state.Gateway``) once and closes
+them on shutdown. The interactive docs are off: this is an API for machines,
+and its contract is OpenAI's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from broker.gateway import completions, health, jobs, models
+from broker.gateway.errors import install_handlers
+from broker.gateway.state import opened
+from broker.settings import Settings
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """The gateway app; its Redis clients and result reader open with the lifespan."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with opened(settings) as gateway:
+            app.state.gateway = gateway
+            yield
+
+    app = FastAPI(
+        title="fairq gateway",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    for module in (completions, jobs, models, health):
+        app.include_router(module.router)
+    install_handlers(app)
+    return app

@@ -1,0 +1,78 @@
+"""Request bodies: what is checked, what passes through, what the engine receives."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from broker import InvalidRequest, ModelConfig, RequestKind
+from broker.requests import engine_payload, parse_body, wants_usage
+
+VLLM = ModelConfig(name="m", endpoints=("http://engine:8000",))
+OPENAI = ModelConfig(name="m", engine="openai", endpoints=("http://engine:8000",))
+
+
+def chat(**extra: object) -> dict[str, object]:
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+def test_valid_chat_body_is_returned_with_unknown_fields_intact() -> None:
+    body = chat(temperature=0.2, logit_bias={"50256": -100}, stream=True)
+    assert parse_body(RequestKind.CHAT, orjson.dumps(body)) == body
+
+
+@pytest.mark.parametrize(
+    ("kind", "body", "where"),
+    [
+        (RequestKind.CHAT, {"messages": [{"role": "user"}]}, "'model'"),
+        (RequestKind.CHAT, {"model": "m"}, "'messages'"),
+        (RequestKind.CHAT, chat(messages=[{"content": "no role"}]), "'messages.0.role'"),
+        (RequestKind.CHAT, chat(stream="yes"), "'stream'"),
+        (RequestKind.CHAT, chat(max_tokens=0), "'max_tokens'"),
+        (RequestKind.CHAT, chat(user=42), "'user'"),
+        (RequestKind.CHAT, chat(stream_options=["include_usage"]), "'stream_options'"),
+        (RequestKind.COMPLETION, {"model": "m"}, "'prompt'"),
+        (RequestKind.COMPLETION, {"model": "m", "prompt": {"text": "x"}}, "'prompt"),
+    ],
+)
+def test_invalid_fields_are_named_in_the_error(
+    kind: RequestKind, body: dict[str, object], where: str
+) -> None:
+    with pytest.raises(InvalidRequest, match=where):
+        parse_body(kind, orjson.dumps(body))
+
+
+@pytest.mark.parametrize("raw", [b"", b"{", b"nul", b"\xff"])
+def test_non_json_is_an_invalid_request(raw: bytes) -> None:
+    with pytest.raises(InvalidRequest, match="not valid JSON"):
+        parse_body(RequestKind.CHAT, raw)
+
+
+def test_non_object_body_is_an_invalid_request() -> None:
+    with pytest.raises(InvalidRequest, match="JSON object"):
+        parse_body(RequestKind.CHAT, b'["m"]')
+
+
+def test_vllm_payload_names_the_job_and_drops_the_fairness_user() -> None:
+    payload = orjson.loads(engine_payload(chat(user="u1"), "job-1", VLLM))
+    assert payload["request_id"] == "job-1"
+    assert "user" not in payload
+    assert "stream_options" not in payload
+
+
+def test_openai_engines_get_no_request_id() -> None:
+    assert "request_id" not in orjson.loads(engine_payload(chat(), "job-1", OPENAI))
+
+
+def test_streams_always_ask_the_engine_for_usage_keeping_other_options() -> None:
+    body = chat(stream=True, stream_options={"continuous_usage_stats": False})
+    payload = orjson.loads(engine_payload(body, "job-1", VLLM))
+    assert payload["stream_options"] == {"continuous_usage_stats": False, "include_usage": True}
+    assert body["stream_options"] == {"continuous_usage_stats": False}  # caller's body untouched
+    assert not wants_usage(body)
+
+
+def test_wants_usage_only_when_the_client_asked() -> None:
+    assert wants_usage(chat(stream=True, stream_options={"include_usage": True}))
+    assert not wants_usage(chat(stream=True, stream_options=None))
+    assert not wants_usage(chat(stream=True))

@@ -1,0 +1,72 @@
+"""``fairq up`` as a user runs it: one command, the official openai client, Ctrl-C.
+
+The stack runs as real processes with its own private Redis; the test talks to
+it only over HTTP on 127.0.0.1, then interrupts it and checks that no process
+is left behind.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import openai
+import psutil
+import pytest
+
+from fairq.localredis import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def _wait_for_banner(process: subprocess.Popen[str], timeout_s: float) -> list[str]:
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    assert process.stdout is not None
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            raise AssertionError(f"fairq up exited early: {''.join(lines)}")
+        lines.append(line)
+        if line.startswith("Ctrl-C stops everything"):
+            return lines
+    raise AssertionError(f"no banner within {timeout_s}s: {''.join(lines)}")
+
+
+def test_fairq_up_serves_the_openai_client_and_ctrl_c_leaves_no_process() -> None:
+    port = free_port()
+    up = subprocess.Popen(
+        [sys.executable, "-m", "fairq", "up", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "FAIRQ_LOG_LEVEL": "WARNING"},
+    )
+    try:
+        banner = "".join(_wait_for_banner(up, timeout_s=60))
+        assert f"http://127.0.0.1:{port}/v1" in banner and "fq-demo-alice" in banner
+        assert "curl" in banner
+        children = psutil.Process(up.pid).children(recursive=True)
+        assert len(children) >= 6  # redis, 2 simulators, dispatcher, worker, gateway
+
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="fq-demo-alice")
+        stream = client.chat.completions.create(
+            model="demo-chat",
+            messages=[{"role": "user", "content": "Hello"}],
+            stream=True,
+            max_tokens=6,
+        )
+        pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+        assert len([p for p in pieces if p]) == 6
+        completion = client.completions.create(model="demo-code", prompt="def f():", max_tokens=4)
+        assert completion.choices[0].text and completion.usage is not None
+        assert completion.usage.completion_tokens == 4
+        models = {m.id for m in client.models.list()}
+        assert models == {"demo-chat", "demo-code"}
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.communicate(timeout=30)
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, f"left behind: {[p.pid for p in alive]}"
+    assert len(gone) == len(children)
