@@ -21,7 +21,7 @@ from broker.errors import (
     Unauthorized,
     UnknownModel,
 )
-from broker.execution import Claimed, ExecutionStore, Outcome, StartedJob
+from broker.execution import Claimed, ExecutionStore, Outcome
 from broker.jobs import JobRecord, JobState, RequestKind
 from broker.queue import JobQueue, Submission
 from broker.redis_conn import connect, connect_blocking
@@ -57,7 +57,6 @@ __all__ = [
     "ResultEvent",
     "ResultReader",
     "Settings",
-    "StartedJob",
     "Submission",
     "Unauthorized",
     "UnknownModel",

@@ -1,8 +1,8 @@
 """The worker's view of Redis: claim dispatched jobs, write results, end jobs.
 
-A worker reads ready-stream entries through the consumer group, turns each
-into a running job with ``start.lua`` (or just acknowledges it when the job was
-cancelled meanwhile), writes result chunks with plain pipelined ``XADD``s and
+A worker reads ready-stream entries through the consumer group (each carries
+the job's payload, so the engine call can begin at once), records that it runs
+the job with ``start.lua`` (or drops it when the job was cancelled meanwhile), writes result chunks with plain pipelined ``XADD``s and
 ends the job with ``complete.lua``, which also acknowledges the entry: an
 entry is acknowledged only once its job is terminal.
 """
@@ -26,22 +26,22 @@ from broker.settings import Settings
 
 @dataclass(frozen=True)
 class Claimed:
-    """A ready-stream entry this worker now holds."""
+    """A ready-stream entry this worker now holds: everything needed to call the engine."""
 
     model: str
     entry_id: bytes
-    job_id: str
-
-
-@dataclass(frozen=True)
-class StartedJob:
-    model: str
     job_id: str
     payload: bytes
     kind: RequestKind
     stream_flag: str  # "0", "1", or "2" (streamed and the client wants the usage chunk)
     endpoint: str
-    attempts: int
+
+    @classmethod
+    def from_entry(cls, model: str, entry_id: bytes, fields: dict[bytes, bytes]) -> Claimed:
+        return cls(
+            model, entry_id, fields[b"j"].decode(), fields[b"p"],
+            RequestKind(fields[b"k"].decode()), fields[b"s"].decode(), fields[b"ep"].decode(),
+        )  # fmt: skip
 
     @property
     def stream(self) -> bool:
@@ -84,23 +84,20 @@ class ExecutionStore:
         )
         by_key = {keys.ready(m).encode(): m for m in models}
         return [
-            Claimed(by_key[stream], entry_id, fields[b"j"].decode())
+            Claimed.from_entry(by_key[stream], entry_id, fields)
             for stream, entries in reply or []
             for entry_id, fields in entries
-            if fields  # a trimmed entry comes back without fields
+            if fields  # an entry deleted meanwhile comes back without fields
         ]
 
-    async def start(self, claimed: Claimed, worker: str) -> StartedJob | None:
-        """Mark the job running under ``worker``; None (and acked) when it is not startable."""
+    async def start(self, claimed: Claimed, worker: str) -> int | None:
+        """Record that ``worker`` runs the job; its attempt number, or None (and acked)
+        when the job ended meanwhile and must be dropped."""
         reply = await self._scripts.start(
             keys=[keys.job(claimed.model, claimed.job_id)], args=[worker]
         )
         if reply[0] == 1:
-            _, payload, kind, stream_flag, endpoint, attempts = reply
-            return StartedJob(
-                claimed.model, claimed.job_id, payload, RequestKind(kind.decode()),
-                stream_flag.decode(), endpoint.decode(), int(attempts),
-            )  # fmt: skip
+            return int(reply[1])
         await self._redis.xack(keys.ready(claimed.model), keys.READY_GROUP, claimed.entry_id)
         return None
 

@@ -100,10 +100,13 @@ class ResultReader:
             raise RuntimeError(f"job {job_id} is already followed in this process")
         follower = _Follower(asyncio.Queue(), after)
         self._followers[key] = follower
+        # The caller need not wait for the reader to take the key in: events are read
+        # from ``after`` on whenever that happens, so none can be missed.
+        wake = asyncio.create_task(self._wake(key))
         try:
-            await self._wake(key)
             yield follower.queue
         finally:
+            wake.cancel()
             del self._followers[key]
 
     async def events(

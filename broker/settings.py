@@ -100,7 +100,7 @@ class Settings(BaseSettings):
     dispatcher_idle_tick_s: float = Field(default=1.0, gt=0)
     worker_concurrency: int = Field(default=64, ge=1)
     worker_drain_timeout_s: float = Field(default=30.0, ge=0)
-    stream_linger_ms: float = Field(default=5.0, ge=0)
+    stream_linger_ms: float = Field(default=2.0, ge=0)
     engine_connect_timeout_s: float = Field(default=5.0, gt=0)
     engine_read_timeout_s: float = Field(default=300.0, gt=0)
 

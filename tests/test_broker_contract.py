@@ -99,6 +99,8 @@ async def test_dispatch_moves_head_jobs_in_plan_order_and_counts_inflight(r: Red
     assert snap.backlogs[0].join == 1.5
     ready = await r.xrange(keys.ready(MODEL))
     assert [f[b"j"].decode() for _, f in ready] == [a[0], b]
+    assert [f[b"p"] for _, f in ready] == [b'{"model":"m1"}'] * 2  # the payload moved along
+    assert await r.hget(keys.job(MODEL, b), "p") is None
     assert (await q.get(b, "bob")).state is JobState.DISPATCHED
 
 
@@ -130,9 +132,9 @@ async def test_start_and_complete_end_the_job_once_and_release_capacity(r: Redis
     job_id = await q.submit(submission("alice"))
     await d.dispatch(MODEL, EP, [Pick("default", "alice", 1, 0.5)])
     (claimed,) = await x.claim(r, [MODEL], "w1", count=10, block_ms=100)
-    started = await x.start(claimed, "w1")
-    assert started is not None and started.endpoint == EP and started.attempts == 1
-    assert started.payload == b'{"model":"m1"}'
+    assert claimed.endpoint == EP and claimed.payload == b'{"model":"m1"}'
+    assert claimed.kind is RequestKind.CHAT and claimed.stream
+    assert await x.start(claimed, "w1") == 1
     outcome = Outcome(JobState.COMPLETED, usage={"completion_tokens": 3}, finish_reason="stop")
     for _ in range(2):  # the second completion is ignored
         pipe = x.pipeline()
@@ -145,18 +147,31 @@ async def test_start_and_complete_end_the_job_once_and_release_capacity(r: Redis
     assert (await d.snapshot(MODEL, 1)).inflight == {EP: 0}
     pending = await r.xpending(keys.ready(MODEL), keys.READY_GROUP)
     assert pending["pending"] == 0
+    assert await r.xlen(keys.ready(MODEL)) == 0  # the entry and its payload copy are gone
     assert await r.ttl(keys.job(MODEL, job_id)) > 0
 
 
-async def test_a_job_cancelled_while_dispatched_is_not_started(r: Redis) -> None:
+async def test_a_job_cancelled_before_a_worker_read_it_is_never_handed_out(r: Redis) -> None:
     s = settings()
     q, d, x = JobQueue(r, s), DispatchStore(r, s), ExecutionStore(r, s)
     await x.ensure_groups([MODEL])
     job_id = await q.submit(submission("alice"))
     await d.dispatch(MODEL, EP, [Pick("default", "alice", 1, 0.5)])
     await q.cancel(job_id, "alice")
+    assert await x.claim(r, [MODEL], "w1", count=10, block_ms=50) == []
+    assert (await d.snapshot(MODEL, 1)).inflight == {EP: 0}
+
+
+async def test_a_job_cancelled_after_a_worker_read_it_is_not_started(r: Redis) -> None:
+    s = settings()
+    q, d, x = JobQueue(r, s), DispatchStore(r, s), ExecutionStore(r, s)
+    await x.ensure_groups([MODEL])
+    job_id = await q.submit(submission("alice"))
+    await d.dispatch(MODEL, EP, [Pick("default", "alice", 1, 0.5)])
     (claimed,) = await x.claim(r, [MODEL], "w1", count=10, block_ms=100)
+    await q.cancel(job_id, "alice")
     assert await x.start(claimed, "w1") is None
+    assert (await q.get(job_id, "alice")).state is JobState.CANCELLED
     assert (await d.snapshot(MODEL, 1)).inflight == {EP: 0}
     assert await r.xpending(keys.ready(MODEL), keys.READY_GROUP) == {
         "pending": 0,

@@ -35,7 +35,6 @@ from broker import (
     Outcome,
     Pick,
     Settings,
-    StartedJob,
     hash_key,
     keys,
 )
@@ -137,7 +136,7 @@ class StandIn:
         self.dispatch = DispatchStore(redis, settings)
         self.execution = ExecutionStore(redis, settings)
 
-    async def take(self, model: str = MODEL) -> StartedJob:
+    async def take(self, model: str = MODEL) -> Claimed:
         """Dispatch the first queued job of ``model`` and start it as a worker would."""
         await self.dispatch.ensure_ready_group(model)
         async with asyncio.timeout(WAIT_S):
@@ -146,9 +145,8 @@ class StandIn:
             claimed: list[Claimed] = []
             while not claimed:
                 claimed = await self.execution.claim(self.redis, [model], "w-test", 1, 100)
-        started = await self.execution.start(claimed[0], "w-test")
-        assert started is not None
-        return started
+        assert await self.execution.start(claimed[0], "w-test") == 1
+        return claimed[0]
 
     async def _dispatch_head(self, model: str) -> list[str]:
         snapshot = await self.dispatch.snapshot(model, depth=1)
@@ -161,7 +159,7 @@ class StandIn:
 
     async def finish(
         self,
-        job: StartedJob,
+        job: Claimed,
         *,
         chunks: Sequence[bytes] = (),
         body: bytes | None = None,

@@ -77,9 +77,11 @@ def test_round_robin_serves_a_newcomer_before_the_power_users_next_jobs(
         for job_id in a_jobs[3:]:
             alice.cancel(job_id)
     r = redis.Redis.from_url(redis_url)
-    order = [f[b"j"].decode() for _, f in r.xrange(keys.ready(MODEL))]
+    # The dispatch order is the order of the jobs' ready-stream entry ids ("re").
+    fields = {j: r.hmget(keys.job(MODEL, j), "re", "td") for j in [*a_jobs, b_job]}
+    order = sorted((j for j, (re, _) in fields.items() if re), key=lambda j: _entry(fields[j][0]))
     b_enqueued = int(r.hget(keys.job(MODEL, b_job), "tq"))
-    dispatched_ms = {j: int(r.hget(keys.job(MODEL, j), "td")) for j in order}
+    dispatched_ms = {j: int(fields[j][1]) for j in order}
     after_b = [j for j in order if dispatched_ms[j] > b_enqueued]
     # B is dispatched at the first free slot after it arrived, or the one after if a
     # dispatch raced its arrival; never behind a run of A's jobs.
@@ -88,3 +90,8 @@ def test_round_robin_serves_a_newcomer_before_the_power_users_next_jobs(
     cancelled = sum(r.hget(keys.job(MODEL, j), "st") == b"cancelled" for j in a_jobs)
     assert cancelled > 100  # A's backlog was still long when B went through
     r.close()
+
+
+def _entry(entry_id: bytes) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition(b"-")
+    return int(ms), int(seq)

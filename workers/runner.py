@@ -1,6 +1,6 @@
 """Running one job: call the engine, stream its output into Redis, decide the outcome.
 
-The runner owns a job from ``start.lua`` to its ``Outcome``; the writer then
+The runner owns a job from its ready entry to its ``Outcome``; the writer then
 records the outcome after the job's last chunk. Cancellation arrives as
 ``asyncio.CancelledError`` (the service cancels the task): the ``async with``
 around the engine request closes the connection, which aborts the request at
@@ -13,7 +13,7 @@ import time
 
 import httpx
 
-from broker import JobState, Outcome, StartedJob
+from broker import Claimed, JobState, Outcome
 from workers.engine import Accounting, complete, stream_events
 from workers.errors import EngineError
 from workers.writer import ResultWriter
@@ -24,7 +24,7 @@ class JobRunner:
         self._writer = writer
         self._http = http
 
-    async def run(self, job: StartedJob) -> Outcome:
+    async def run(self, job: Claimed) -> Outcome:
         """Execute the job at its endpoint; engine failures become a failed outcome."""
         accounting = Accounting()
         url = job.endpoint + job.kind.path
@@ -42,7 +42,7 @@ class JobRunner:
             first_token_ms=first_ms,
         )
 
-    async def _stream(self, job: StartedJob, url: str, accounting: Accounting) -> int | None:
+    async def _stream(self, job: Claimed, url: str, accounting: Accounting) -> int | None:
         first_ms: int | None = None
         keep_usage = job.stream_flag == "2"
         async for events in stream_events(self._http, url, job.payload, accounting, keep_usage):
@@ -53,7 +53,7 @@ class JobRunner:
                 self._writer.chunk(job.model, job.job_id, events)
         return first_ms
 
-    async def _plain(self, job: StartedJob, url: str, accounting: Accounting) -> int:
+    async def _plain(self, job: Claimed, url: str, accounting: Accounting) -> int:
         body = await complete(self._http, url, job.payload, accounting)
         self._writer.body(job.model, job.job_id, body)
         return int(time.time() * 1000)

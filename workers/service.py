@@ -105,12 +105,22 @@ class Worker:
         self._running.pop(job_id, None)
         self._slot_freed.set()
 
-    async def _run_claimed(self, runner: JobRunner, entry: Claimed) -> None:
-        job = await self._store.start(entry, self.name)
-        if job is None:  # cancelled while it waited in the ready stream
+    async def _run_claimed(self, runner: JobRunner, job: Claimed) -> None:
+        # The engine call starts at once; start.lua runs alongside it (one round trip
+        # less before the first token) and may tell us the job ended meanwhile.
+        run = asyncio.ensure_future(runner.run(job))
+        try:
+            attempt = await self._store.start(job, self.name)
+        except BaseException:
+            run.cancel()  # the entry stays pending: the job is not lost
+            raise
+        if attempt is None:  # cancelled while it waited in the ready stream
+            run.cancel()
+            await asyncio.gather(run, return_exceptions=True)
+            self._writer.discard(job.job_id)
             return
         try:
-            outcome = await runner.run(job)
+            outcome = await run
         except asyncio.CancelledError:
             if job.job_id in self._cancelled:  # cancel.lua has ended the job already
                 self._cancelled.discard(job.job_id)

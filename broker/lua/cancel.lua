@@ -26,6 +26,7 @@ if st == 'queued' then
 else
   redis.call('HINCRBY', KEYS[4], endpoint, -1)
   redis.call('XACK', KEYS[3], ARGV[2], rentry)
+  redis.call('XDEL', KEYS[3], rentry)
   redis.call('PUBLISH', ARGV[5], ARGV[1])
 end
 local t = redis.call('TIME')

@@ -8,11 +8,12 @@
 -- ARGV[5] error JSON or ''   ARGV[6] usage JSON or ''   ARGV[7] finish reason or ''
 -- ARGV[8] first-token time in ms or ''
 -- Returns 1 when this call ended the job, 0 when it had already ended (e.g. cancelled);
--- the ready entry is acknowledged either way.
+-- the ready entry is acknowledged and deleted either way (it holds the payload).
 local f = redis.call('HMGET', KEYS[1], 'st', 're', 'ep')
 local st, entry, endpoint = f[1], f[2], f[3]
 if entry then
   redis.call('XACK', KEYS[3], ARGV[2], entry)
+  redis.call('XDEL', KEYS[3], entry)
 end
 if st ~= 'dispatched' and st ~= 'running' then
   return 0
@@ -24,7 +25,6 @@ if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'err', ARGV[5]) end
 if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'usage', ARGV[6]) end
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'fin', ARGV[7]) end
 if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'tf', ARGV[8]) end
-redis.call('HDEL', KEYS[1], 'p')
 redis.call('XADD', KEYS[2], '*', 'end', ARGV[1], 'e', ARGV[5])
 redis.call('EXPIRE', KEYS[2], ARGV[3])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
