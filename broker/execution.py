@@ -1,8 +1,9 @@
 """The worker's view of Redis: claim dispatched jobs, write results, end jobs.
 
 A worker reads ready-stream entries through the consumer group (each carries
-the job's payload, so the engine call can begin at once), records that it runs
-the job with ``start.lua`` (or drops it when the job was cancelled meanwhile), writes result chunks with plain pipelined ``XADD``s and
+the job's payload, so the engine call can begin at once), records that it
+runs the job with ``start.lua`` (or drops it when the job ended meanwhile),
+writes result chunks with plain pipelined ``XADD``s and
 ends the job with ``complete.lua``, which also acknowledges the entry: an
 entry is acknowledged only once its job is terminal.
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 import orjson
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+from redis.exceptions import ResponseError
 
 from broker import keys
 from broker.dispatching import ensure_ready_group
@@ -101,28 +103,37 @@ class ExecutionStore:
         await self._redis.xack(keys.ready(claimed.model), keys.READY_GROUP, claimed.entry_id)
         return None
 
+    # Result entries get explicit ids 0-1, 0-2, ... per job. A write retried after a
+    # failure whose fate is unknown is then refused by Redis as "equal or smaller"
+    # instead of landing twice, so a client never receives the same chunk twice.
+    # The end entry gets a time-based id, so nothing can be added after it either.
     @staticmethod
-    def add_chunk(pipe: Pipeline, model: str, job_id: str, data: bytes) -> None:
-        pipe.xadd(keys.results(model, job_id), {CHUNK_FIELD: data})
+    def add_chunk(pipe: Pipeline, model: str, job_id: str, seq: int, data: bytes) -> None:
+        pipe.xadd(keys.results(model, job_id), {CHUNK_FIELD: data}, id=f"0-{seq}")
 
     @staticmethod
-    def add_body(pipe: Pipeline, model: str, job_id: str, body: bytes) -> None:
-        pipe.xadd(keys.results(model, job_id), {BODY_FIELD: body})
+    def add_body(pipe: Pipeline, model: str, job_id: str, seq: int, body: bytes) -> None:
+        pipe.xadd(keys.results(model, job_id), {BODY_FIELD: body}, id=f"0-{seq}")
 
-    async def add_complete(self, pipe: Pipeline, model: str, job_id: str, outcome: Outcome) -> None:
-        """Queue ``complete.lua`` in the pipeline; its reply is 1 when it ended the job."""
-        await self._scripts.complete(
-            keys=[
-                keys.job(model, job_id), keys.results(model, job_id),
-                keys.ready(model), keys.inflight(model),
-            ],
-            args=[
-                outcome.state.value, keys.READY_GROUP, self._settings.result_ttl_s,
-                keys.wake_channel(model), _json(outcome.error), _json(outcome.usage),
-                outcome.finish_reason or "", outcome.first_token_ms or "",
-            ],
-            client=pipe,
+    @staticmethod
+    def is_duplicate_write(error: Exception) -> bool:
+        """True for the error of a result entry that is already there (or after the end)."""
+        return isinstance(error, ResponseError) and "equal or smaller" in str(error)
+
+    def add_complete(self, pipe: Pipeline, model: str, job_id: str, outcome: Outcome) -> None:
+        """Queue ``complete.lua`` (by SHA: see ``load_scripts``); replies 1 when it ended the job."""
+        pipe.evalsha(
+            self._scripts.complete.sha, 4,
+            keys.job(model, job_id), keys.results(model, job_id),
+            keys.ready(model), keys.inflight(model),
+            outcome.state.value, keys.READY_GROUP, self._settings.result_ttl_s,
+            keys.wake_channel(model), _json(outcome.error), _json(outcome.usage),
+            outcome.finish_reason or "", outcome.first_token_ms or "",
         )  # fmt: skip
+
+    async def load_scripts(self) -> None:
+        """Load the scripts pipelines call by SHA (at start, and after Redis lost them)."""
+        await self._redis.script_load(self._scripts.complete.script)
 
     def pipeline(self) -> Pipeline:
         return self._redis.pipeline(transaction=False)

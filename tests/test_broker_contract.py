@@ -136,12 +136,15 @@ async def test_start_and_complete_end_the_job_once_and_release_capacity(r: Redis
     assert claimed.kind is RequestKind.CHAT and claimed.stream
     assert await x.start(claimed, "w1") == 1
     outcome = Outcome(JobState.COMPLETED, usage={"completion_tokens": 3}, finish_reason="stop")
-    for _ in range(2):  # the second completion is ignored
+    await x.load_scripts()
+    for _ in range(2):  # a retried write: the chunk is refused, the completion ignored
         pipe = x.pipeline()
-        x.add_chunk(pipe, MODEL, job_id, b"data: {}\n\n")
-        await x.add_complete(pipe, MODEL, job_id, outcome)
-        replies = await pipe.execute()
-    assert replies[-1] == 0
+        x.add_chunk(pipe, MODEL, job_id, 1, b"data: {}\n\n")
+        x.add_complete(pipe, MODEL, job_id, outcome)
+        replies = await pipe.execute(raise_on_error=False)
+    assert x.is_duplicate_write(replies[0]) and replies[1] == 0
+    entries = await r.xrange(keys.results(MODEL, job_id))
+    assert [e[0] for e in entries][0] == b"0-1" and len(entries) == 2  # chunk once, then end
     job = await q.get(job_id, "alice")
     assert job.state is JobState.COMPLETED and job.usage == {"completion_tokens": 3}
     assert (await d.snapshot(MODEL, 1)).inflight == {EP: 0}

@@ -166,13 +166,14 @@ class StandIn:
         outcome: Outcome | None = None,
     ) -> None:
         """Write the results and end the job in one pipeline, as the worker does."""
+        await self.execution.load_scripts()
         pipe = self.execution.pipeline()
-        for chunk in chunks:
-            ExecutionStore.add_chunk(pipe, job.model, job.job_id, chunk)
+        for seq, chunk in enumerate(chunks, start=1):
+            ExecutionStore.add_chunk(pipe, job.model, job.job_id, seq, chunk)
         if body is not None:
-            ExecutionStore.add_body(pipe, job.model, job.job_id, body)
+            ExecutionStore.add_body(pipe, job.model, job.job_id, len(chunks) + 1, body)
         outcome = outcome or Outcome(JobState.COMPLETED, finish_reason="stop")
-        await self.execution.add_complete(pipe, job.model, job.job_id, outcome)
+        self.execution.add_complete(pipe, job.model, job.job_id, outcome)
         await pipe.execute()
 
     async def backlogged_users(self, model: str = MODEL) -> list[str]:

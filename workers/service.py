@@ -61,6 +61,7 @@ class Worker:
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._store.ensure_groups(self._models)
+        await self._store.load_scripts()
         timeout = httpx.Timeout(
             self._settings.engine_read_timeout_s, connect=self._settings.engine_connect_timeout_s
         )

@@ -7,9 +7,10 @@ chunks of all jobs and flushes them together: one round trip per flush, one
 and a job's end are flushed at once (time to first token is never held back).
 
 Order within a job is preserved: its chunks, then its end (``complete.lua``),
-which therefore always lands after the last chunk. A failed flush is retried
-with backoff, keeping everything buffered: nothing is dropped while Redis is
-briefly away.
+which therefore always lands after the last chunk. A failed flush is retried,
+with backoff, exactly as it was built (same entry ids): Redis refuses an entry
+that already landed, so a retry never duplicates a chunk, and nothing buffered
+is dropped while Redis is briefly away.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 from broker import ExecutionStore, Outcome
 
@@ -34,6 +36,7 @@ class _JobBuffer:
     body: bytes | None = None
     outcome: Outcome | None = None
     done: asyncio.Future[bool] | None = None
+    seq: int = 0  # the result entry id (0-seq) this flush writes
 
 
 class ResultWriter:
@@ -41,6 +44,7 @@ class ResultWriter:
         self._store = store
         self._linger_s = linger_ms / 1000
         self._pending: dict[str, _JobBuffer] = {}
+        self._seq: dict[str, int] = {}  # job id -> last result entry seq written
         self._has_data = asyncio.Event()
         self._urgent = asyncio.Event()
         self.flushes = 0
@@ -74,6 +78,7 @@ class ResultWriter:
 
     def discard(self, job_id: str) -> None:
         """Drop what a job still has buffered (it was cancelled: nobody reads it)."""
+        self._seq.pop(job_id, None)
         buf = self._pending.pop(job_id, None)
         if buf is not None and buf.done is not None and not buf.done.done():
             buf.done.set_result(False)
@@ -85,60 +90,56 @@ class ResultWriter:
             if not self._urgent.is_set() and self._linger_s > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._urgent.wait(), self._linger_s)
-            await self._flush_with_retry()
+            await self._flush()
 
     async def drain(self) -> None:
         if self._pending:
-            await self._flush_with_retry()
+            await self._flush()
 
-    async def _flush_with_retry(self) -> None:
+    def _take(self) -> list[_JobBuffer]:
+        """Everything buffered, each job with the entry id its write will use."""
+        self._has_data.clear()
+        self._urgent.clear()
+        batch, self._pending = list(self._pending.values()), {}
+        for buf in batch:
+            if buf.chunks or buf.body is not None:
+                buf.seq = self._seq.get(buf.job_id, 0) + 1
+                self._seq[buf.job_id] = buf.seq
+            if buf.outcome is not None:
+                self._seq.pop(buf.job_id, None)
+        return batch
+
+    async def _flush(self) -> None:
+        batch = self._take()
         backoff = 0.05
         while True:
             try:
-                await self._flush()
-                return
+                ended = await self._write(batch)
+                break
+            except NoScriptError:
+                await self._store.load_scripts()  # Redis restarted and lost its scripts
             except RedisError as exc:
                 log.warning("result flush failed (%s); retrying in %.2fs", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
-
-    async def _flush(self) -> None:
-        self._has_data.clear()
-        self._urgent.clear()
-        batch, self._pending = self._pending, {}
-        try:
-            finished = await self._write(batch.values())
-        except BaseException:
-            self._requeue(batch)
-            raise
         self.flushes += 1
-        for buf, ended in finished:
+        for buf, was_ended in ended:
             if buf.done is not None and not buf.done.done():
-                buf.done.set_result(ended)
+                buf.done.set_result(was_ended)
 
-    async def _write(self, buffers: object) -> list[tuple[_JobBuffer, bool]]:
+    async def _write(self, batch: Sequence[_JobBuffer]) -> list[tuple[_JobBuffer, bool]]:
         pipe = self._store.pipeline()
         finishing: list[tuple[_JobBuffer, int]] = []
-        for buf in buffers:  # type: ignore[attr-defined]
+        for buf in batch:
             if buf.chunks:
-                self._store.add_chunk(pipe, buf.model, buf.job_id, b"".join(buf.chunks))
-            if buf.body is not None:
-                self._store.add_body(pipe, buf.model, buf.job_id, buf.body)
+                self._store.add_chunk(pipe, buf.model, buf.job_id, buf.seq, b"".join(buf.chunks))
+            elif buf.body is not None:
+                self._store.add_body(pipe, buf.model, buf.job_id, buf.seq, buf.body)
             if buf.outcome is not None:
-                await self._store.add_complete(pipe, buf.model, buf.job_id, buf.outcome)
+                self._store.add_complete(pipe, buf.model, buf.job_id, buf.outcome)
                 finishing.append((buf, len(pipe.command_stack) - 1))
-        replies = await pipe.execute()
+        replies = await pipe.execute(raise_on_error=False)
+        for reply in replies:
+            if isinstance(reply, Exception) and not self._store.is_duplicate_write(reply):
+                raise reply
         return [(buf, replies[index] == 1) for buf, index in finishing]
-
-    def _requeue(self, batch: dict[str, _JobBuffer]) -> None:
-        """Put a failed batch back in front of what arrived meanwhile, keeping job order."""
-        for job_id, newer in self._pending.items():
-            old = batch.get(job_id)
-            if old is None:
-                batch[job_id] = newer
-                continue
-            old.chunks.extend(newer.chunks)
-            old.body = newer.body or old.body
-            old.outcome, old.done = newer.outcome or old.outcome, newer.done or old.done
-        self._pending = batch
-        self._has_data.set()
