@@ -121,7 +121,7 @@ class ExecutionStore:
         return isinstance(error, ResponseError) and "equal or smaller" in str(error)
 
     def add_complete(self, pipe: Pipeline, model: str, job_id: str, outcome: Outcome) -> None:
-        """Queue ``complete.lua`` (by SHA: see ``load_scripts``); replies 1 when it ended the job."""
+        """Queue ``complete.lua`` by SHA (``load_scripts``); its reply is 1 if it ended the job."""
         pipe.evalsha(
             self._scripts.complete.sha, 4,
             keys.job(model, job_id), keys.results(model, job_id),

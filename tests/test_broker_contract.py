@@ -144,7 +144,7 @@ async def test_start_and_complete_end_the_job_once_and_release_capacity(r: Redis
         replies = await pipe.execute(raise_on_error=False)
     assert x.is_duplicate_write(replies[0]) and replies[1] == 0
     entries = await r.xrange(keys.results(MODEL, job_id))
-    assert [e[0] for e in entries][0] == b"0-1" and len(entries) == 2  # chunk once, then end
+    assert next(e[0] for e in entries) == b"0-1" and len(entries) == 2  # chunk once, then end
     job = await q.get(job_id, "alice")
     assert job.state is JobState.COMPLETED and job.usage == {"completion_tokens": 3}
     assert (await d.snapshot(MODEL, 1)).inflight == {EP: 0}
