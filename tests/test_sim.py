@@ -2,7 +2,7 @@
 
 Every test talks HTTP to a live server (a uvicorn thread, or a `serve()`
 subprocess for signal handling); nothing is mocked. Wire shapes are compared
-with the captures in shared/fixtures/vllm-0.32-cpu.
+with the captures in tests/fixtures/vllm-0.32-cpu (copied from shared/fixtures).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from workers.sim import ProfileError, SimProfile, create_app, load_profile
 from workers.sim._scheduler import FcfsScheduler, step_duration_s
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = REPO.parent / "shared" / "fixtures" / "vllm-0.32-cpu"
+FIXTURES = REPO / "tests" / "fixtures" / "vllm-0.32-cpu"
 MODEL = "tiny"
 FAST = SimProfile(step_base_ms=1.0, step_per_seq_ms=0.05, default_output_tokens=5)
 DEADLINE_S = 5.0
