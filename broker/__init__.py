@@ -8,7 +8,14 @@ enqueue/cancel/status, result streams, the Python client and the HTTP gateway.
 from broker import keys
 from broker.auth import KeyRing, Principal, hash_key
 from broker.client import AsyncClient, Client
-from broker.dispatching import BandBacklog, DispatchStore, ModelSnapshot, Pick
+from broker.dispatching import (
+    BandBacklog,
+    DispatchStore,
+    ModelSnapshot,
+    Newcomer,
+    Pick,
+    parse_wake,
+)
 from broker.errors import (
     BodyTooLarge,
     BrokerUnavailable,
@@ -48,6 +55,7 @@ __all__ = [
     "KeyRing",
     "ModelConfig",
     "ModelSnapshot",
+    "Newcomer",
     "NotFound",
     "Outcome",
     "Pick",
@@ -65,4 +73,5 @@ __all__ = [
     "hash_key",
     "keys",
     "load_settings",
+    "parse_wake",
 ]

@@ -37,6 +37,41 @@ class ModelSnapshot:
     def empty(self) -> bool:
         return not self.backlogs
 
+    def with_newcomers(self, bands: Sequence[str], newcomers: Sequence[Newcomer]) -> ModelSnapshot:
+        """This snapshot plus users that became backlogged since (pure: no Redis)."""
+        users = {b.band: dict(b.users) for b in self.backlogs}
+        joins = {b.band: b.join for b in self.backlogs}
+        for n in newcomers:
+            users.setdefault(n.band, {})[n.user] = n.score
+            joins.setdefault(n.band, n.score)
+        backlogs = [
+            BandBacklog(
+                band, sorted(users[band].items(), key=lambda us: (us[1], us[0])), joins[band]
+            )
+            for band in bands
+            if users.get(band)
+        ]
+        return ModelSnapshot(backlogs, dict(self.inflight))
+
+
+@dataclass(frozen=True)
+class Newcomer:
+    """A user who just became backlogged in a band, at the band's join score."""
+
+    band: str
+    user: str
+    score: float
+
+
+def parse_wake(message: bytes) -> Newcomer | None:
+    """A wake message: a newcomer (``n``), or None for any other change (new job of a
+    backlogged user ``q``, a job that ended ``e``) which a cached view does not show."""
+    kind, _, rest = message.partition(b"\n")
+    if kind != b"n":
+        return None
+    band, score, user = rest.split(b"\n", 2)
+    return Newcomer(band.decode(), user.decode(), float(score))
+
 
 @dataclass(frozen=True)
 class Pick:
@@ -66,30 +101,50 @@ class DispatchStore:
                 pipe.zrange(keys.backlog(model, band), 0, depth - 1, withscores=True)
             pipe.hmget(keys.meta(model), [keys.join_field(b) for b in bands])
             pipe.hgetall(keys.inflight(model))
-            replies = await pipe.execute()
-        *ranges, joins, inflight = replies
-        backlogs = [
-            BandBacklog(band, [(u.decode(), float(s)) for u, s in users], float(join or 0))
-            for band, users, join in zip(bands, ranges, joins, strict=True)
-            if users
-        ]
-        return ModelSnapshot(backlogs, {ep.decode(): int(n) for ep, n in inflight.items()})
+            *ranges, joins, inflight = await pipe.execute()
+        flat = [[v for user, score in users for v in (user, score)] for users in ranges]
+        return _state(bands, flat, joins, [v for kv in inflight.items() for v in kv])
 
-    async def dispatch(self, model: str, endpoint: str, picks: Sequence[Pick]) -> list[str]:
-        """Apply the picks atomically; returns the job ids dispatched (skipping empty queues)."""
-        if not picks:
-            return []
+    async def dispatch(
+        self, model: str, endpoint: str, cap: int, picks: Sequence[Pick], depth: int
+    ) -> tuple[list[str], ModelSnapshot]:
+        """Apply the picks atomically, never taking ``endpoint`` past ``cap`` jobs in flight.
+
+        Returns the job ids dispatched (skipping emptied queues) and the model's state
+        right after, as ``snapshot(model, depth)`` would have read it.
+        """
+        bands = self._settings.bands
+        band_number = {band: i for i, band in enumerate(bands, start=1)}
         script_keys = [keys.ready(model), keys.inflight(model), keys.meta(model)]
+        script_keys += [keys.backlog(model, band) for band in bands]
+        script_keys += [keys.queue(model, p.band, p.user) for p in picks]
         args: list[str | float | int] = [
-            endpoint,
-            keys.job_prefix(model),
-            self._settings.ready_stream_maxlen,
-        ]
+            endpoint, keys.job_prefix(model), self._settings.ready_stream_maxlen,
+            cap, depth, len(bands), *(keys.join_field(band) for band in bands),
+        ]  # fmt: skip
         for p in picks:
-            script_keys += [keys.backlog(model, p.band), keys.queue(model, p.band, p.user)]
-            args += [p.user, p.score_after, keys.join_field(p.band), p.join_after]
-        reply = await self._scripts.dispatch(keys=script_keys, args=args)
-        return [job_id.decode() for job_id in reply if job_id]
+            args += [band_number[p.band], p.user, p.score_after, p.join_after]
+        ids, *ranges, joins, inflight = await self._scripts.dispatch(keys=script_keys, args=args)
+        dispatched = [job_id.decode() for job_id in ids if job_id]
+        return dispatched, _state(bands, ranges, joins, inflight)
+
+
+def _state(
+    bands: Sequence[str], ranges: list[list[bytes | float]], joins: list[bytes | None],
+    inflight: list[bytes],
+) -> ModelSnapshot:  # fmt: skip
+    """A snapshot from flat replies: per band [user, score, ...], joins, [endpoint, n, ...]."""
+    backlogs = [
+        BandBacklog(
+            band,
+            [(flat[i].decode(), float(flat[i + 1])) for i in range(0, len(flat), 2)],  # type: ignore[union-attr]
+            float(join or 0),
+        )
+        for band, flat, join in zip(bands, ranges, joins, strict=True)
+        if flat
+    ]
+    counts = {inflight[i].decode(): int(inflight[i + 1]) for i in range(0, len(inflight), 2)}
+    return ModelSnapshot(backlogs, counts)
 
 
 async def ensure_ready_group(redis: Redis, model: str) -> None:

@@ -1,8 +1,10 @@
 """Wake-ups for the model loops: one pub/sub subscription per process.
 
-The enqueue, complete and cancel scripts publish on ``fq:{m}:wake``; each
-message sets the model's event. After a lost connection every event is set
-once, so the loops rescan whatever happened meanwhile.
+The enqueue, complete and cancel scripts publish on ``fq:{m}:wake``. Each
+message sets the model's event; a message that names a newly backlogged user
+is also kept as a hint, so the loop can plan from its cached view plus the
+hints instead of reading the backlog again. Any other change, and a lost
+connection, marks the cached view stale.
 """
 
 from __future__ import annotations
@@ -10,23 +12,43 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from broker import keys
+from broker import Newcomer, keys, parse_wake
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _ModelWake:
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    newcomers: list[Newcomer] = field(default_factory=list)
+    stale: bool = True  # nothing is known until the first read
 
 
 class WakeListener:
     def __init__(self, redis: Redis, models: Sequence[str]) -> None:
         self._redis = redis
-        self._events = {keys.wake_channel(m).encode(): asyncio.Event() for m in models}
-        self._by_model = {m: self._events[keys.wake_channel(m).encode()] for m in models}
+        self._by_channel = {keys.wake_channel(m).encode(): _ModelWake() for m in models}
+        self._by_model = {m: self._by_channel[keys.wake_channel(m).encode()] for m in models}
 
     def event(self, model: str) -> asyncio.Event:
-        return self._by_model[model]
+        return self._by_model[model].event
+
+    def take(self, model: str) -> list[Newcomer] | None:
+        """The newcomers since the last call, or None when a cached view is stale."""
+        wake = self._by_model[model]
+        newcomers, wake.newcomers = wake.newcomers, []
+        if wake.stale:
+            wake.stale = False
+            return None
+        return newcomers
+
+    def mark_stale(self, model: str) -> None:
+        self._by_model[model].stale = True
 
     async def run(self) -> None:
         backoff = 0.05
@@ -35,18 +57,25 @@ class WakeListener:
                 await self._listen()
             except RedisError as exc:
                 log.warning("wake subscription lost (%s); resubscribing", exc)
-                for event in self._events.values():
-                    event.set()
+                for wake in self._by_channel.values():
+                    wake.stale = True
+                    wake.event.set()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
 
     async def _listen(self) -> None:
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
         try:
-            await pubsub.subscribe(*self._events)
+            await pubsub.subscribe(*self._by_channel)
             async for message in pubsub.listen():
-                event = self._events.get(message["channel"])
-                if event is not None:
-                    event.set()
+                wake = self._by_channel.get(message["channel"])
+                if wake is None:
+                    continue
+                newcomer = parse_wake(message["data"])
+                if newcomer is None:
+                    wake.stale = wake.stale or message["data"] != b"q"
+                else:
+                    wake.newcomers.append(newcomer)
+                wake.event.set()
         finally:
             await pubsub.aclose()

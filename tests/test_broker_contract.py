@@ -17,6 +17,7 @@ from broker import (
     ExecutionStore,
     JobQueue,
     JobState,
+    Newcomer,
     NotFound,
     Outcome,
     Pick,
@@ -25,6 +26,7 @@ from broker import (
     Settings,
     Submission,
     keys,
+    parse_wake,
 )
 
 MODEL = "m1"
@@ -92,7 +94,9 @@ async def test_dispatch_moves_head_jobs_in_plan_order_and_counts_inflight(r: Red
     a = [await q.submit(submission("alice")) for _ in range(3)]
     b = await q.submit(submission("bob"))
     picks = [Pick("default", "alice", 1, 0.5), Pick("default", "bob", 2, 1.5)]
-    assert await d.dispatch(MODEL, EP, picks) == [a[0], b]
+    ids, after = await d.dispatch(MODEL, EP, 4, picks, 10)
+    assert ids == [a[0], b]
+    assert after == await d.snapshot(MODEL, depth=10)  # the script reports the state after
     snap = await d.snapshot(MODEL, depth=10)
     assert snap.inflight == {EP: 2}
     assert [u for u, _ in snap.backlogs[0].users] == ["alice"]  # bob's queue is empty
@@ -110,7 +114,7 @@ async def test_dispatch_of_an_emptied_queue_dispatches_nothing_and_cleans_backlo
     job_id = await q.submit(submission("alice"))
     await q.cancel(job_id, "alice")
     assert await r.zcard(keys.backlog(MODEL, "default")) == 0
-    assert await d.dispatch(MODEL, EP, [Pick("default", "alice", 1, 0.5)]) == []
+    assert (await d.dispatch(MODEL, EP, 4, [Pick("default", "alice", 1, 0.5)], 10))[0] == []
     assert await r.xlen(keys.ready(MODEL)) == 0
 
 
@@ -130,7 +134,7 @@ async def test_start_and_complete_end_the_job_once_and_release_capacity(r: Redis
     q, d, x = JobQueue(r, s), DispatchStore(r, s), ExecutionStore(r, s)
     await x.ensure_groups([MODEL])
     job_id = await q.submit(submission("alice"))
-    await d.dispatch(MODEL, EP, [Pick("default", "alice", 1, 0.5)])
+    await d.dispatch(MODEL, EP, 4, [Pick("default", "alice", 1, 0.5)], 10)
     (claimed,) = await x.claim(r, [MODEL], "w1", count=10, block_ms=100)
     assert claimed.endpoint == EP and claimed.payload == b'{"model":"m1"}'
     assert claimed.kind is RequestKind.CHAT and claimed.stream
@@ -159,7 +163,7 @@ async def test_a_job_cancelled_before_a_worker_read_it_is_never_handed_out(r: Re
     q, d, x = JobQueue(r, s), DispatchStore(r, s), ExecutionStore(r, s)
     await x.ensure_groups([MODEL])
     job_id = await q.submit(submission("alice"))
-    await d.dispatch(MODEL, EP, [Pick("default", "alice", 1, 0.5)])
+    await d.dispatch(MODEL, EP, 4, [Pick("default", "alice", 1, 0.5)], 10)
     await q.cancel(job_id, "alice")
     assert await x.claim(r, [MODEL], "w1", count=10, block_ms=50) == []
     assert (await d.snapshot(MODEL, 1)).inflight == {EP: 0}
@@ -170,7 +174,7 @@ async def test_a_job_cancelled_after_a_worker_read_it_is_not_started(r: Redis) -
     q, d, x = JobQueue(r, s), DispatchStore(r, s), ExecutionStore(r, s)
     await x.ensure_groups([MODEL])
     job_id = await q.submit(submission("alice"))
-    await d.dispatch(MODEL, EP, [Pick("default", "alice", 1, 0.5)])
+    await d.dispatch(MODEL, EP, 4, [Pick("default", "alice", 1, 0.5)], 10)
     (claimed,) = await x.claim(r, [MODEL], "w1", count=10, block_ms=100)
     await q.cancel(job_id, "alice")
     assert await x.start(claimed, "w1") is None
@@ -189,6 +193,33 @@ async def test_a_newcomer_joins_at_the_bands_clock(r: Redis) -> None:
     q, d = JobQueue(r, s), DispatchStore(r, s)
     for _ in range(2):
         await q.submit(submission("alice"))
-    await d.dispatch(MODEL, EP, [Pick("default", "alice", 7, 6.5)])
+    await d.dispatch(MODEL, EP, 4, [Pick("default", "alice", 7, 6.5)], 10)
     await q.submit(submission("bob"))
     assert await r.zscore(keys.backlog(MODEL, "default"), "bob") == 6.5
+
+
+async def test_dispatch_never_takes_an_endpoint_past_its_cap(r: Redis) -> None:
+    s = settings()
+    q, d = JobQueue(r, s), DispatchStore(r, s)
+    jobs = [await q.submit(submission("alice")) for _ in range(3)]
+    picks = [Pick("default", "alice", i + 1, i + 0.5) for i in range(3)]
+    ids, after = await d.dispatch(MODEL, EP, 2, picks, 10)
+    assert ids == jobs[:2]
+    assert after.inflight == {EP: 2}
+    assert (await q.get(jobs[2], "alice")).state is JobState.QUEUED
+    assert [u for u, _ in after.backlogs[0].users] == ["alice"]
+
+
+async def test_wake_messages_name_newcomers_only(r: Redis) -> None:
+    q = JobQueue(r, settings())
+    pubsub = r.pubsub(ignore_subscribe_messages=True)
+    await pubsub.subscribe(keys.wake_channel(MODEL))
+    await q.submit(submission("alice"))
+    await q.submit(submission("alice"))
+    messages = []
+    while len(messages) < 2:
+        message = await pubsub.get_message(timeout=1.0)
+        if message is not None:
+            messages.append(parse_wake(message["data"]))
+    await pubsub.aclose()
+    assert messages == [Newcomer("default", "alice", 0.0), None]

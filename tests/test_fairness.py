@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from broker import BandBacklog, ModelSnapshot, Newcomer
 from dispatcher.admission import Admission, choose_endpoint, room
 from dispatcher.fairness import POLICIES, FairPolicy, RoundRobin, policy
 
@@ -92,3 +93,15 @@ def test_choose_endpoint_prefers_the_most_room_and_none_when_full() -> None:
     assert choose_endpoint(eps, {"http://a": 2, "http://b": 1}, 4) == Admission("http://b", 3)
     assert choose_endpoint(eps, {}, 4) == Admission("http://a", 4)
     assert choose_endpoint(eps, {"http://a": 4, "http://b": 4}, 4) is None
+
+
+def test_a_cached_view_with_newcomers_orders_them_like_redis_would() -> None:
+    view = ModelSnapshot([BandBacklog("default", [("a", 1.0), ("b", 3.0)], 2.5)], {"http://e": 1})
+    merged = view.with_newcomers(
+        ["interactive", "default", "batch"],
+        [Newcomer("default", "c", 2.5), Newcomer("interactive", "d", 0.0)],
+    )
+    assert [b.band for b in merged.backlogs] == ["interactive", "default"]
+    assert merged.backlogs[1].users == [("a", 1.0), ("c", 2.5), ("b", 3.0)]
+    assert merged.backlogs[0] == BandBacklog("interactive", [("d", 0.0)], 0.0)
+    assert merged.inflight == {"http://e": 1} and view.backlogs[0].users[1] == ("b", 3.0)

@@ -155,7 +155,8 @@ class StandIn:
         backlog = snapshot.backlogs[0]
         user, score = backlog.users[0]
         pick = Pick(backlog.band, user, score + 1, backlog.join)
-        return await self.dispatch.dispatch(model, ENDPOINT, [pick])
+        ids, _ = await self.dispatch.dispatch(model, ENDPOINT, 8, [pick], 1)
+        return ids
 
     async def finish(
         self,

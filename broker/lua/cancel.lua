@@ -36,5 +36,5 @@ redis.call('HDEL', KEYS[1], 'p')
 redis.call('XADD', KEYS[2], '*', 'end', ARGV[7], 'e', '')
 redis.call('EXPIRE', KEYS[2], ARGV[3])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('PUBLISH', ARGV[4], '1')
+redis.call('PUBLISH', ARGV[4], 'e')
 return st

@@ -31,5 +31,5 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 if endpoint then
   redis.call('HINCRBY', KEYS[4], endpoint, -1)
 end
-redis.call('PUBLISH', ARGV[4], '1')
+redis.call('PUBLISH', ARGV[4], 'e')
 return 1

@@ -1,45 +1,80 @@
--- dispatch.lua: move the planned users' head jobs to the ready stream, for one endpoint.
+-- dispatch.lua: move the planned users' head jobs to the ready stream, for one endpoint,
+-- and report the model's state afterwards (so the dispatcher needs no separate read).
 -- Atomic per call, so two dispatchers that briefly both own a model can never dispatch
--- the same job twice: a job leaves its user queue exactly once, here.
+-- the same job twice: a job leaves its user queue exactly once, here. The endpoint's cap
+-- is checked here too, so a plan made from a stale view can never over-admit.
 -- KEYS[1] ready stream   fq:{m}:ready
 -- KEYS[2] inflight hash  fq:{m}:inflight
 -- KEYS[3] meta hash      fq:{m}:meta
--- then per pick i (i = 1..n): KEYS[2+2i] band backlog zset, KEYS[3+2i] user queue stream
+-- KEYS[4 .. 3+B]         band backlog zsets fq:{m}:bk:{band}, one per band, in priority order
+-- KEYS[4+B .. 3+B+n]     user queue streams fq:{m}:q:{band}:{user}, one per pick
 -- ARGV[1] endpoint   ARGV[2] job key prefix (fq:{m}:job:)   ARGV[3] ready stream max length
--- then per pick i: ARGV[4i], ARGV[4i+1], ARGV[4i+2], ARGV[4i+3] =
---   user, score after service, meta join field of the band, band join score after service
+-- ARGV[4] endpoint's in-flight cap   ARGV[5] depth of the reported backlogs   ARGV[6] B
+-- ARGV[7 .. 6+B]   meta join field of each band ("join:{band}")
+-- then per pick i, from a = 7+B+4(i-1): ARGV[a] band number (1..B), ARGV[a+1] user,
+--   ARGV[a+2] user's score after service, ARGV[a+3] the band's join score after service
 -- The ready entry carries the payload (moved out of the job hash), so a worker can call
 -- the engine as soon as it reads the entry; the entry is deleted when the job ends.
--- Returns one job id per pick, or '' where the user's queue turned out empty.
+-- Returns {job ids (one per pick, '' where the queue was empty or the cap reached),
+--          backlog of band 1 (user, score, ...), ..., backlog of band B,
+--          join scores of the bands, in-flight hash (endpoint, count, ...)}.
 local t = redis.call('TIME')
 local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
-local out = {}
-local n = (#KEYS - 3) / 2
-for i = 1, n do
-  local backlog, queue = KEYS[2 + 2 * i], KEYS[3 + 2 * i]
-  local user, score = ARGV[4 * i], ARGV[4 * i + 1]
+local bands = tonumber(ARGV[6])
+local cap = tonumber(ARGV[4])
+local ids = {}
+local picks = #KEYS - 3 - bands
+
+local function pop_head(queue)
   local head = redis.call('XRANGE', queue, '-', '+', 'COUNT', 1)
-  out[i] = ''
-  if #head > 0 then
-    local job_id = head[1][2][2]
-    redis.call('XDEL', queue, head[1][1])
-    local job = ARGV[2] .. job_id
-    if redis.call('HGET', job, 'st') == 'queued' then
-      local f = redis.call('HMGET', job, 'p', 'k', 's')
-      local entry = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*',
-        'j', job_id, 'ep', ARGV[1], 'p', f[1], 'k', f[2], 's', f[3])
-      redis.call('HDEL', job, 'p')
-      redis.call('HSET', job, 'st', 'dispatched', 'td', now_ms, 'ep', ARGV[1], 're', entry)
-      redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
-      out[i] = job_id
-    end
-    redis.call('HSET', KEYS[3], ARGV[4 * i + 2], ARGV[4 * i + 3])
+  if #head == 0 then
+    return nil
   end
-  if redis.call('XLEN', queue) == 0 then
-    redis.call('DEL', queue)
-    redis.call('ZREM', backlog, user)
-  else
-    redis.call('ZADD', backlog, 'XX', score, user)
+  redis.call('XDEL', queue, head[1][1])
+  return head[1][2][2]
+end
+
+local function to_ready(job_id)
+  local job = ARGV[2] .. job_id
+  if redis.call('HGET', job, 'st') ~= 'queued' then
+    return ''
+  end
+  local f = redis.call('HMGET', job, 'p', 'k', 's')
+  local entry = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*',
+    'j', job_id, 'ep', ARGV[1], 'p', f[1], 'k', f[2], 's', f[3])
+  redis.call('HSET', job, 'st', 'dispatched', 'td', now_ms, 'ep', ARGV[1], 're', entry)
+  redis.call('HDEL', job, 'p')
+  redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+  return job_id
+end
+
+for i = 1, picks do
+  local a = 7 + bands + 4 * (i - 1)
+  local band = tonumber(ARGV[a])
+  local backlog, queue, user = KEYS[3 + band], KEYS[3 + bands + i], ARGV[a + 1]
+  ids[i] = ''
+  if tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') < cap then
+    local job_id = pop_head(queue)
+    if job_id then
+      ids[i] = to_ready(job_id)
+      redis.call('HSET', KEYS[3], ARGV[6 + band], ARGV[a + 3])
+    end
+    if redis.call('XLEN', queue) == 0 then
+      redis.call('DEL', queue)
+      redis.call('ZREM', backlog, user)
+    else
+      redis.call('ZADD', backlog, 'XX', ARGV[a + 2], user)
+    end
   end
 end
+
+local out = {ids}
+local depth = tonumber(ARGV[5])
+local join_fields = {}
+for b = 1, bands do
+  out[#out + 1] = redis.call('ZRANGE', KEYS[3 + b], 0, depth - 1, 'WITHSCORES')
+  join_fields[b] = ARGV[6 + b]
+end
+out[#out + 1] = redis.call('HMGET', KEYS[3], unpack(join_fields))
+out[#out + 1] = redis.call('HGETALL', KEYS[2])
 return out

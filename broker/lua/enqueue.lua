@@ -23,9 +23,12 @@ redis.call('HSET', KEYS[1], 'st', 'queued', 'u', ARGV[2], 'tn', ARGV[3], 'b', AR
   'k', ARGV[5], 's', ARGV[6], 'p', ARGV[7], 'tq', now_ms, 'qe', entry, 'o', ARGV[11])
 -- A user who was idle joins at the band's current fairness clock, so idle time is never
 -- banked as credit (and a newcomer is served before anyone is served twice in a row).
+-- The wake message names a newcomer, so a dispatcher can plan without reading the backlog.
 if not redis.call('ZSCORE', KEYS[3], ARGV[2]) then
-  local join = tonumber(redis.call('HGET', KEYS[4], ARGV[10]) or '0')
+  local join = redis.call('HGET', KEYS[4], ARGV[10]) or '0'
   redis.call('ZADD', KEYS[3], join, ARGV[2])
+  redis.call('PUBLISH', ARGV[9], 'n\n' .. ARGV[4] .. '\n' .. join .. '\n' .. ARGV[2])
+else
+  redis.call('PUBLISH', ARGV[9], 'q')
 end
-redis.call('PUBLISH', ARGV[9], '1')
 return {1, entry}
