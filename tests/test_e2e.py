@@ -1,0 +1,83 @@
+"""End to end over HTTP with every component as its own process: the gateway,
+dispatcher, worker and simulator against the session's real Redis."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fairq.localredis import LocalRedis, free_port
+from fairq.stack import DEMO_MODELS, Stack, demo_config
+
+pytestmark = pytest.mark.integration
+
+AUTH = {"Authorization": "Bearer fq-demo-alice"}
+
+
+@pytest.fixture(scope="module")
+def stack(redis_server: LocalRedis) -> Iterator[Stack]:
+    ports = [free_port(), free_port()]
+    sims = dict(zip(ports, DEMO_MODELS, strict=True))
+    with Stack(demo_config(ports), gateway_port=free_port(), sims=sims,
+               redis_url=redis_server.url) as running:  # fmt: skip
+        yield running
+
+
+def aborted_at_engine(sim_port: int) -> float:
+    text = httpx.get(f"http://127.0.0.1:{sim_port}/metrics").text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if (
+                sample.name == "vllm:request_success_total"
+                and sample.labels.get("finished_reason") == "abort"
+            ):
+                return sample.value
+    raise AssertionError("the simulator reports no abort counter")
+
+
+def test_a_client_that_leaves_mid_stream_cancels_its_job_and_the_engine_request(
+    stack: Stack,
+) -> None:
+    sim_port = next(iter(stack.sims))
+    before = aborted_at_engine(sim_port)
+    body = {"model": DEMO_MODELS[0], "stream": True, "max_tokens": 3000,
+            "messages": [{"role": "user", "content": "a long answer please"}]}  # fmt: skip
+    with httpx.Client(timeout=10) as client:
+        with client.stream("POST", f"{stack.gateway_url}/v1/chat/completions",
+                           json=body, headers=AUTH) as response:  # fmt: skip
+            job_id = response.headers["x-fairq-job-id"]
+            lines = response.iter_lines()
+            received = [next(lines) for _ in range(6)]
+        assert any(line.startswith("data: {") for line in received)
+        deadline = time.monotonic() + 10
+        state = ""
+        while time.monotonic() < deadline:
+            state = client.get(f"{stack.gateway_url}/v1/jobs/{job_id}", headers=AUTH).json()[
+                "status"
+            ]
+            if state == "cancelled" and aborted_at_engine(sim_port) > before:
+                break
+            time.sleep(0.1)
+    assert state == "cancelled"
+    assert aborted_at_engine(sim_port) == before + 1  # the engine stopped generating
+
+
+def test_status_and_cancel_of_a_job_through_the_api(stack: Stack) -> None:
+    body = {"model": DEMO_MODELS[1], "prompt": "x", "max_tokens": 3}
+    with httpx.Client(timeout=10) as client:
+        response = client.post(f"{stack.gateway_url}/v1/completions", json=body, headers=AUTH)
+        assert response.status_code == 200
+        job_id = response.headers["x-fairq-job-id"]
+        assert response.json()["id"] == f"cmpl-{job_id}"
+        job = client.get(f"{stack.gateway_url}/v1/jobs/{job_id}", headers=AUTH).json()
+        assert job["status"] == "completed" and job["usage"]["completion_tokens"] == 3
+        assert job["first_token_at_ms"] >= job["started_at_ms"] >= job["dispatched_at_ms"]
+        other = {"Authorization": "Bearer fq-demo-bob"}
+        assert client.get(f"{stack.gateway_url}/v1/jobs/{job_id}", headers=other).status_code == 404
+        assert (
+            client.delete(f"{stack.gateway_url}/v1/jobs/{job_id}", headers=other).status_code == 404
+        )
