@@ -32,6 +32,7 @@ class BandBacklog:
 class ModelSnapshot:
     backlogs: list[BandBacklog]  # only bands with backlog, highest priority first
     inflight: dict[str, int]  # endpoint -> dispatched and not yet ended
+    unstarted: dict[str, int]  # endpoint -> dispatched, no first token yet
 
     @property
     def empty(self) -> bool:
@@ -51,7 +52,7 @@ class ModelSnapshot:
             for band in bands
             if users.get(band)
         ]
-        return ModelSnapshot(backlogs, dict(self.inflight))
+        return ModelSnapshot(backlogs, dict(self.inflight), dict(self.unstarted))
 
 
 @dataclass(frozen=True)
@@ -101,9 +102,10 @@ class DispatchStore:
                 pipe.zrange(keys.backlog(model, band), 0, depth - 1, withscores=True)
             pipe.hmget(keys.meta(model), [keys.join_field(b) for b in bands])
             pipe.hgetall(keys.inflight(model))
-            *ranges, joins, inflight = await pipe.execute()
+            pipe.hgetall(keys.unstarted(model))
+            *ranges, joins, inflight, unstarted = await pipe.execute()
         flat = [[v for user, score in users for v in (user, score)] for users in ranges]
-        return _state(bands, flat, joins, [v for kv in inflight.items() for v in kv])
+        return _state(bands, flat, joins, _flat(inflight), _flat(unstarted))
 
     async def dispatch(
         self, model: str, endpoint: str, cap: int, picks: Sequence[Pick], depth: int
@@ -116,7 +118,7 @@ class DispatchStore:
         bands = self._settings.bands
         band_number = {band: i for i, band in enumerate(bands, start=1)}
         script_keys = [keys.ready(model), keys.inflight(model), keys.meta(model)]
-        script_keys += [keys.backlog(model, band) for band in bands]
+        script_keys += [keys.unstarted(model), *(keys.backlog(model, band) for band in bands)]
         script_keys += [keys.queue(model, p.band, p.user) for p in picks]
         args: list[str | float | int] = [
             endpoint, keys.job_prefix(model), self._settings.ready_stream_maxlen,
@@ -124,14 +126,23 @@ class DispatchStore:
         ]  # fmt: skip
         for p in picks:
             args += [band_number[p.band], p.user, p.score_after, p.join_after]
-        ids, *ranges, joins, inflight = await self._scripts.dispatch(keys=script_keys, args=args)
+        reply = await self._scripts.dispatch(keys=script_keys, args=args)
+        ids, *ranges, joins, inflight, unstarted = reply
         dispatched = [job_id.decode() for job_id in ids if job_id]
-        return dispatched, _state(bands, ranges, joins, inflight)
+        return dispatched, _state(bands, ranges, joins, inflight, unstarted)
+
+
+def _flat(mapping: dict[bytes, bytes]) -> list[bytes]:
+    return [v for kv in mapping.items() for v in kv]
+
+
+def _counts(flat: list[bytes]) -> dict[str, int]:
+    return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
 def _state(
     bands: Sequence[str], ranges: list[list[bytes | float]], joins: list[bytes | None],
-    inflight: list[bytes],
+    inflight: list[bytes], unstarted: list[bytes],
 ) -> ModelSnapshot:  # fmt: skip
     """A snapshot from flat replies: per band [user, score, ...], joins, [endpoint, n, ...]."""
     backlogs = [
@@ -143,8 +154,7 @@ def _state(
         for band, flat, join in zip(bands, ranges, joins, strict=True)
         if flat
     ]
-    counts = {inflight[i].decode(): int(inflight[i + 1]) for i in range(0, len(inflight), 2)}
-    return ModelSnapshot(backlogs, counts)
+    return ModelSnapshot(backlogs, _counts(inflight), _counts(unstarted))
 
 
 async def ensure_ready_group(redis: Redis, model: str) -> None:

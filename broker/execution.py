@@ -123,17 +123,24 @@ class ExecutionStore:
     def add_complete(self, pipe: Pipeline, model: str, job_id: str, outcome: Outcome) -> None:
         """Queue ``complete.lua`` by SHA (``load_scripts``); its reply is 1 if it ended the job."""
         pipe.evalsha(
-            self._scripts.complete.sha, 4,
+            self._scripts.complete.sha, 5,
             keys.job(model, job_id), keys.results(model, job_id),
-            keys.ready(model), keys.inflight(model),
+            keys.ready(model), keys.inflight(model), keys.unstarted(model),
             outcome.state.value, keys.READY_GROUP, self._settings.result_ttl_s,
             keys.wake_channel(model), _json(outcome.error), _json(outcome.usage),
             outcome.finish_reason or "", outcome.first_token_ms or "",
         )  # fmt: skip
 
+    def add_first(self, pipe: Pipeline, model: str, job_id: str) -> None:
+        """Queue ``first.lua``: the job's first output is written (it has started)."""
+        pipe.evalsha(
+            self._scripts.first.sha, 2, keys.job(model, job_id), keys.unstarted(model)
+        )
+
     async def load_scripts(self) -> None:
         """Load the scripts pipelines call by SHA (at start, and after Redis lost them)."""
-        await self._redis.script_load(self._scripts.complete.script)
+        for script in (self._scripts.complete, self._scripts.first):
+            await self._redis.script_load(script.script)
 
     def pipeline(self) -> Pipeline:
         return self._redis.pipeline(transaction=False)

@@ -12,6 +12,7 @@ data they read (a job id popped from a queue).
     fq:{m}:job:{id}          hash     the job record (state, owner, payload, times)
     fq:{m}:ready             stream   dispatched jobs, read by workers (consumer group)
     fq:{m}:inflight          hash     endpoint -> jobs dispatched and not yet terminal
+    fq:{m}:unstarted         hash     endpoint -> jobs dispatched without a first token yet
     fq:{m}:out:{id}          stream   the job's result chunks, then an end entry
     fq:{m}:wake              channel  "something changed": new job, freed capacity
     fq:{m}:cancel            channel  job ids cancelled while at a worker
@@ -57,6 +58,10 @@ def ready(model: str) -> str:
 
 def inflight(model: str) -> str:
     return f"{_tag(model)}:inflight"
+
+
+def unstarted(model: str) -> str:
+    return f"{_tag(model)}:unstarted"
 
 
 def results(model: str, job_id: str) -> str:

@@ -114,6 +114,7 @@ class JobQueue:
                     keys.inflight(m),
                     keys.queue(m, job.band, job.user),
                     keys.backlog(m, job.band),
+                    keys.unstarted(m),
                 ],
                 args=[
                     job.id,

@@ -26,6 +26,7 @@ class Scripts:
     start: AsyncScript
     complete: AsyncScript
     cancel: AsyncScript
+    first: AsyncScript
 
     @classmethod
     def bind(cls, redis: Redis) -> Scripts:

@@ -31,14 +31,35 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+# Seed defaults: the engine queue each band may fill; batch only when the queue is empty.
+DEFAULT_QUEUE_TARGETS = {"interactive": 3, "default": 3, "batch": 1}
+_FALLBACK_QUEUE_TARGET = 3
+
+
 class ModelConfig(_Frozen):
     """One served model and the engine pods (endpoints) that serve it."""
 
     name: str
-    engine: Literal["vllm", "openai"] = "vllm"
+    engine: Literal["vllm", "tgi", "openai"] = "vllm"
     endpoints: tuple[str, ...] = Field(min_length=1)
+    # "metrics": backpressure from the engine's /metrics; "static": the in-flight cap only
+    # (default for engine "openai", which has no metrics fairq can read).
+    admission: Literal["metrics", "static"] | None = None
+    queue_targets: dict[str, int] = Field(default_factory=dict)  # band -> engine queue target
+    tpot_ceiling_ms: float = Field(default=150.0, gt=0)
     inflight_cap: int = Field(default=8, ge=1, description="static cap per endpoint")
     policy: Literal["round_robin"] = "round_robin"
+    # The engine runs vLLM's --scheduling-policy priority: send each request a priority.
+    engine_priority: bool = False
+
+    @property
+    def admission_policy(self) -> str:
+        return self.admission or ("static" if self.engine == "openai" else "metrics")
+
+    def queue_target(self, band: str) -> int:
+        if band in self.queue_targets:
+            return self.queue_targets[band]
+        return DEFAULT_QUEUE_TARGETS.get(band, _FALLBACK_QUEUE_TARGET)
 
     @field_validator("name")
     @classmethod
@@ -98,6 +119,10 @@ class Settings(BaseSettings):
     ready_stream_maxlen: int = Field(default=100_000, ge=1000)
 
     dispatcher_idle_tick_s: float = Field(default=1.0, gt=0)
+    scrape_interval_s: float = Field(default=0.2, gt=0)
+    scrape_timeout_s: float = Field(default=1.0, gt=0)
+    metrics_stale_s: float = Field(default=2.0, gt=0)  # older metrics: fall back to the cap
+    unhealthy_after_failures: int = Field(default=2, ge=1)
     worker_concurrency: int = Field(default=64, ge=1)
     worker_drain_timeout_s: float = Field(default=30.0, ge=0)
     stream_linger_ms: float = Field(default=2.0, ge=0)

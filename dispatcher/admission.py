@@ -1,34 +1,133 @@
-"""Admission: may we send to this endpoint now, and which endpoint (pure, no I/O).
+"""Admission: may we send to this endpoint now, how many, and which endpoint (pure, no I/O).
 
-For now a static in-flight cap per endpoint: an endpoint has room for
-``cap - inflight`` more jobs, where in-flight counts jobs dispatched to it and
-not yet ended (kept in Redis by the dispatch, complete and cancel scripts).
-Metric-driven backpressure replaces the cap as the primary signal later.
+An engine like vLLM has one FIFO queue; fairq's fair order only matters if that
+queue stays short. So an endpoint has room for ``target(band) - estimate`` more
+jobs, where the estimate of its queue is the larger of
+
+* what it last reported waiting, plus what fairq sent it since that scrape
+  began (the engine may not show those yet), and
+* fairq's own count of jobs sent to it without a first token yet: lag-free,
+  and it also covers requests still in flight to the engine or in prefill.
+
+A queue estimate of 0 with a target of 3 admits 3 at once (a burst). While the
+recent time per output token is over the model's ceiling nothing more is
+admitted -- unless nothing is running, so the ceiling can never deadlock.
+Without fresh metrics the static in-flight cap decides; an unhealthy endpoint
+(failing scrapes) gets nothing until it recovers. Never admit blindly.
+
+Policies are chosen by name (``ADMISSION``): ``metrics`` (the above) or
+``static`` (the in-flight cap alone, for engines without usable metrics).
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
+
+
+class Limit(enum.StrEnum):
+    """Why an endpoint's room is what it is; also the refusal reason in metrics."""
+
+    QUEUE_TARGET = "queue_target"
+    TPOT_CEILING = "tpot_ceiling"
+    STALE_METRICS = "stale_metrics"  # fell back to the static cap
+    UNHEALTHY = "unhealthy"
+    INFLIGHT_CAP = "inflight_cap"
 
 
 @dataclass(frozen=True)
-class Admission:
+class EndpointState:
+    """What admission knows about one endpoint at one moment."""
+
+    endpoint: str
+    inflight: int  # fairq: dispatched and not ended
+    unstarted: int = 0  # fairq: dispatched, no first token yet
+    healthy: bool = True  # scrapes succeed
+    fresh: bool = False  # the last good scrape is recent enough to trust
+    waiting: float = 0.0  # engine queue at the last scrape
+    running: float = 0.0  # engine batch at the last scrape
+    tpot_s: float | None = None  # recent mean time per output token
+    admitted_since_scrape: int = 0  # fairq sent these after the last scrape began
+
+    @property
+    def queue_estimate(self) -> float:
+        return max(self.waiting + self.admitted_since_scrape, float(self.unstarted))
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    targets: Mapping[str, int]  # band -> engine queue target
+    tpot_ceiling_s: float
+    inflight_cap: int  # the fallback without fresh metrics (and the whole rule of `static`)
+
+
+@dataclass(frozen=True)
+class Decision:
     endpoint: str
     room: int
+    limit: Limit
+    queue_estimate: float = 0.0
+    running: float = 0.0
 
 
-def room(inflight: int, cap: int) -> int:
-    return max(0, cap - inflight)
+class AdmissionPolicy(Protocol):
+    name: str
+
+    def decide(self, state: EndpointState, band: str, config: AdmissionConfig) -> Decision:
+        """How many more jobs of ``band`` the endpoint may take now (``room`` >= 0)."""
+        ...
+
+
+def _static(state: EndpointState, config: AdmissionConfig, limit: Limit) -> Decision:
+    room = max(0, config.inflight_cap - state.inflight)
+    return Decision(state.endpoint, room, limit, float(state.unstarted), 0.0)
+
+
+class StaticCap:
+    name = "static"
+
+    def decide(self, state: EndpointState, band: str, config: AdmissionConfig) -> Decision:
+        if not state.healthy:
+            return Decision(state.endpoint, 0, Limit.UNHEALTHY)
+        return _static(state, config, Limit.INFLIGHT_CAP)
+
+
+class MetricsAdmission:
+    name = "metrics"
+
+    def decide(self, state: EndpointState, band: str, config: AdmissionConfig) -> Decision:
+        if not state.healthy:
+            return Decision(state.endpoint, 0, Limit.UNHEALTHY)
+        if not state.fresh:
+            return _static(state, config, Limit.STALE_METRICS)
+        estimate = state.queue_estimate
+        busy = state.running > 0 or state.inflight > 0
+        if busy and state.tpot_s is not None and state.tpot_s > config.tpot_ceiling_s:
+            return Decision(state.endpoint, 0, Limit.TPOT_CEILING, estimate, state.running)
+        room = max(0, int(config.targets[band] - estimate))
+        return Decision(state.endpoint, room, Limit.QUEUE_TARGET, estimate, state.running)
+
+
+ADMISSION: dict[str, AdmissionPolicy] = {p.name: p for p in (MetricsAdmission(), StaticCap())}
 
 
 def choose_endpoint(
-    endpoints: Sequence[str], inflight: Mapping[str, int], cap: int
-) -> Admission | None:
-    """The endpoint with the most room (first listed on ties), or None when all are full."""
-    best: Admission | None = None
-    for endpoint in endpoints:
-        free = room(inflight.get(endpoint, 0), cap)
-        if free > 0 and (best is None or free > best.room):
-            best = Admission(endpoint, free)
-    return best
+    policy: AdmissionPolicy, states: Sequence[EndpointState], band: str, config: AdmissionConfig
+) -> Decision | None:
+    """The endpoint with the most room: then least estimated queue, least running, first
+    listed. None when no endpoint has room."""
+    decisions = [policy.decide(s, band, config) for s in states]
+    open_ = [d for d in decisions if d.room > 0]
+    if not open_:
+        return None
+    return min(open_, key=lambda d: (-d.room, d.queue_estimate, d.running))
+
+
+def refusals(
+    policy: AdmissionPolicy, states: Sequence[EndpointState], band: str, config: AdmissionConfig
+) -> Mapping[str, Limit]:
+    """Why each full endpoint takes nothing now (for metrics and status)."""
+    decisions = (policy.decide(s, band, config) for s in states)
+    return {d.endpoint: d.limit for d in decisions if d.room == 0}

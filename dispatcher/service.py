@@ -19,14 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 
+import httpx
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from broker import DispatchStore, ModelConfig, ModelSnapshot, Newcomer, Settings
-from dispatcher.admission import choose_endpoint
+from dispatcher.admission import ADMISSION, AdmissionConfig, EndpointState, choose_endpoint
+from dispatcher.endpoints import SentLog, endpoint_states
 from dispatcher.fairness import policy
+from dispatcher.scraper import Scraper
 from dispatcher.wake import WakeListener
 
 log = logging.getLogger(__name__)
@@ -42,19 +46,46 @@ class Dispatcher:
         self._redis = redis
         self._models = tuple(models if models is not None else settings.models)
         self._store = DispatchStore(redis, settings)
-        self.dispatched = 0  # jobs moved to ready streams by this process
+        self._sent = SentLog(keep_s=settings.metrics_stale_s * 2)
+        self._scraper: Scraper | None = None
         self._views: dict[str, ModelSnapshot] = {}  # model -> state after its last dispatch
+        self.dispatched = 0  # jobs moved to ready streams by this process
 
     async def run(self, stop: asyncio.Event) -> None:
         for model in self._models:
             await self._store.ensure_ready_group(model.name)
         wake = WakeListener(self._redis, [m.name for m in self._models])
-        async with asyncio.TaskGroup() as tasks:
-            listener = tasks.create_task(wake.run())
+        timeout = httpx.Timeout(self._settings.scrape_timeout_s)
+        async with httpx.AsyncClient(timeout=timeout) as http, asyncio.TaskGroup() as tasks:
+            self._scraper = self._make_scraper(http, wake)
+            background = [tasks.create_task(wake.run())]
+            if self._scraper is not None:
+                background.append(tasks.create_task(self._scraper.run()))
             loops = [tasks.create_task(self._model_loop(m, wake, stop)) for m in self._models]
             await stop.wait()
-            for task in [listener, *loops]:
+            for task in [*background, *loops]:
                 task.cancel()
+
+    def _make_scraper(self, http: httpx.AsyncClient, wake: WakeListener) -> Scraper | None:
+        """One scraper for every endpoint of the models admitted by metrics; a finished
+        scrape wakes the endpoint's models, since their room may have changed."""
+        owners: dict[str, list[str]] = {}
+        for m in self._models:
+            if m.admission_policy == "metrics":
+                for endpoint in m.endpoints:
+                    owners.setdefault(endpoint, []).append(m.name)
+        if not owners:
+            return None
+
+        def on_update(endpoint: str) -> None:
+            for name in owners[endpoint]:
+                wake.event(name).set()
+
+        s = self._settings
+        return Scraper(
+            list(owners), http, interval_s=s.scrape_interval_s, timeout_s=s.scrape_timeout_s,
+            unhealthy_after=s.unhealthy_after_failures, on_update=on_update,
+        )  # fmt: skip
 
     async def _model_loop(
         self, model: ModelConfig, wake: WakeListener, stop: asyncio.Event
@@ -86,7 +117,9 @@ class Dispatcher:
         the view the last dispatch returned, saving a read; None reads the state afresh.
         """
         fair = policy(model.policy)
-        depth = model.inflight_cap
+        admission = ADMISSION[model.admission_policy]
+        config = _admission_config(model, self._settings.bands)
+        depth = max(model.inflight_cap, *config.targets.values())
         cached = self._views.pop(model.name, None)
         if cached is not None and newcomers is not None:
             snap = cached.with_newcomers(self._settings.bands, newcomers)
@@ -94,16 +127,38 @@ class Dispatcher:
             snap = await self._store.snapshot(model.name, depth)
         total, empty_rounds = 0, 0
         while not snap.empty and empty_rounds < _MAX_EMPTY_ROUNDS:
-            admission = choose_endpoint(model.endpoints, snap.inflight, model.inflight_cap)
-            if admission is None:
-                break
             top = snap.backlogs[0]  # strict priority: only the highest backlogged band
-            picks = fair.plan(top.band, top.users, top.join, admission.room)
+            states = self._states(model, snap)
+            decision = choose_endpoint(admission, states, top.band, config)
+            if decision is None:
+                break
+            picks = fair.plan(top.band, top.users, top.join, decision.room)
+            # The script re-checks this bound against Redis's own count: a plan from a
+            # stale view can never send more than the decision allowed.
+            bound = snap.inflight.get(decision.endpoint, 0) + decision.room
             dispatched, snap = await self._store.dispatch(
-                model.name, admission.endpoint, model.inflight_cap, picks, depth
+                model.name, decision.endpoint, bound, picks, depth
             )
+            self._sent.record(decision.endpoint, len(dispatched), time.monotonic())
             total += len(dispatched)
             empty_rounds = 0 if dispatched else empty_rounds + 1
         self._views[model.name] = snap
         self.dispatched += total
         return total
+
+    def _states(self, model: ModelConfig, snap: ModelSnapshot) -> list[EndpointState]:
+        views = None
+        if model.admission_policy == "metrics" and self._scraper is not None:
+            views = {ep: self._scraper.view(ep) for ep in model.endpoints}
+        return endpoint_states(
+            model.endpoints, snap, views, self._sent,
+            now=time.monotonic(), stale_s=self._settings.metrics_stale_s,
+        )  # fmt: skip
+
+
+def _admission_config(model: ModelConfig, bands: Sequence[str]) -> AdmissionConfig:
+    return AdmissionConfig(
+        targets={band: model.queue_target(band) for band in bands},
+        tpot_ceiling_s=model.tpot_ceiling_ms / 1000,
+        inflight_cap=model.inflight_cap,
+    )

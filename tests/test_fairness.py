@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 
 from broker import BandBacklog, ModelSnapshot, Newcomer
-from dispatcher.admission import Admission, choose_endpoint, room
 from dispatcher.fairness import POLICIES, FairPolicy, RoundRobin, policy
 
 
@@ -82,21 +81,9 @@ def test_unknown_policy_name_is_a_clear_error() -> None:
         policy("fifo")
 
 
-def test_room_is_cap_minus_inflight_never_negative() -> None:
-    assert room(0, 3) == 3
-    assert room(3, 3) == 0
-    assert room(5, 3) == 0
-
-
-def test_choose_endpoint_prefers_the_most_room_and_none_when_full() -> None:
-    eps = ["http://a", "http://b"]
-    assert choose_endpoint(eps, {"http://a": 2, "http://b": 1}, 4) == Admission("http://b", 3)
-    assert choose_endpoint(eps, {}, 4) == Admission("http://a", 4)
-    assert choose_endpoint(eps, {"http://a": 4, "http://b": 4}, 4) is None
-
-
 def test_a_cached_view_with_newcomers_orders_them_like_redis_would() -> None:
-    view = ModelSnapshot([BandBacklog("default", [("a", 1.0), ("b", 3.0)], 2.5)], {"http://e": 1})
+    backlog = BandBacklog("default", [("a", 1.0), ("b", 3.0)], 2.5)
+    view = ModelSnapshot([backlog], {"http://e": 1}, {})
     merged = view.with_newcomers(
         ["interactive", "default", "batch"],
         [Newcomer("default", "c", 2.5), Newcomer("interactive", "d", 0.0)],

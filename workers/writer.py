@@ -135,6 +135,8 @@ class ResultWriter:
                 self._store.add_chunk(pipe, buf.model, buf.job_id, buf.seq, b"".join(buf.chunks))
             elif buf.body is not None:
                 self._store.add_body(pipe, buf.model, buf.job_id, buf.seq, buf.body)
+            if buf.seq == 1:  # the job's first output: it no longer counts as unstarted
+                self._store.add_first(pipe, buf.model, buf.job_id)
             if buf.outcome is not None:
                 self._store.add_complete(pipe, buf.model, buf.job_id, buf.outcome)
                 finishing.append((buf, len(pipe.command_stack) - 1))

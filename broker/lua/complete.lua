@@ -3,6 +3,7 @@
 -- KEYS[2] result stream  fq:{m}:out:{id}
 -- KEYS[3] ready stream   fq:{m}:ready
 -- KEYS[4] inflight hash  fq:{m}:inflight
+-- KEYS[5] unstarted hash fq:{m}:unstarted
 -- ARGV[1] terminal state (completed|failed)   ARGV[2] ready consumer group
 -- ARGV[3] ttl seconds of the job and its results   ARGV[4] wake channel
 -- ARGV[5] error JSON or ''   ARGV[6] usage JSON or ''   ARGV[7] finish reason or ''
@@ -30,6 +31,9 @@ redis.call('EXPIRE', KEYS[2], ARGV[3])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 if endpoint then
   redis.call('HINCRBY', KEYS[4], endpoint, -1)
+  if redis.call('HSETNX', KEYS[1], 'ft', 1) == 1 then  -- ended before its first token
+    redis.call('HINCRBY', KEYS[5], endpoint, -1)
+  end
 end
 redis.call('PUBLISH', ARGV[4], 'e')
 return 1

@@ -6,8 +6,9 @@
 -- KEYS[1] ready stream   fq:{m}:ready
 -- KEYS[2] inflight hash  fq:{m}:inflight
 -- KEYS[3] meta hash      fq:{m}:meta
--- KEYS[4 .. 3+B]         band backlog zsets fq:{m}:bk:{band}, one per band, in priority order
--- KEYS[4+B .. 3+B+n]     user queue streams fq:{m}:q:{band}:{user}, one per pick
+-- KEYS[4] unstarted hash fq:{m}:unstarted
+-- KEYS[5 .. 4+B]         band backlog zsets fq:{m}:bk:{band}, one per band, in priority order
+-- KEYS[5+B .. 4+B+n]     user queue streams fq:{m}:q:{band}:{user}, one per pick
 -- ARGV[1] endpoint   ARGV[2] job key prefix (fq:{m}:job:)   ARGV[3] ready stream max length
 -- ARGV[4] endpoint's in-flight cap   ARGV[5] depth of the reported backlogs   ARGV[6] B
 -- ARGV[7 .. 6+B]   meta join field of each band ("join:{band}")
@@ -17,13 +18,13 @@
 -- the engine as soon as it reads the entry; the entry is deleted when the job ends.
 -- Returns {job ids (one per pick, '' where the queue was empty or the cap reached),
 --          backlog of band 1 (user, score, ...), ..., backlog of band B,
---          join scores of the bands, in-flight hash (endpoint, count, ...)}.
+--          join scores of the bands, in-flight hash (endpoint, count, ...), unstarted hash}.
 local t = redis.call('TIME')
 local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
 local bands = tonumber(ARGV[6])
 local cap = tonumber(ARGV[4])
 local ids = {}
-local picks = #KEYS - 3 - bands
+local picks = #KEYS - 4 - bands
 
 local function pop_head(queue)
   local head = redis.call('XRANGE', queue, '-', '+', 'COUNT', 1)
@@ -45,13 +46,14 @@ local function to_ready(job_id)
   redis.call('HSET', job, 'st', 'dispatched', 'td', now_ms, 'ep', ARGV[1], 're', entry)
   redis.call('HDEL', job, 'p')
   redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+  redis.call('HINCRBY', KEYS[4], ARGV[1], 1)
   return job_id
 end
 
 for i = 1, picks do
   local a = 7 + bands + 4 * (i - 1)
   local band = tonumber(ARGV[a])
-  local backlog, queue, user = KEYS[3 + band], KEYS[3 + bands + i], ARGV[a + 1]
+  local backlog, queue, user = KEYS[4 + band], KEYS[4 + bands + i], ARGV[a + 1]
   ids[i] = ''
   if tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') < cap then
     local job_id = pop_head(queue)
@@ -72,9 +74,10 @@ local out = {ids}
 local depth = tonumber(ARGV[5])
 local join_fields = {}
 for b = 1, bands do
-  out[#out + 1] = redis.call('ZRANGE', KEYS[3 + b], 0, depth - 1, 'WITHSCORES')
+  out[#out + 1] = redis.call('ZRANGE', KEYS[4 + b], 0, depth - 1, 'WITHSCORES')
   join_fields[b] = ARGV[6 + b]
 end
 out[#out + 1] = redis.call('HMGET', KEYS[3], unpack(join_fields))
 out[#out + 1] = redis.call('HGETALL', KEYS[2])
+out[#out + 1] = redis.call('HGETALL', KEYS[4])
 return out

@@ -1,0 +1,14 @@
+-- first.lua: the job's first output reached its result stream; it no longer waits to start.
+-- Exactly once per job (HSETNX), whichever of first.lua, complete.lua or cancel.lua
+-- gets there first, so the endpoint's count of jobs without a first token stays exact.
+-- KEYS[1] job hash        fq:{m}:job:{id}
+-- KEYS[2] unstarted hash  fq:{m}:unstarted
+-- Returns 1 when this call took the job off the count, else 0.
+if redis.call('HSETNX', KEYS[1], 'ft', 1) == 0 then
+  return 0
+end
+local endpoint = redis.call('HGET', KEYS[1], 'ep')
+if endpoint then
+  redis.call('HINCRBY', KEYS[2], endpoint, -1)
+end
+return 1

@@ -1,0 +1,114 @@
+"""Admission on hand-made cases (pure code): targets, bursts, the TPOT ceiling,
+stale and missing metrics, unhealthy endpoints, and routing among endpoints."""
+
+from __future__ import annotations
+
+import pytest
+
+from dispatcher.admission import (
+    ADMISSION,
+    AdmissionConfig,
+    EndpointState,
+    Limit,
+    MetricsAdmission,
+    StaticCap,
+    choose_endpoint,
+    refusals,
+)
+
+CONFIG = AdmissionConfig(
+    targets={"interactive": 3, "default": 3, "batch": 1}, tpot_ceiling_s=0.150, inflight_cap=8
+)
+METRICS = MetricsAdmission()
+
+
+def fresh(**values: object) -> EndpointState:
+    base: dict[str, object] = {"endpoint": "http://a", "inflight": 0, "fresh": True}
+    return EndpointState(**(base | values))  # type: ignore[arg-type]
+
+
+def test_an_idle_engine_admits_a_burst_up_to_the_target() -> None:
+    decision = METRICS.decide(fresh(), "interactive", CONFIG)
+    assert decision.room == 3 and decision.limit is Limit.QUEUE_TARGET
+
+
+def test_admission_stops_at_the_target_and_resumes_as_the_engine_drains() -> None:
+    assert METRICS.decide(fresh(waiting=3, running=32, inflight=35), "default", CONFIG).room == 0
+    assert METRICS.decide(fresh(waiting=5, running=32, inflight=37), "default", CONFIG).room == 0
+    assert METRICS.decide(fresh(waiting=1, running=32, inflight=33), "default", CONFIG).room == 2
+    assert METRICS.decide(fresh(waiting=0, running=30, inflight=30), "default", CONFIG).room == 3
+
+
+def test_jobs_sent_since_the_scrape_count_until_the_engine_shows_them() -> None:
+    state = fresh(waiting=0, running=10, inflight=12, admitted_since_scrape=2)
+    assert state.queue_estimate == 2
+    assert METRICS.decide(state, "default", CONFIG).room == 1
+
+
+def test_the_lag_free_count_of_unstarted_jobs_wins_when_larger() -> None:
+    state = fresh(waiting=0, running=0, inflight=3, unstarted=3)  # sent, engine shows nothing yet
+    assert state.queue_estimate == 3
+    assert METRICS.decide(state, "default", CONFIG).room == 0
+
+
+def test_batch_is_admitted_only_when_the_engine_queue_is_empty() -> None:
+    assert METRICS.decide(fresh(waiting=0, running=20, inflight=20), "batch", CONFIG).room == 1
+    assert METRICS.decide(fresh(waiting=1, running=20, inflight=21), "batch", CONFIG).room == 0
+    assert METRICS.decide(fresh(unstarted=1, inflight=1), "batch", CONFIG).room == 0
+
+
+def test_a_slow_engine_over_the_tpot_ceiling_admits_nothing() -> None:
+    slow = fresh(waiting=0, running=40, inflight=40, tpot_s=0.2)
+    decision = METRICS.decide(slow, "interactive", CONFIG)
+    assert decision.room == 0 and decision.limit is Limit.TPOT_CEILING
+    assert METRICS.decide(fresh(running=40, inflight=40, tpot_s=0.1), "default", CONFIG).room == 3
+
+
+def test_the_tpot_ceiling_cannot_deadlock_an_engine_with_nothing_running() -> None:
+    idle_but_slow_history = fresh(waiting=0, running=0, inflight=0, tpot_s=0.5)
+    assert METRICS.decide(idle_but_slow_history, "default", CONFIG).room == 3
+
+
+def test_stale_or_missing_metrics_fall_back_to_the_static_inflight_cap() -> None:
+    stale = EndpointState("http://a", inflight=5, fresh=False, waiting=0)
+    decision = METRICS.decide(stale, "default", CONFIG)
+    assert decision.room == 3 and decision.limit is Limit.STALE_METRICS
+    full = EndpointState("http://a", inflight=8, fresh=False)
+    assert METRICS.decide(full, "default", CONFIG).room == 0
+
+
+def test_an_unhealthy_endpoint_receives_nothing() -> None:
+    for policy in (METRICS, StaticCap()):
+        decision = policy.decide(fresh(healthy=False), "interactive", CONFIG)
+        assert decision.room == 0 and decision.limit is Limit.UNHEALTHY
+
+
+def test_static_policy_is_the_inflight_cap_alone() -> None:
+    assert StaticCap().decide(fresh(waiting=50, inflight=6), "default", CONFIG).room == 2
+
+
+@pytest.mark.parametrize("name", sorted(ADMISSION))
+def test_every_admission_policy_never_returns_negative_room(name: str) -> None:
+    for state in (fresh(waiting=100, inflight=100), fresh(healthy=False), fresh(fresh=False)):
+        for band in CONFIG.targets:
+            assert ADMISSION[name].decide(state, band, CONFIG).room >= 0
+
+
+def test_routing_prefers_most_room_then_least_waiting_then_least_running() -> None:
+    a = fresh(endpoint="http://a", waiting=1, running=10)
+    b = fresh(endpoint="http://b", waiting=0, running=30)
+    c = fresh(endpoint="http://c", waiting=0, running=5)
+    assert choose_endpoint(METRICS, [a, b, c], "default", CONFIG).endpoint == "http://c"  # type: ignore[union-attr]
+    assert choose_endpoint(METRICS, [a, b], "default", CONFIG).endpoint == "http://b"  # type: ignore[union-attr]
+    sick = fresh(endpoint="http://c", healthy=False)
+    assert choose_endpoint(METRICS, [a, sick], "default", CONFIG).endpoint == "http://a"  # type: ignore[union-attr]
+
+
+def test_no_endpoint_with_room_chooses_none_and_says_why() -> None:
+    full = fresh(endpoint="http://a", waiting=3, running=10, inflight=13)
+    sick = fresh(endpoint="http://b", healthy=False)
+    assert choose_endpoint(METRICS, [full, sick], "default", CONFIG) is None
+    assert refusals(METRICS, [full, sick], "default", CONFIG) == {
+        "http://a": Limit.QUEUE_TARGET,
+        "http://b": Limit.UNHEALTHY,
+    }
