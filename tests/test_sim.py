@@ -1,8 +1,10 @@
 """The engine simulator against real vLLM 0.32 captures, through a real uvicorn server.
 
-Every test talks HTTP to a live server (a uvicorn thread, or a `serve()`
+The HTTP tests talk to a live server (a uvicorn thread, or a `serve()`
 subprocess for signal handling); nothing is mocked. Wire shapes are compared
 with the captures in tests/fixtures/vllm-0.32-cpu (copied from shared/fixtures).
+The scheduler tests drive the pure scheduler step by step on hand-made states,
+with no clock.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from workers.sim import ProfileError, SimProfile, create_app, load_profile
-from workers.sim._scheduler import FcfsScheduler, step_duration_s
+from workers.sim._scheduler import SchedSeq, Scheduler, SeqStatus, StepPlan, step_duration_s
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "vllm-0.32-cpu"
@@ -40,6 +42,7 @@ EMITTED_METRICS = {
     "vllm:num_requests_running": "gauge",
     "vllm:num_requests_waiting": "gauge",
     "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:num_preemptions": "counter",
     "vllm:prompt_tokens": "counter",
     "vllm:generation_tokens": "counter",
     "vllm:request_success": "counter",
@@ -50,7 +53,7 @@ EMITTED_METRICS = {
 }
 
 
-# --- helpers -------------------------------------------------------------------------
+# --- helpers -----------------------------------------------------------------------
 
 
 @contextlib.contextmanager
@@ -168,7 +171,7 @@ async def client_for(url: str) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
-# --- wire shapes ---------------------------------------------------------------------
+# --- wire shapes -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -304,7 +307,7 @@ async def test_output_length_follows_max_tokens_else_the_profile_default(
     assert content[-1]["choices"][0]["finish_reason"] == finish_reason
 
 
-# --- metrics -------------------------------------------------------------------------
+# --- metrics -----------------------------------------------------------------------
 
 
 def families(text: str) -> dict[str, tuple[str, set[tuple[str, frozenset[str]]]]]:
@@ -400,7 +403,105 @@ async def test_each_app_counts_into_its_own_registry() -> None:
             assert _sample(await scrape(two), "generation_tokens_total") == 0.0
 
 
-# --- errors and small routes ----------------------------------------------------------
+# --- batching, KV cache and priority over HTTP -------------------------------------
+
+
+async def test_waiting_grows_past_max_num_seqs_and_falls_as_requests_finish() -> None:
+    profile = SimProfile(max_num_seqs=4, step_base_ms=10.0)
+    with sim_server(profile) as url:
+        async with client_for(url) as client:
+            posts = [
+                asyncio.create_task(
+                    client.post("/v1/completions", json=completion_body(max_tokens=20))
+                )
+                for _ in range(12)
+            ]
+            seen = []
+            deadline = time.monotonic() + DEADLINE_S
+            while not all(post.done() for post in posts):
+                assert time.monotonic() < deadline, f"still running; waiting went {seen}"
+                seen.append(_sample(await scrape(client), "num_requests_waiting"))
+                await asyncio.sleep(0.01)
+            seen.append(_sample(await scrape(client), "num_requests_waiting"))
+            responses = await asyncio.gather(*posts)
+    assert [r.status_code for r in responses] == [200] * 12
+    assert max(seen) == 8.0, seen  # 12 requests, 4 slots
+    after = seen[seen.index(8.0) :]
+    assert after == sorted(after, reverse=True)  # it only falls once all have arrived
+    assert 4.0 in after  # the first wave of 4 finished while 4 more still waited
+    assert after[-1] == 0.0
+
+
+async def test_preempted_streamed_request_never_repeats_a_token() -> None:
+    # 16 KV blocks of 16 tokens; four requests growing to ~8 blocks each must preempt.
+    profile = SimProfile(max_num_seqs=4, kv_cache_tokens=256, max_model_len=256, step_base_ms=1.0)
+    max_tokens = 120
+    with sim_server(profile) as url:
+        async with client_for(url) as client:
+            bodies = [
+                chat_body(max_tokens=max_tokens, request_id=f"p{i}", stream=True) for i in range(4)
+            ]
+            streams = await asyncio.gather(
+                *(stream_events(client, "/v1/chat/completions", body) for body in bodies)
+            )
+            preemptions = _sample(await scrape(client), "num_preemptions_total")
+            # Same request id, same text: the non-streamed answer is the reference.
+            answers = [
+                await client.post("/v1/chat/completions", json={**body, "stream": False})
+                for body in bodies
+            ]
+    references = [answer.json()["choices"][0]["message"]["content"] for answer in answers]
+    assert preemptions > 0
+    for events, reference in zip(streams, references, strict=True):
+        chunks = [orjson.loads(event) for event in events[:-1]]
+        tokens = [c["choices"][0]["delta"]["content"] for c in chunks if chunk_kind(c) != "role"]
+        assert len(tokens) == max_tokens
+        assert "".join(tokens) == reference
+
+
+async def test_higher_priority_request_finishes_before_earlier_low_priority_ones() -> None:
+    profile = SimProfile(max_num_seqs=2, step_base_ms=10.0, scheduling_policy="priority")
+    finished: list[str] = []
+
+    async def complete(client: httpx.AsyncClient, name: str, priority: int, tokens: int) -> None:
+        body = chat_body(max_tokens=tokens, priority=priority)
+        response = await client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200
+        finished.append(name)
+
+    with sim_server(profile) as url:
+        async with client_for(url) as client:
+            lows = [
+                asyncio.create_task(complete(client, f"low{i}", priority=10, tokens=30))
+                for i in range(4)
+            ]
+            await wait_for_metrics(client, num_requests_running=2.0, num_requests_waiting=2.0)
+            await complete(client, "high", priority=0, tokens=5)
+            await asyncio.gather(*lows)
+            preemptions = _sample(await scrape(client), "num_preemptions_total")
+    # With a full batch, FCFS would have served "high" after all four.
+    assert finished[0] == "high"
+    assert preemptions == 1.0  # one low-priority request made room for it
+
+
+@pytest.mark.parametrize("priority", [3, -1])
+async def test_priority_field_is_rejected_under_fcfs_as_vllm_does(
+    base_url: str, priority: int
+) -> None:
+    async with client_for(base_url) as client:
+        rejected = await client.post("/v1/completions", json=completion_body(priority=priority))
+        default = await client.post("/v1/completions", json=completion_body(priority=0))
+    assert rejected.status_code == 400
+    assert rejected.json()["error"] == {
+        "message": f"Got priority {priority} but Priority scheduling is not enabled.",
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
+    assert default.status_code == 200
+
+
+# --- errors and small routes -------------------------------------------------------
 
 
 async def test_unknown_model_is_404_in_vllm_error_shape(base_url: str) -> None:
@@ -488,7 +589,7 @@ def test_openai_client_streams_a_chat_completion(base_url: str) -> None:
     assert chunks[-1].usage.completion_tokens == 5
 
 
-# --- profile, scheduler, process -----------------------------------------------------
+# --- profiles ----------------------------------------------------------------------
 
 
 def test_default_profile_file_matches_the_model_defaults() -> None:
@@ -508,19 +609,179 @@ def test_profile_file_is_loaded_and_unknown_keys_are_rejected(tmp_path: Path) ->
         load_profile(str(tmp_path / "missing.yaml"))
 
 
-def test_scheduler_admits_into_free_slots_and_prices_the_prefill() -> None:
-    class Waiting:
-        def __init__(self, prompt_tokens: int) -> None:
-            self.prompt_tokens = prompt_tokens
+def test_shipped_profiles_load_by_name_and_h100_8b_describes_a_big_engine() -> None:
+    h100 = load_profile("h100-8b")
+    assert (h100.max_num_seqs, h100.max_num_batched_tokens, h100.block_size) == (256, 8192, 16)
+    assert 200_000 <= h100.kv_cache_tokens <= 600_000  # ~128 KiB per token, ~50 GB
+    # ~7 ms at batch 1, 25-35 ms at a full batch, 15-20k prefill tokens/s.
+    assert 0.006 <= step_duration_s(h100, 1, 0) <= 0.008
+    assert 0.025 <= step_duration_s(h100, 256, 0) <= 0.035
+    assert 0.05 <= h100.prefill_ms_per_token <= 0.067
 
-    profile = SimProfile(
-        max_num_seqs=3, step_base_ms=5, step_per_seq_ms=1, prefill_ms_per_token=0.5
+
+@pytest.mark.parametrize(
+    ("text", "complaint"),
+    [
+        ("max_num_seqs: 64\nmax_num_batched_tokens: 32\n", "at least max_num_seqs"),
+        ("kv_cache_tokens: 1000\nmax_model_len: 2000\n", "cannot hold one sequence"),
+        ("scheduling_policy: lifo\n", "scheduling_policy"),
+    ],
+)
+def test_profile_that_vllm_would_refuse_to_start_with_is_rejected(
+    tmp_path: Path, text: str, complaint: str
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ProfileError, match=complaint):
+        load_profile(str(path))
+
+
+# --- scheduler (pure: hand-made states, no clock) ----------------------------------
+
+
+def scheduler(**settings: Any) -> Scheduler[SchedSeq]:
+    return Scheduler(SimProfile(**settings))
+
+
+def request(prompt: int, max_tokens: int = 100, priority: int = 0) -> SchedSeq:
+    return SchedSeq(prompt_tokens=prompt, max_tokens=max_tokens, priority=priority)
+
+
+def step(sched: Scheduler[SchedSeq]) -> StepPlan[SchedSeq]:
+    plan = sched.schedule()
+    sched.complete(plan)
+    return plan
+
+
+def put_running(sched: Scheduler[SchedSeq], seq: SchedSeq, *, computed: int) -> None:
+    """Hand-make a running request holding the blocks its computed tokens need."""
+    sched.add(seq)  # assigns its arrival order
+    sched.waiting.remove(seq)
+    seq.status = SeqStatus.RUNNING
+    seq.computed = computed
+    seq.blocks = -(-computed // 16)
+    sched.free_blocks -= seq.blocks
+    sched.running[seq] = None
+
+
+def test_token_budget_limits_prefill_per_step_and_a_long_prompt_spans_steps() -> None:
+    profile = SimProfile(max_num_seqs=8, max_num_batched_tokens=100, prefill_ms_per_token=0.5)
+    sched: Scheduler[SchedSeq] = Scheduler(profile)
+    long, short = request(250), request(30)
+    sched.add(long)
+    sched.add(short)
+    first = step(sched)
+    assert first.scheduled == {long: 100}  # the budget is spent: `short` must wait
+    assert first.duration_s == step_duration_s(profile, 0, 100)
+    assert (long.generated, list(sched.waiting)) == (0, [short])
+    assert step(sched).scheduled == {long: 100}
+    third = step(sched)
+    assert third.scheduled == {long: 50, short: 30}
+    # Only the step that completes a prefill emits the first token.
+    assert (long.generated, short.generated) == (1, 1)
+    fourth = step(sched)
+    assert (fourth.decode_seqs, fourth.prefill_tokens) == (2, 0)
+
+
+def test_running_decodes_take_their_token_before_an_earlier_request_prefills() -> None:
+    sched = scheduler(max_num_batched_tokens=64)
+    prefilling, decoding = request(500), request(10)
+    put_running(sched, prefilling, computed=100)
+    put_running(sched, decoding, computed=10)
+    decoding.generated = 1
+    plan = sched.schedule()
+    assert plan.scheduled == {decoding: 1, prefilling: 63}
+
+
+def test_admission_stops_at_max_num_seqs_until_a_slot_frees() -> None:
+    sched = scheduler(max_num_seqs=3)
+    requests = [request(10, max_tokens=2) for _ in range(5)]
+    for seq in requests:
+        sched.add(seq)
+    assert step(sched).admitted == requests[:3]
+    assert len(sched.waiting) == 2
+    assert step(sched).admitted == []  # all slots busy while the first three decode
+    assert [seq.status for seq in requests[:3]] == [SeqStatus.FINISHED] * 3
+    assert step(sched).admitted == requests[3:]
+
+
+def test_kv_exhaustion_preempts_the_most_recently_admitted_which_refills_first() -> None:
+    # 4 blocks of 16 tokens: two 31-token prompts fill them after their first output token.
+    sched = scheduler(kv_cache_tokens=64, max_model_len=64, max_num_seqs=4)
+    first, second, later = request(31, max_tokens=4), request(31), request(5)
+    sched.add(first)
+    sched.add(second)
+    step(sched)
+    sched.add(later)
+    assert step(sched).admitted == []  # no free block for `later`
+    assert sched.free_blocks == 0
+    plan = step(sched)  # `first` needs a third block for its 33rd token
+    assert (plan.preempted, plan.scheduled) == ([second], {first: 1})
+    assert (second.status, second.computed, second.blocks) == (SeqStatus.WAITING, 0, 0)
+    assert list(sched.waiting) == [second, later]  # back at the front
+    step(sched)  # `first` finishes; `second` (33 tokens to refill) does not fit yet
+    assert first.status is SeqStatus.FINISHED
+    refill = step(sched)
+    # Prompt + the 2 tokens it had emitted, recomputed; its output goes on at token 3.
+    assert refill.scheduled[second] == 31 + 2
+    assert second.generated == 3
+
+
+def test_a_step_that_preempts_admits_nothing_not_even_its_victim() -> None:
+    # 4 blocks, all held; a budget of 8 would let the victim refill 7 tokens in 1 block.
+    sched = scheduler(
+        kv_cache_tokens=64, max_model_len=64, max_num_seqs=4, max_num_batched_tokens=8
     )
-    plan = FcfsScheduler(profile).plan([Waiting(10), Waiting(20), Waiting(30)], num_running=1)
-    assert (plan.admit, plan.prefill_tokens, plan.batch_size) == (2, 30, 3)
-    assert plan.duration_s == pytest.approx((5 + 3 * 1 + 30 * 0.5) / 1000)
-    full = FcfsScheduler(profile).plan([Waiting(10)], num_running=3)
-    assert (full.admit, full.duration_s) == (0, step_duration_s(profile, 3, 0))
+    grower, victim = request(30), request(28)
+    put_running(sched, grower, computed=32)
+    put_running(sched, victim, computed=30)
+    grower.generated = victim.generated = 3
+    plan = step(sched)
+    assert (plan.preempted, plan.admitted, plan.scheduled) == ([victim], [], {grower: 1})
+    # vLLM does the same: re-admitting at once would only preempt again.
+    assert step(sched).scheduled == {grower: 1, victim: 7}
+
+
+def test_kv_exhaustion_under_priority_preempts_the_worst_priority_not_the_latest() -> None:
+    sched = scheduler(kv_cache_tokens=64, max_model_len=64, scheduling_policy="priority")
+    low, high = request(31, priority=9), request(31, priority=0)
+    for seq in (low, high):
+        put_running(sched, seq, computed=32)
+        seq.generated = 2
+    plan = sched.schedule()
+    assert (plan.preempted, plan.scheduled) == ([low], {high: 1})
+
+
+def test_priority_policy_orders_the_waiting_queue_by_priority_then_arrival() -> None:
+    priorities = [5, 0, 5, -1, 0]
+    for policy, order in [("priority", [3, 1, 4, 0, 2]), ("fcfs", [0, 1, 2, 3, 4])]:
+        sched = scheduler(scheduling_policy=policy)
+        seqs = [request(10, priority=p) for p in priorities]
+        for seq in seqs:
+            sched.add(seq)
+        assert [seqs.index(seq) for seq in sched.waiting] == order, policy
+        assert [seqs.index(seq) for seq in step(sched).admitted] == order, policy
+
+
+def test_better_priority_request_preempts_the_worst_running_one_when_no_slot_is_free() -> None:
+    # A budget of 11: `urgent`'s 10-token prompt fits only once `late` gives its token back.
+    sched = scheduler(max_num_seqs=2, max_num_batched_tokens=11, scheduling_policy="priority")
+    early, late = request(5, priority=5), request(5, priority=5)
+    sched.add(early)
+    sched.add(late)
+    step(sched)
+    equal, urgent = request(10, priority=5), request(10, priority=0)
+    sched.add(equal)
+    assert step(sched).preempted == []  # an equal priority waits its turn
+    sched.add(urgent)
+    plan = step(sched)
+    assert (plan.preempted, plan.admitted) == ([late], [urgent])
+    assert plan.scheduled == {early: 1, urgent: 10}
+    assert list(sched.running) == [early, urgent]
+    assert list(sched.waiting) == [late, equal]
+
+
+# --- process -----------------------------------------------------------------------
 
 
 def free_port() -> int:

@@ -50,20 +50,23 @@ def test_fairq_up_serves_the_openai_client_and_ctrl_c_leaves_no_process() -> Non
         children = psutil.Process(up.pid).children(recursive=True)
         assert len(children) >= 6  # redis, 2 simulators, dispatcher, worker, gateway
 
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="fq-demo-alice")
-        stream = client.chat.completions.create(
-            model="demo-chat",
-            messages=[{"role": "user", "content": "Hello"}],
-            stream=True,
-            max_tokens=6,
-        )
-        pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
-        assert len([p for p in pieces if p]) == 6
-        completion = client.completions.create(model="demo-code", prompt="def f():", max_tokens=4)
-        assert completion.choices[0].text and completion.usage is not None
-        assert completion.usage.completion_tokens == 4
-        models = {m.id for m in client.models.list()}
-        assert models == {"demo-chat", "demo-code"}
+        base_url = f"http://127.0.0.1:{port}/v1"
+        with openai.OpenAI(base_url=base_url, api_key="fq-demo-alice") as client:
+            stream = client.chat.completions.create(
+                model="demo-chat",
+                messages=[{"role": "user", "content": "Hello"}],
+                stream=True,
+                max_tokens=6,
+            )
+            pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+            assert len([p for p in pieces if p]) == 6
+            completion = client.completions.create(
+                model="demo-code", prompt="def f():", max_tokens=4
+            )
+            assert completion.choices[0].text and completion.usage is not None
+            assert completion.usage.completion_tokens == 4
+            models = {m.id for m in client.models.list()}
+            assert models == {"demo-chat", "demo-code"}
     finally:
         up.send_signal(signal.SIGINT)
         up.communicate(timeout=30)

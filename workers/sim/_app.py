@@ -90,7 +90,12 @@ class _Routes:
                 await request.body(), chat=chat, models=self.models, profile=self.profile
             )
             seq = self.engine.submit(
-                req.model, req.prompt_tokens, req.max_tokens, req.finish_reason
+                req.model,
+                req.prompt_tokens,
+                req.max_tokens,
+                req.finish_reason,
+                priority=req.priority,
+                streamed=req.stream,
             )
         except RequestError as exc:
             return _error(exc.status, exc.error_type, exc.message)

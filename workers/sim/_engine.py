@@ -1,79 +1,60 @@
 """The engine loop: continuous batching over simulated time.
 
-`Engine` owns a FIFO waiting queue and a running set; one asyncio task steps
-them. Each step asks the scheduler which waiting requests to admit (their
-prompts are prefilled in that step), sleeps for the step's simulated duration,
-then lets every running sequence emit one token. So the first token arrives
-one step after admission, and `vllm:num_requests_waiting` grows when requests
-arrive faster than the batch frees slots.
+`Engine` wraps the pure `Scheduler` (`_scheduler.py`) with a clock, metrics
+and wake-ups; one asyncio task steps it. Each step asks the scheduler for a
+plan (which requests compute how many tokens), sleeps for the plan's simulated
+duration, then applies it: requests that completed their outstanding tokens
+emit one token each. So `vllm:num_requests_waiting` grows when requests arrive
+faster than the batch, the token budget or the KV cache can take them.
 
-Who owns a sequence: `submit` puts it in the waiting queue; the loop moves it
-to the running set and later to FINISHED; `abort` (a client went away, or the
-app shuts down) may take it from either place at any time and frees its slot at
-once. A sequence reaches FINISHED or ABORTED exactly once. The HTTP layer
-follows a sequence through its `wakeup` event, set after every change.
+Who owns a sequence: `submit` hands it to the scheduler's waiting queue; the
+scheduler moves it to running, back to waiting when it is preempted, and to
+FINISHED; `abort` (a client went away, or the app shuts down) may take it from
+either queue at any time and frees its slot and KV blocks at once. A sequence
+reaches FINISHED or ABORTED exactly once. The HTTP layer follows a sequence
+through its `wakeup` event: a streamed one after every token, any one when it
+ends, so a non-streamed request costs nothing per token.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from workers.sim._errors import EngineStopped
 from workers.sim._metrics import ModelMetrics, SimMetrics
 from workers.sim._profile import SimProfile
-from workers.sim._scheduler import FcfsScheduler
+from workers.sim._scheduler import SchedSeq, Scheduler, StepPlan
 
 _log = logging.getLogger(__name__)
 
 
-class SeqStatus(enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
-    ABORTED = "aborted"
-
-
-@dataclass(eq=False, slots=True)
-class SimSequence:
-    """One request inside the engine. Identity equality: each is its own entry."""
+@dataclass(eq=False, slots=True, kw_only=True)
+class SimSequence(SchedSeq):
+    """One request inside the engine: the scheduler's view plus time and delivery."""
 
     model: str
-    prompt_tokens: int
-    max_tokens: int
     finish_reason: str  # reported once max_tokens are out: "length" or "stop"
     metrics: ModelMetrics
+    streamed: bool
     arrival_s: float
-    status: SeqStatus = SeqStatus.WAITING
-    generated: int = 0
-    admitted_s: float = 0.0
+    admitted_s: float = 0.0  # first admission; a preemption does not reset it
     last_token_s: float = 0.0
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
-
-    @property
-    def done(self) -> bool:
-        return self.status in (SeqStatus.FINISHED, SeqStatus.ABORTED)
 
 
 class Engine:
     """The simulated engine of one app; `run` is its only long-lived task."""
 
     def __init__(self, profile: SimProfile, metrics: SimMetrics) -> None:
-        self._profile = profile
         self._metrics = metrics
-        self._scheduler = FcfsScheduler(profile)
-        self._waiting: deque[SimSequence] = deque()
-        # A dict as an insertion-ordered set: O(1) removal on abort or finish.
-        self._running: dict[SimSequence, None] = {}
+        self._scheduler: Scheduler[SimSequence] = Scheduler(profile)
+        self._total_blocks = profile.num_kv_blocks
         self._work = asyncio.Event()
-        # A simple KV estimate: room for every slot to hold a full-length sequence.
-        self._kv_capacity_tokens = profile.max_num_seqs * profile.max_model_len
         self._accepting = False
 
     @property
@@ -82,7 +63,14 @@ class Engine:
         return self._accepting
 
     def submit(
-        self, model: str, prompt_tokens: int, max_tokens: int, finish_reason: str
+        self,
+        model: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        finish_reason: str,
+        *,
+        priority: int = 0,
+        streamed: bool = True,
     ) -> SimSequence:
         if not self._accepting:
             raise EngineStopped("the engine simulator loop is not running")
@@ -90,28 +78,24 @@ class Engine:
             model=model,
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
+            priority=priority,
             finish_reason=finish_reason,
             metrics=self._metrics.model(model),
+            streamed=streamed,
             arrival_s=time.monotonic(),
         )
-        self._waiting.append(seq)
+        self._scheduler.add(seq)
         self._work.set()
         return seq
 
     def abort(self, seq: SimSequence) -> None:
-        """Drop a sequence wherever it is; a no-op once it has finished."""
-        if seq.status is SeqStatus.WAITING:
-            self._waiting.remove(seq)
-        elif seq.status is SeqStatus.RUNNING:
-            del self._running[seq]
-        else:
-            return
-        seq.status = SeqStatus.ABORTED
-        seq.metrics.aborted()
-        seq.wakeup.set()
+        """Drop a sequence wherever it is; a no-op once it has ended."""
+        if self._scheduler.abort(seq):
+            seq.metrics.aborted()
+            seq.wakeup.set()
 
     def abort_all(self) -> None:
-        for seq in [*self._waiting, *self._running]:
+        for seq in [*self._scheduler.waiting, *self._scheduler.running]:
             self.abort(seq)
 
     async def run(self) -> None:
@@ -119,7 +103,7 @@ class Engine:
         self._accepting = True
         try:
             while True:
-                if not self._waiting and not self._running:
+                if not self._scheduler.has_work:
                     self._work.clear()  # sleep, not spin, while there is no work
                     await self._work.wait()
                 await self._step()
@@ -132,49 +116,47 @@ class Engine:
 
     async def _step(self) -> None:
         started = time.monotonic()
-        plan = self._scheduler.plan(self._waiting, len(self._running))
-        for _ in range(plan.admit):
-            self._admit(self._waiting.popleft(), started)
+        plan = self._scheduler.schedule()
+        self._note_plan(plan, started)
         # Sleep to a deadline, so the loop's own CPU time is part of the step.
         await asyncio.sleep(max(0.0, started + plan.duration_s - time.monotonic()))
-        self._emit(time.monotonic())
+        self._emit(plan, time.monotonic())
 
-    def _admit(self, seq: SimSequence, now: float) -> None:
-        seq.status = SeqStatus.RUNNING
-        seq.admitted_s = now
-        self._running[seq] = None
-        seq.metrics.prefilled(seq.prompt_tokens)
+    @staticmethod
+    def _note_plan(plan: StepPlan[SimSequence], now: float) -> None:
+        for seq in plan.admitted:
+            if not seq.admitted_s:
+                seq.admitted_s = now
+        for seq in plan.preempted:
+            seq.metrics.preempted()
 
-    def _emit(self, now: float) -> None:
-        finished = []
-        for seq in self._running:
-            if seq.generated == 0:
-                seq.metrics.first_token(now - seq.arrival_s)
+    def _emit(self, plan: StepPlan[SimSequence], now: float) -> None:
+        output = self._scheduler.complete(plan)
+        for seq in output.emitted:
+            if seq.generated == 1:
+                seq.metrics.first_token(seq.prompt_tokens, now - seq.arrival_s)
             else:
                 seq.metrics.next_token(now - seq.last_token_s)
-            seq.generated += 1
             seq.last_token_s = now
-            if seq.generated >= seq.max_tokens:
-                finished.append(seq)
-            seq.wakeup.set()
-        for seq in finished:
-            del self._running[seq]
-            seq.status = SeqStatus.FINISHED
+            if seq.streamed:
+                seq.wakeup.set()
+        for seq in output.finished:
             seq.metrics.finished(
                 seq.finish_reason, now - seq.arrival_s, seq.admitted_s - seq.arrival_s
             )
+            seq.wakeup.set()
 
     # EngineState, read by the /metrics gauges at scrape time.
 
     def num_waiting(self, model: str) -> int:
-        return sum(1 for seq in self._waiting if seq.model == model)
+        return sum(1 for seq in self._scheduler.waiting if seq.model == model)
 
     def num_running(self, model: str) -> int:
-        return sum(1 for seq in self._running if seq.model == model)
+        return sum(1 for seq in self._scheduler.running if seq.model == model)
 
     def kv_cache_usage(self, model: str) -> float:
-        held = sum(s.prompt_tokens + s.generated for s in self._running if s.model == model)
-        return held / self._kv_capacity_tokens
+        held = sum(seq.blocks for seq in self._scheduler.running if seq.model == model)
+        return held / self._total_blocks
 
 
 @contextlib.asynccontextmanager

@@ -81,6 +81,12 @@ class SimMetrics:
             _LABELS,
             registry=reg,
         )
+        self.preemptions = Counter(
+            "vllm:num_preemptions",
+            "Cumulative number of preemption from the engine.",
+            _LABELS,
+            registry=reg,
+        )
         self.request_success = Counter(
             "vllm:request_success",
             "Count of successfully processed requests.",
@@ -135,7 +141,7 @@ class SimMetrics:
 class ModelMetrics:
     """The label-bound series of one served model; the engine calls these."""
 
-    __slots__ = ("_e2e", "_gen", "_itl", "_prompt", "_queue", "_success", "_ttft")
+    __slots__ = ("_e2e", "_gen", "_itl", "_preempt", "_prompt", "_queue", "_success", "_ttft")
 
     def __init__(self, families: SimMetrics, model: str) -> None:
         labels = {"engine": ENGINE_INDEX, "model_name": model}
@@ -145,16 +151,17 @@ class ModelMetrics:
         self._itl = families.itl.labels(**labels)
         self._e2e = families.e2e.labels(**labels)
         self._queue = families.queue_time.labels(**labels)
+        self._preempt = families.preemptions.labels(**labels)
         # Create every reason up front: vLLM shows them all, at 0, from start-up.
         self._success = {
             reason: families.request_success.labels(finished_reason=reason, **labels)
             for reason in FINISHED_REASONS
         }
 
-    def prefilled(self, prompt_tokens: int) -> None:
+    def first_token(self, prompt_tokens: int, ttft_s: float) -> None:
+        # As vLLM V1: a prompt counts once, with its first token, however often it
+        # was prefilled again after a preemption.
         self._prompt.inc(prompt_tokens)
-
-    def first_token(self, ttft_s: float) -> None:
         self._gen.inc()
         self._ttft.observe(ttft_s)
 
@@ -166,6 +173,9 @@ class ModelMetrics:
         self._success[reason].inc()
         self._e2e.observe(e2e_s)
         self._queue.observe(queue_s)
+
+    def preempted(self) -> None:
+        self._preempt.inc()
 
     def aborted(self) -> None:
         self._success["abort"].inc()

@@ -1,7 +1,7 @@
 """Turn an OpenAI request body into the few numbers the simulator needs.
 
 Only what shapes timing and output is read: model, prompt size, output length,
-streaming flags and vLLM's `request_id`. Everything else in the body is
+streaming flags, and vLLM's extensions `request_id` and `priority`. Everything else in the body is
 accepted and ignored. Rejections carry vLLM's status codes and error types.
 """
 
@@ -34,6 +34,7 @@ class GenRequest:
     finish_reason: str
     stream: bool
     include_usage: bool
+    priority: int
 
 
 def parse_request(raw: bytes, *, chat: bool, models: list[str], profile: SimProfile) -> GenRequest:
@@ -44,6 +45,7 @@ def parse_request(raw: bytes, *, chat: bool, models: list[str], profile: SimProf
     prompt_tokens = _chat_prompt_tokens(body) if chat else _completion_prompt_tokens(body)
     requested = _max_tokens(body, chat=chat)
     max_tokens, finish_reason = _output_length(prompt_tokens, requested, profile)
+    priority = _priority(body, profile)
     stream = body.get("stream") is True
     options = body.get("stream_options")
     include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
@@ -56,6 +58,7 @@ def parse_request(raw: bytes, *, chat: bool, models: list[str], profile: SimProf
         finish_reason=finish_reason,
         stream=stream,
         include_usage=include_usage,
+        priority=priority,
     )
 
 
@@ -146,6 +149,16 @@ def _output_length(
             f"input tokens ({requested} > {limit} - {prompt_tokens})."
         )
     return requested, "length"
+
+
+def _priority(body: dict[str, Any], profile: SimProfile) -> int:
+    value = body.get("priority", 0)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"'priority' must be an integer, got {value!r}.")
+    if value != 0 and profile.scheduling_policy != "priority":
+        # vLLM's own words, from an engine started without --scheduling-policy priority.
+        raise bad_request(f"Got priority {value} but Priority scheduling is not enabled.")
+    return value
 
 
 def _response_id(body: dict[str, Any], *, chat: bool) -> str:

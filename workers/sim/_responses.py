@@ -14,7 +14,8 @@ import asyncio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from workers.sim._engine import Engine, SeqStatus, SimSequence
+from workers.sim._engine import Engine, SimSequence
+from workers.sim._scheduler import SeqStatus
 from workers.sim._wire import (
     ResponseMeta,
     StreamFrames,
@@ -103,7 +104,7 @@ class JsonCompletionResponse(_EngineResponse):
     async def _respond(self, send: Send) -> None:
         seq = self._seq
         while not seq.done:
-            await seq.wakeup.wait()
+            await seq.wakeup.wait()  # set only when it ends: nothing to do per token
             seq.wakeup.clear()
         if seq.status is SeqStatus.ABORTED:
             # Only at shutdown, or for a client already gone (then the send is dropped).

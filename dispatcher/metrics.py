@@ -1,0 +1,180 @@
+"""Engine metrics: one ``/metrics`` text in, one ``EngineSample`` out (pure, no I/O).
+
+The admission policy needs four things from an engine: how many requests wait
+in its queue, how many run, how full its KV cache is, and how fast it emits
+tokens. vLLM and TGI expose them under different names; the engine is
+recognised by its queue gauge. Text comes apart with prometheus_client's own
+parser, and series are matched by exact sample name, so look-alikes such as
+``vllm:num_requests_waiting_by_reason`` or the per-request histogram
+``vllm:request_time_per_output_token_seconds`` are never mixed in.
+
+Names, and where they were checked:
+
+- vLLM, current (V1; the real 0.32 captures in ``tests/fixtures/vllm-0.32-cpu``):
+  ``vllm:num_requests_waiting``, ``vllm:num_requests_running``,
+  ``vllm:kv_cache_usage_perc``, histogram ``vllm:inter_token_latency_seconds``;
+  every series is labelled ``engine`` and ``model_name``.
+- vLLM, older (V0: ``vllm/engine/metrics.py`` at vllm-project/vllm commit
+  00c33e81b526a179a6afb86512d1e8198965ee2f, label ``model_name`` only): the
+  same queue gauges, ``vllm:gpu_cache_usage_perc`` and histogram
+  ``vllm:time_per_output_token_seconds``, both observed once per output token.
+  Where a release exposes both names the current one wins.
+- TGI (huggingface/text-generation-inference ``docs/source/reference/metrics.md``
+  at commit 53fdbe617d4f3cc358842ad96914393ad6b6e4ca, and ``router/src/server.rs``,
+  which gives every ``*duration`` metric histogram buckets): ``tgi_queue_size``,
+  ``tgi_batch_current_size``, histogram ``tgi_request_mean_time_per_token_duration``.
+  TGI observes that histogram once per *finished request* (its mean time per
+  token), not per token, so its Δsum/Δcount lags and is None while no request
+  finishes. TGI has no KV-cache gauge.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+# sample name -> [(labels, value)], one entry per series
+_Series = Mapping[str, Sequence[tuple[Mapping[str, str], float]]]
+
+
+@dataclass(frozen=True)
+class EngineSample:
+    waiting: float  # requests waiting in the engine's queue
+    running: float  # requests in the running batch
+    kv_usage: float | None  # KV-cache usage 0..1 (the fullest engine's); None: not reported
+    tpot_sum_s: float | None  # cumulative _sum of the per-output-token latency histogram
+    tpot_count: float | None  # cumulative _count of the same histogram
+
+
+class MetricsError(ValueError):
+    """Text that is not Prometheus exposition, or lacks the engine's queue gauges."""
+
+
+@dataclass(frozen=True)
+class _Dialect:
+    engine: str
+    waiting: str
+    running: str
+    kv_usage: tuple[str, ...]  # gauge names, preferred first
+    tpot: tuple[str, ...]  # histogram names, preferred first
+
+
+_DIALECTS = (
+    _Dialect(
+        engine="vllm",
+        waiting="vllm:num_requests_waiting",
+        running="vllm:num_requests_running",
+        kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+        tpot=("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    ),
+    _Dialect(
+        engine="tgi",
+        waiting="tgi_queue_size",
+        running="tgi_batch_current_size",
+        kv_usage=(),
+        tpot=("tgi_request_mean_time_per_token_duration",),
+    ),
+)
+
+
+def parse_metrics(text: str, model_name: str | None = None) -> EngineSample:
+    """The engine's state in one scrape, summed over its series (data-parallel engines).
+
+    With ``model_name``, only series whose ``model_name`` label equals it count
+    (vLLM labels every series; TGI labels none, so pass None for TGI). Raises
+    ``MetricsError`` when the text does not parse, names no known engine, or
+    has no queue series for ``model_name``: a scrape that cannot say how long
+    the queue is must never read as an empty queue.
+    """
+    series: _Series = _parse(text)
+    dialect = _dialect(series)
+    if model_name is not None:
+        series = _only_model(series, model_name)
+    tpot_sum_s, tpot_count = _histogram(series, dialect.tpot)
+    return EngineSample(
+        waiting=_queue_gauge(series, dialect.waiting, model_name),
+        running=_queue_gauge(series, dialect.running, model_name),
+        kv_usage=_fullest(series, dialect.kv_usage),
+        tpot_sum_s=tpot_sum_s,
+        tpot_count=tpot_count,
+    )
+
+
+def recent_tpot_s(previous: EngineSample | None, current: EngineSample) -> float | None:
+    """Mean time per output token between two scrapes: Δsum / Δcount.
+
+    None when there is no previous sample, no histogram, no token in between,
+    or a counter went backwards (the engine restarted). A restart followed by
+    more tokens than before cannot be told apart from two samples; it yields
+    one wrong figure, corrected at the next scrape.
+    """
+    if previous is None:
+        return None
+    sums = (previous.tpot_sum_s, current.tpot_sum_s)
+    counts = (previous.tpot_count, current.tpot_count)
+    if sums[0] is None or sums[1] is None or counts[0] is None or counts[1] is None:
+        return None
+    tokens, seconds = counts[1] - counts[0], sums[1] - sums[0]
+    if tokens <= 0 or seconds < 0:
+        return None
+    return seconds / tokens
+
+
+def _parse(text: str) -> dict[str, list[tuple[Mapping[str, str], float]]]:
+    series: dict[str, list[tuple[Mapping[str, str], float]]] = {}
+    try:
+        # The parser is lazy: errors surface while iterating, so iterate inside the try.
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                series.setdefault(sample.name, []).append((sample.labels, float(sample.value)))
+    except ValueError as exc:
+        raise MetricsError(f"not Prometheus text exposition: {exc}") from exc
+    return series
+
+
+def _dialect(series: _Series) -> _Dialect:
+    for dialect in _DIALECTS:
+        if dialect.waiting in series:
+            return dialect
+    known = ", ".join(d.waiting for d in _DIALECTS)
+    raise MetricsError(f"no engine queue gauge in the metrics (looked for {known})")
+
+
+def _only_model(series: _Series, model_name: str) -> _Series:
+    return {
+        name: [(labels, value) for labels, value in rows if labels.get("model_name") == model_name]
+        for name, rows in series.items()
+    }
+
+
+def _queue_gauge(series: _Series, name: str, model_name: str | None) -> float:
+    rows = series.get(name, ())
+    if not rows:
+        scope = f" for model_name={model_name!r}" if model_name is not None else ""
+        raise MetricsError(f"no {name} series{scope}")
+    total = math.fsum(value for _, value in rows)
+    # NaN or a negative count would make any queue test pass or fail at random.
+    if not math.isfinite(total) or total < 0:
+        raise MetricsError(f"{name} is {total}, not a count")
+    return total
+
+
+def _fullest(series: _Series, names: Sequence[str]) -> float | None:
+    # The fullest engine, not the mean: one engine out of KV blocks preempts its
+    # requests even while its data-parallel siblings have room.
+    for name in names:
+        values = [value for _, value in series.get(name, ()) if math.isfinite(value)]
+        if values:
+            return max(values)
+    return None
+
+
+def _histogram(series: _Series, names: Sequence[str]) -> tuple[float | None, float | None]:
+    for name in names:
+        sums, counts = series.get(f"{name}_sum", ()), series.get(f"{name}_count", ())
+        if sums and counts:
+            return math.fsum(v for _, v in sums), math.fsum(v for _, v in counts)
+    return None, None

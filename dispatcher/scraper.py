@@ -1,0 +1,166 @@
+"""Engine scraping: poll every endpoint's ``/metrics`` and keep the latest view of each (I/O).
+
+Each endpoint has its own loop on a fixed time grid (``interval_s`` apart, so
+the scrape's own duration does not accumulate as drift) and its own total
+timeout, so a slow or hanging engine never delays the others. A loop that
+overran skips the ticks it missed instead of bursting to catch up.
+
+Health: a scrape fails on a connection error, a timeout, a status other than
+200, or text ``parse_metrics`` rejects. ``unhealthy_after`` failures in a row
+make the endpoint unhealthy until the next good scrape. An endpoint is also
+not healthy before its first good scrape: unknown is not healthy, so admission
+never acts on metrics it has not seen. The last good sample is kept through
+failures; its ``scraped_at`` tells the reader how stale it is.
+
+After every attempt, good or bad, ``on_update(endpoint)`` lets the dispatcher
+re-run admission at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import httpx
+
+from dispatcher.metrics import EngineSample, MetricsError, parse_metrics, recent_tpot_s
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EndpointView:
+    sample: EngineSample | None = None  # last good sample
+    scraped_at: float | None = None  # clock() when the last good scrape was sent
+    tpot_s: float | None = None  # mean time per output token between the last two good scrapes
+    failures: int = 0  # consecutive failed scrapes
+    healthy: bool = False  # a good scrape seen, and fewer than `unhealthy_after` failures since
+    error: str | None = None  # why the last scrape failed; None after a good one
+
+
+class _ScrapeFailed(Exception):
+    """One failed attempt; the message says why (it ends up in logs and the view)."""
+
+
+class Scraper:
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        http: httpx.AsyncClient,
+        *,
+        interval_s: float = 0.2,
+        timeout_s: float = 1.0,
+        unhealthy_after: int = 2,
+        model_names: Mapping[str, str] | None = None,
+        on_update: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if interval_s <= 0 or timeout_s <= 0 or unhealthy_after < 1:
+            raise ValueError("interval_s and timeout_s must be > 0, unhealthy_after >= 1")
+        self._endpoints = tuple(dict.fromkeys(endpoints))
+        self._http = http
+        self._interval_s = interval_s
+        self._timeout_s = timeout_s
+        self._unhealthy_after = unhealthy_after
+        self._model_names = dict(model_names or {})
+        self._on_update = on_update
+        self._clock = clock
+        self._views = {endpoint: EndpointView() for endpoint in self._endpoints}
+        # One scrape per endpoint at a time: an older answer landing after a newer
+        # one would move the sample backwards and read as a counter reset.
+        self._locks = {endpoint: asyncio.Lock() for endpoint in self._endpoints}
+
+    def view(self, endpoint: str) -> EndpointView:
+        """The latest view; KeyError for an endpoint the scraper was not given."""
+        return self._views[endpoint]
+
+    async def run(self) -> None:
+        """Scrape every endpoint every ``interval_s`` until cancelled; failures never raise."""
+        async with asyncio.TaskGroup() as tasks:
+            for endpoint in self._endpoints:
+                tasks.create_task(self._loop(endpoint), name=f"scrape {endpoint}")
+
+    async def scrape_once(self) -> None:
+        """One round over all endpoints, concurrently; returns when every attempt ended."""
+        await asyncio.gather(*(self._scrape(endpoint) for endpoint in self._endpoints))
+
+    async def _loop(self, endpoint: str) -> None:
+        # The event loop's clock, not `self._clock`: it is the one asyncio.sleep obeys.
+        loop = asyncio.get_running_loop()
+        due = loop.time()
+        while True:
+            await self._scrape(endpoint)
+            due += self._interval_s
+            now = loop.time()
+            if due < now:
+                due += math.ceil((now - due) / self._interval_s) * self._interval_s
+            await asyncio.sleep(due - now)
+
+    async def _scrape(self, endpoint: str) -> None:
+        async with self._locks[endpoint]:
+            # Sent time, not received time: what fairq admitted while the request was
+            # in flight counts as not yet visible in the sample, the cautious side.
+            sent_at = self._clock()
+            try:
+                sample = await self._fetch(endpoint)
+            except _ScrapeFailed as exc:
+                self._record_failure(endpoint, str(exc))
+            else:
+                self._record_success(endpoint, sample, sent_at)
+        self._notify(endpoint)
+
+    async def _fetch(self, endpoint: str) -> EngineSample:
+        try:
+            # httpx's timeout bounds each phase; asyncio's bounds the whole exchange,
+            # so an engine trickling bytes cannot hold a scrape open for long.
+            async with asyncio.timeout(self._timeout_s):
+                response = await self._http.get(f"{endpoint}/metrics", timeout=self._timeout_s)
+        except TimeoutError:
+            raise _ScrapeFailed(f"no answer within {self._timeout_s:g} s") from None
+        except httpx.HTTPError as exc:
+            raise _ScrapeFailed(f"{type(exc).__name__}: {exc}") from exc
+        if response.status_code != httpx.codes.OK:
+            raise _ScrapeFailed(f"HTTP {response.status_code}")
+        try:
+            return parse_metrics(response.text, self._model_names.get(endpoint))
+        except MetricsError as exc:
+            raise _ScrapeFailed(str(exc)) from exc
+
+    def _record_success(self, endpoint: str, sample: EngineSample, sent_at: float) -> None:
+        old = self._views[endpoint]
+        if old.failures >= self._unhealthy_after:
+            log.info("metrics of %s are back after %d failed scrapes", endpoint, old.failures)
+        self._views[endpoint] = EndpointView(
+            sample=sample,
+            scraped_at=sent_at,
+            tpot_s=recent_tpot_s(old.sample, sample),
+            healthy=True,
+        )
+
+    def _record_failure(self, endpoint: str, reason: str) -> None:
+        old = self._views[endpoint]
+        failures = old.failures + 1
+        if failures == self._unhealthy_after:
+            log.warning(
+                "metrics of %s failed %d scrapes in a row (%s); endpoint unhealthy",
+                endpoint,
+                failures,
+                reason,
+            )
+        else:
+            log.debug("scrape of %s failed: %s", endpoint, reason)
+        healthy = old.healthy and failures < self._unhealthy_after
+        self._views[endpoint] = replace(old, failures=failures, healthy=healthy, error=reason)
+
+    def _notify(self, endpoint: str) -> None:
+        if self._on_update is None:
+            return
+        try:
+            self._on_update(endpoint)
+        except Exception:
+            # A bug in the consumer must not stop the measuring of every endpoint.
+            log.exception("on_update(%r) failed", endpoint)
