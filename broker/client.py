@@ -21,7 +21,7 @@ from broker.errors import JobFailed, UnknownModel
 from broker.jobs import JobRecord, JobState, RequestKind, new_job_id
 from broker.queue import JobQueue, Submission
 from broker.redis_conn import connect, connect_blocking
-from broker.requests import check_body, engine_payload, wants_usage
+from broker.requests import check_body, engine_payload, estimate_cost, wants_usage
 from broker.results import ResultEvent, ResultReader
 from broker.settings import Settings, load_settings
 
@@ -64,6 +64,7 @@ class AsyncClient:
                 user=self._principal.end_user(body.get("user")), tenant=self._principal.tenant,
                 band=self._principal.band_for(band), kind=kind, stream_flag=stream_flag,
                 payload=engine_payload(body, job_id, config), job_id=job_id,
+                cost=estimate_cost(body, config), weight=self._principal.weight,
             )
         )  # fmt: skip
 

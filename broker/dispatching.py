@@ -80,7 +80,7 @@ class Pick:
 
     band: str
     user: str
-    score_after: float
+    score_after: float | None  # None: charge the job's estimated cost (token-fair)
     join_after: float
 
 
@@ -125,7 +125,8 @@ class DispatchStore:
             cap, depth, len(bands), *(keys.join_field(band) for band in bands),
         ]  # fmt: skip
         for p in picks:
-            args += [band_number[p.band], p.user, p.score_after, p.join_after]
+            score = "cost" if p.score_after is None else p.score_after
+            args += [band_number[p.band], p.user, score, p.join_after]
         reply = await self._scripts.dispatch(keys=script_keys, args=args)
         ids, *ranges, joins, inflight, unstarted = reply
         dispatched = [job_id.decode() for job_id in ids if job_id]

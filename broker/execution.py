@@ -37,12 +37,15 @@ class Claimed:
     kind: RequestKind
     stream_flag: str  # "0", "1", or "2" (streamed and the client wants the usage chunk)
     endpoint: str
+    band: str
+    user: str
 
     @classmethod
     def from_entry(cls, model: str, entry_id: bytes, fields: dict[bytes, bytes]) -> Claimed:
         return cls(
             model, entry_id, fields[b"j"].decode(), fields[b"p"],
             RequestKind(fields[b"k"].decode()), fields[b"s"].decode(), fields[b"ep"].decode(),
+            fields[b"b"].decode(), fields[b"u"].decode(),
         )  # fmt: skip
 
     @property
@@ -120,15 +123,20 @@ class ExecutionStore:
         """True for the error of a result entry that is already there (or after the end)."""
         return isinstance(error, ResponseError) and "equal or smaller" in str(error)
 
-    def add_complete(self, pipe: Pipeline, model: str, job_id: str, outcome: Outcome) -> None:
+    def add_complete(self, pipe: Pipeline, job: Claimed, outcome: Outcome) -> None:
         """Queue ``complete.lua`` by SHA (``load_scripts``); its reply is 1 if it ended the job."""
+        model, config = job.model, self._settings.model(job.model)
+        prompt_cost = config.prompt_token_cost if config else 1.0
+        output_cost = config.output_token_cost if config else 1.0
         pipe.evalsha(
-            self._scripts.complete.sha, 5,
-            keys.job(model, job_id), keys.results(model, job_id),
+            self._scripts.complete.sha, 6,
+            keys.job(model, job.job_id), keys.results(model, job.job_id),
             keys.ready(model), keys.inflight(model), keys.unstarted(model),
+            keys.backlog(model, job.band),
             outcome.state.value, keys.READY_GROUP, self._settings.result_ttl_s,
             keys.wake_channel(model), _json(outcome.error), _json(outcome.usage),
             outcome.finish_reason or "", outcome.first_token_ms or "",
+            prompt_cost, output_cost, job.user,
         )  # fmt: skip
 
     def add_first(self, pipe: Pipeline, model: str, job_id: str) -> None:

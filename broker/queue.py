@@ -32,6 +32,8 @@ class Submission:
     stream_flag: str  # "0" not streamed, "1" streamed, "2" streamed with usage chunk
     payload: bytes
     job_id: str | None = None
+    cost: float = 0.0  # estimated service in weighted tokens (token-fair)
+    weight: float = 1.0  # the key's fairness weight
 
 
 class JobQueue:
@@ -64,6 +66,8 @@ class JobQueue:
                     keys.wake_channel(m),
                     keys.join_field(sub.band),
                     sub.owner,
+                    sub.cost,
+                    sub.weight,
                 ],
             )
         except RedisError as exc:

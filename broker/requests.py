@@ -91,6 +91,20 @@ def engine_payload(body: dict[str, Any], job_id: str, model: ModelConfig) -> byt
     return orjson.dumps(payload)
 
 
+def estimate_cost(body: dict[str, Any], model: ModelConfig) -> float:
+    """The job's service in weighted tokens, as far as it can be known before it runs.
+
+    Prompt tokens are estimated at ~4 characters each (no tokenizer here); output is
+    the requested maximum. The dispatcher corrects the charge to actual usage later.
+    """
+    output = body.get("max_completion_tokens") or body.get("max_tokens")
+    if not isinstance(output, int):
+        output = model.default_output_tokens
+    prompt_chars = len(orjson.dumps(body.get("messages") or body.get("prompt") or ""))
+    prompt_tokens = max(1, prompt_chars // 4)
+    return prompt_tokens * model.prompt_token_cost + output * model.output_token_cost
+
+
 def wants_usage(body: dict[str, Any]) -> bool:
     options = body.get("stream_options")
     return isinstance(options, dict) and bool(options.get("include_usage"))

@@ -48,7 +48,12 @@ class ModelConfig(_Frozen):
     queue_targets: dict[str, int] = Field(default_factory=dict)  # band -> engine queue target
     tpot_ceiling_ms: float = Field(default=150.0, gt=0)
     inflight_cap: int = Field(default=8, ge=1, description="static cap per endpoint")
-    policy: Literal["round_robin"] = "round_robin"
+    policy: Literal["round_robin", "token_fair"] = "round_robin"
+    # token_fair: a job's service = prompt tokens x prompt cost + output tokens x output cost,
+    # estimated at dispatch (output: max_tokens, else default_output_tokens), then corrected.
+    prompt_token_cost: float = Field(default=1.0, ge=0)
+    output_token_cost: float = Field(default=2.0, ge=0)
+    default_output_tokens: int = Field(default=256, ge=1)
     # The engine runs vLLM's --scheduling-policy priority: send each request a priority.
     engine_priority: bool = False
 

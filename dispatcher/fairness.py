@@ -2,7 +2,8 @@
 
 A policy turns a snapshot of a band's backlog -- the lowest-scored users with
 their scores, and the band's join score -- into a plan of ``n`` picks, each
-with the user's score after service and the band's new join score. Redis keeps
+with the user's score after service (or ``None``: charge the job's own cost,
+which only the dispatch script sees) and the band's new join score. Redis keeps
 users ordered by score; the dispatch script applies the plan atomically.
 
 Policies are registered by name; ``tests/test_fairness.py`` runs every
@@ -55,7 +56,33 @@ class RoundRobin:
         return picks
 
 
-POLICIES: dict[str, FairPolicy] = {p.name: p for p in (RoundRobin(),)}
+class TokenFair:
+    """Token-fair (a virtual token counter): serve the user with the least weighted service.
+
+    A user's score is the service they have received, in weighted tokens divided by
+    their key's weight. The job's size is known where the job is popped, so the
+    dispatch script charges each job's estimated cost as it dispatches it
+    (``score_after=None``), and the job's completion corrects the charge to the
+    engine's reported usage. A user who becomes backlogged joins at the score of the
+    user served last -- the current minimum -- so idle time is never banked as credit.
+    The plan's order assumes equal costs; the next round reads the real scores.
+    """
+
+    name = "token_fair"
+    _NOMINAL = 1.0
+
+    def plan(self, band: str, backlog: Backlog, join: float, n: int) -> list[Pick]:
+        heap = [(score, user) for user, score in backlog]
+        heapq.heapify(heap)
+        picks: list[Pick] = []
+        while heap and len(picks) < n:
+            score, user = heapq.heappop(heap)
+            picks.append(Pick(band, user, score_after=None, join_after=score))
+            heapq.heappush(heap, (score + self._NOMINAL, user))
+        return picks
+
+
+POLICIES: dict[str, FairPolicy] = {p.name: p for p in (RoundRobin(), TokenFair())}
 
 
 def policy(name: str) -> FairPolicy:

@@ -7,6 +7,7 @@ DispatchStore, ExecutionStore) and checks the state the contract promises.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import fakeredis
 import pytest
@@ -144,7 +145,7 @@ async def test_start_and_complete_end_the_job_once_and_release_capacity(r: Redis
     for _ in range(2):  # a retried write: the chunk is refused, the completion ignored
         pipe = x.pipeline()
         x.add_chunk(pipe, MODEL, job_id, 1, b"data: {}\n\n")
-        x.add_complete(pipe, MODEL, job_id, outcome)
+        x.add_complete(pipe, claimed, outcome)
         replies = await pipe.execute(raise_on_error=False)
     assert x.is_duplicate_write(replies[0]) and replies[1] == 0
     entries = await r.xrange(keys.results(MODEL, job_id))
@@ -223,3 +224,48 @@ async def test_wake_messages_name_newcomers_only(r: Redis) -> None:
             messages.append(parse_wake(message["data"]))
     await pubsub.aclose()
     assert messages == [Newcomer("default", "alice", 0.0), None]
+
+
+async def _dispatch_rounds(d: DispatchStore, rounds: int) -> list[str]:
+    """Dispatch one job per round with the token-fair policy, as the dispatcher would."""
+    from dispatcher.fairness import TokenFair
+
+    served = []
+    for _ in range(rounds):
+        snap = await d.snapshot(MODEL, 10)
+        top = snap.backlogs[0]
+        (pick,) = TokenFair().plan(top.band, top.users, top.join, 1)
+        ids, _ = await d.dispatch(MODEL, EP, 10**6, [pick], 10)
+        served += [pick.user] * len(ids)
+    return served
+
+
+async def test_token_fair_charges_each_jobs_cost_over_the_keys_weight(r: Redis) -> None:
+    s = settings()
+    q, d = JobQueue(r, s), DispatchStore(r, s)
+    for _ in range(20):
+        await q.submit(replace(submission("big"), cost=300.0))
+        await q.submit(replace(submission("small"), cost=100.0))
+        await q.submit(replace(submission("vip"), cost=300.0, weight=3.0))
+    served = await _dispatch_rounds(d, 15)
+    # Per job the score grows by: small 100, vip 300/3 = 100, big 300 -> served 3:3:1,
+    # ties going to the name first in order (as in the Redis sorted set).
+    assert served[:8] == ["big", "small", "vip", "small", "vip", "small", "vip", "big"]
+    assert (served.count("small"), served.count("vip"), served.count("big")) == (6, 6, 3)
+
+
+async def test_token_fair_corrects_the_charge_to_reported_usage(r: Redis) -> None:
+    s = settings()
+    q, d, x = JobQueue(r, s), DispatchStore(r, s), ExecutionStore(r, s)
+    await x.ensure_groups([MODEL])
+    await x.load_scripts()
+    for _ in range(2):
+        await q.submit(replace(submission("alice"), cost=1000.0, weight=2.0))
+    await _dispatch_rounds(d, 1)
+    assert await r.zscore(keys.backlog(MODEL, "default"), "alice") == 500.0
+    (claimed,) = await x.claim(r, [MODEL], "w1", count=1, block_ms=100)
+    usage = {"prompt_tokens": 100, "completion_tokens": 50}  # 100 x 1 + 50 x 2 = 200
+    pipe = x.pipeline()
+    x.add_complete(pipe, claimed, Outcome(JobState.COMPLETED, usage=usage))
+    await pipe.execute()
+    assert await r.zscore(keys.backlog(MODEL, "default"), "alice") == 100.0  # 200 / 2

@@ -9,15 +9,20 @@ from __future__ import annotations
 import pytest
 
 from broker import BandBacklog, ModelSnapshot, Newcomer
-from dispatcher.fairness import POLICIES, FairPolicy, RoundRobin, policy
+from dispatcher.fairness import POLICIES, FairPolicy, RoundRobin, TokenFair, policy
 
 
 def simulate(
-    p: FairPolicy, queued: dict[str, int], arrivals: dict[int, str], steps: int
+    p: FairPolicy,
+    queued: dict[str, int],
+    arrivals: dict[int, str],
+    steps: int,
+    cost: dict[str, float] | None = None,
 ) -> list[str]:
-    """Serve one job per step like the dispatcher and Redis would; return who was served.
+    """Serve one job per step as the dispatcher and dispatch.lua would; return who was served.
 
-    ``arrivals`` maps a step number to a user who arrives (with one job) before it.
+    ``arrivals`` maps a step number to a user who arrives (with one job) before it;
+    ``cost`` is each user's job cost over weight, charged where a pick asks for it.
     """
     scores: dict[str, float] = {}
     join = 0.0
@@ -34,12 +39,17 @@ def simulate(
             break
         (pick,) = p.plan("default", backlog, join, 1)
         served.append(pick.user)
-        join = pick.join_after
+        after = pick.score_after
+        if after is None:  # a cost charge, applied as dispatch.lua does
+            join = scores[pick.user]
+            after = join + (cost or {}).get(pick.user, 1.0)
+        else:
+            join = pick.join_after
         queued[pick.user] -= 1
         if queued[pick.user] == 0:
             del scores[pick.user]
         else:
-            scores[pick.user] = pick.score_after
+            scores[pick.user] = after
     return served
 
 
@@ -92,3 +102,25 @@ def test_a_cached_view_with_newcomers_orders_them_like_redis_would() -> None:
     assert merged.backlogs[1].users == [("a", 1.0), ("c", 2.5), ("b", 3.0)]
     assert merged.backlogs[0] == BandBacklog("interactive", [("d", 0.0)], 0.0)
     assert merged.inflight == {"http://e": 1} and view.backlogs[0].users[1] == ("b", 3.0)
+
+
+def test_token_fair_serves_cheap_jobs_more_often_than_expensive_ones() -> None:
+    served = simulate(
+        TokenFair(), {"big": 100, "small": 100}, {}, steps=44, cost={"big": 10.0, "small": 1.0}
+    )
+    assert served.count("small") == 40 and served.count("big") == 4
+
+
+def test_token_fair_honours_weights_as_cost_over_weight() -> None:
+    # Equal jobs; a key of weight 2 pays half per job, so it is served twice as often.
+    served = simulate(
+        TokenFair(), {"heavy": 100, "light": 100}, {}, steps=30, cost={"heavy": 0.5, "light": 1.0}
+    )
+    assert served.count("heavy") == 20 and served.count("light") == 10
+
+
+def test_token_fair_returning_user_cannot_bank_idle_time() -> None:
+    # "late" arrives after "busy" received 50 units: it joins at the current minimum,
+    # so it alternates with "busy" instead of being served 50 times in a row.
+    served = simulate(TokenFair(), {"busy": 200}, {50: "late", 51: "late", 52: "late"}, steps=60)
+    assert served[50:56].count("busy") >= 2

@@ -174,7 +174,7 @@ class StandIn:
         if body is not None:
             ExecutionStore.add_body(pipe, job.model, job.job_id, len(chunks) + 1, body)
         outcome = outcome or Outcome(JobState.COMPLETED, finish_reason="stop")
-        self.execution.add_complete(pipe, job.model, job.job_id, outcome)
+        self.execution.add_complete(pipe, job, outcome)
         await pipe.execute()
 
     async def backlogged_users(self, model: str = MODEL) -> list[str]:

@@ -48,12 +48,12 @@ class JobRunner:
         async for events in stream_events(self._http, url, job.payload, accounting, keep_usage):
             if first_ms is None:
                 first_ms = int(time.time() * 1000)
-                self._writer.chunk(job.model, job.job_id, events, first=True)
+                self._writer.chunk(job, events, first=True)
             else:
-                self._writer.chunk(job.model, job.job_id, events)
+                self._writer.chunk(job, events)
         return first_ms
 
     async def _plain(self, job: Claimed, url: str, accounting: Accounting) -> int:
         body = await complete(self._http, url, job.payload, accounting)
-        self._writer.body(job.model, job.job_id, body)
+        self._writer.body(job, body)
         return int(time.time() * 1000)

@@ -131,7 +131,7 @@ class Worker:
         except Exception as exc:  # a bug must not leave the job running forever
             log.exception("job %s crashed the runner", job.job_id)
             outcome = Outcome(JobState.FAILED, error=_internal_error(exc))
-        await self._writer.finish(job.model, job.job_id, outcome)
+        await self._writer.finish(job, outcome)
 
     async def _cancel_job(self, job_id: str) -> None:
         task = self._running.get(job_id)

@@ -23,15 +23,14 @@ from dataclasses import dataclass, field
 
 from redis.exceptions import NoScriptError, RedisError
 
-from broker import ExecutionStore, Outcome
+from broker import Claimed, ExecutionStore, Outcome
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class _JobBuffer:
-    model: str
-    job_id: str
+    job: Claimed
     chunks: list[bytes] = field(default_factory=list)
     body: bytes | None = None
     outcome: Outcome | None = None
@@ -49,27 +48,27 @@ class ResultWriter:
         self._urgent = asyncio.Event()
         self.flushes = 0
 
-    def _buffer(self, model: str, job_id: str) -> _JobBuffer:
-        buf = self._pending.get(job_id)
+    def _buffer(self, job: Claimed) -> _JobBuffer:
+        buf = self._pending.get(job.job_id)
         if buf is None:
-            buf = self._pending[job_id] = _JobBuffer(model, job_id)
+            buf = self._pending[job.job_id] = _JobBuffer(job)
         return buf
 
-    def chunk(self, model: str, job_id: str, data: bytes, *, first: bool = False) -> None:
+    def chunk(self, job: Claimed, data: bytes, *, first: bool = False) -> None:
         """Buffer SSE events of a job; ``first`` flushes without lingering."""
-        self._buffer(model, job_id).chunks.append(data)
+        self._buffer(job).chunks.append(data)
         self._has_data.set()
         if first:
             self._urgent.set()
 
-    def body(self, model: str, job_id: str, body: bytes) -> None:
+    def body(self, job: Claimed, body: bytes) -> None:
         """Buffer the whole response of a non-streamed job."""
-        self._buffer(model, job_id).body = body
+        self._buffer(job).body = body
         self._has_data.set()
 
-    async def finish(self, model: str, job_id: str, outcome: Outcome) -> bool:
+    async def finish(self, job: Claimed, outcome: Outcome) -> bool:
         """End the job after its buffered chunks; True if this call ended it (not cancelled)."""
-        buf = self._buffer(model, job_id)
+        buf = self._buffer(job)
         buf.outcome = outcome
         buf.done = asyncio.get_running_loop().create_future()
         self._has_data.set()
@@ -102,11 +101,12 @@ class ResultWriter:
         self._urgent.clear()
         batch, self._pending = list(self._pending.values()), {}
         for buf in batch:
+            job_id = buf.job.job_id
             if buf.chunks or buf.body is not None:
-                buf.seq = self._seq.get(buf.job_id, 0) + 1
-                self._seq[buf.job_id] = buf.seq
+                buf.seq = self._seq.get(job_id, 0) + 1
+                self._seq[job_id] = buf.seq
             if buf.outcome is not None:
-                self._seq.pop(buf.job_id, None)
+                self._seq.pop(job_id, None)
         return batch
 
     async def _flush(self) -> None:
@@ -131,14 +131,15 @@ class ResultWriter:
         pipe = self._store.pipeline()
         finishing: list[tuple[_JobBuffer, int]] = []
         for buf in batch:
+            model, job_id = buf.job.model, buf.job.job_id
             if buf.chunks:
-                self._store.add_chunk(pipe, buf.model, buf.job_id, buf.seq, b"".join(buf.chunks))
+                self._store.add_chunk(pipe, model, job_id, buf.seq, b"".join(buf.chunks))
             elif buf.body is not None:
-                self._store.add_body(pipe, buf.model, buf.job_id, buf.seq, buf.body)
+                self._store.add_body(pipe, model, job_id, buf.seq, buf.body)
             if buf.seq == 1:  # the job's first output: it no longer counts as unstarted
-                self._store.add_first(pipe, buf.model, buf.job_id)
+                self._store.add_first(pipe, model, job_id)
             if buf.outcome is not None:
-                self._store.add_complete(pipe, buf.model, buf.job_id, buf.outcome)
+                self._store.add_complete(pipe, buf.job, buf.outcome)
                 finishing.append((buf, len(pipe.command_stack) - 1))
         replies = await pipe.execute(raise_on_error=False)
         for reply in replies:

@@ -30,7 +30,7 @@ from broker.gateway.sse import JobStreamResponse
 from broker.gateway.state import Gateway, gateway_of
 from broker.jobs import RequestKind, new_job_id
 from broker.queue import Submission
-from broker.requests import engine_payload, parse_body, wants_usage
+from broker.requests import engine_payload, estimate_cost, parse_body, wants_usage
 from broker.settings import ModelConfig
 
 BAND_HEADER = "X-Fairq-Band"
@@ -90,6 +90,8 @@ def _submission(
         stream_flag=_stream_flag(body),
         payload=engine_payload(body, job_id, model),
         job_id=job_id,
+        cost=estimate_cost(body, model),
+        weight=caller.weight,
     )
 
 

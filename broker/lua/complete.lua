@@ -4,10 +4,14 @@
 -- KEYS[3] ready stream   fq:{m}:ready
 -- KEYS[4] inflight hash  fq:{m}:inflight
 -- KEYS[5] unstarted hash fq:{m}:unstarted
+-- KEYS[6] band backlog   fq:{m}:bk:{band} of the job's band
 -- ARGV[1] terminal state (completed|failed)   ARGV[2] ready consumer group
 -- ARGV[3] ttl seconds of the job and its results   ARGV[4] wake channel
 -- ARGV[5] error JSON or ''   ARGV[6] usage JSON or ''   ARGV[7] finish reason or ''
 -- ARGV[8] first-token time in ms or ''
+-- ARGV[9] cost of a prompt token   ARGV[10] cost of an output token   ARGV[11] the job's user
+-- A job charged by its estimated cost at dispatch (token-fair) has the charge corrected to
+-- its reported usage, if its user is still backlogged (an idle user's score is gone).
 -- Returns 1 when this call ended the job, 0 when it had already ended (e.g. cancelled);
 -- the ready entry is acknowledged and deleted either way (it holds the payload).
 local f = redis.call('HMGET', KEYS[1], 'st', 're', 'ep')
@@ -23,7 +27,17 @@ local t = redis.call('TIME')
 local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
 redis.call('HSET', KEYS[1], 'st', ARGV[1], 'te', now_ms)
 if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'err', ARGV[5]) end
-if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'usage', ARGV[6]) end
+if ARGV[6] ~= '' then
+  redis.call('HSET', KEYS[1], 'usage', ARGV[6])
+  local c = redis.call('HMGET', KEYS[1], 'cm', 'ce', 'w')
+  if c[1] then
+    local usage = cjson.decode(ARGV[6])
+    local actual = (tonumber(usage['prompt_tokens']) or 0) * tonumber(ARGV[9])
+      + (tonumber(usage['completion_tokens']) or 0) * tonumber(ARGV[10])
+    local delta = (actual - tonumber(c[2] or '0')) / tonumber(c[3] or '1')
+    redis.call('ZADD', KEYS[6], 'XX', 'INCR', delta, ARGV[11])
+  end
+end
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'fin', ARGV[7]) end
 if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'tf', ARGV[8]) end
 redis.call('XADD', KEYS[2], '*', 'end', ARGV[1], 'e', ARGV[5])

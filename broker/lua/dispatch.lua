@@ -13,7 +13,10 @@
 -- ARGV[4] endpoint's in-flight cap   ARGV[5] depth of the reported backlogs   ARGV[6] B
 -- ARGV[7 .. 6+B]   meta join field of each band ("join:{band}")
 -- then per pick i, from a = 7+B+4(i-1): ARGV[a] band number (1..B), ARGV[a+1] user,
---   ARGV[a+2] user's score after service, ARGV[a+3] the band's join score after service
+--   ARGV[a+2] user's score after service, ARGV[a+3] the band's join score after service;
+--   a score after service of 'cost' means: charge the job's own estimated cost
+--   (fields ce / w of the job: cost over the key's weight) on top of the user's score,
+--   and let newcomers join at the user's score before the charge (token-fair).
 -- The ready entry carries the payload (moved out of the job hash), so a worker can call
 -- the engine as soon as it reads the entry; the entry is deleted when the job ends.
 -- Returns {job ids (one per pick, '' where the queue was empty or the cap reached),
@@ -40,9 +43,9 @@ local function to_ready(job_id)
   if redis.call('HGET', job, 'st') ~= 'queued' then
     return ''
   end
-  local f = redis.call('HMGET', job, 'p', 'k', 's')
+  local f = redis.call('HMGET', job, 'p', 'k', 's', 'b', 'u')
   local entry = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*',
-    'j', job_id, 'ep', ARGV[1], 'p', f[1], 'k', f[2], 's', f[3])
+    'j', job_id, 'ep', ARGV[1], 'p', f[1], 'k', f[2], 's', f[3], 'b', f[4], 'u', f[5])
   redis.call('HSET', job, 'st', 'dispatched', 'td', now_ms, 'ep', ARGV[1], 're', entry)
   redis.call('HDEL', job, 'p')
   redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
@@ -56,16 +59,24 @@ for i = 1, picks do
   local backlog, queue, user = KEYS[4 + band], KEYS[4 + bands + i], ARGV[a + 1]
   ids[i] = ''
   if tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') < cap then
+    local score, join = ARGV[a + 2], ARGV[a + 3]
     local job_id = pop_head(queue)
     if job_id then
       ids[i] = to_ready(job_id)
-      redis.call('HSET', KEYS[3], ARGV[6 + band], ARGV[a + 3])
+      if score == 'cost' then
+        local job = ARGV[2] .. job_id
+        local f = redis.call('HMGET', job, 'ce', 'w')
+        join = redis.call('ZSCORE', backlog, user) or '0'
+        score = tonumber(join) + tonumber(f[1] or '0') / tonumber(f[2] or '1')
+        redis.call('HSET', job, 'cm', 1)  -- complete.lua corrects the charge to actual usage
+      end
+      redis.call('HSET', KEYS[3], ARGV[6 + band], join)
     end
     if redis.call('XLEN', queue) == 0 then
       redis.call('DEL', queue)
       redis.call('ZREM', backlog, user)
-    else
-      redis.call('ZADD', backlog, 'XX', ARGV[a + 2], user)
+    elseif score ~= 'cost' then
+      redis.call('ZADD', backlog, 'XX', score, user)
     end
   end
 end
