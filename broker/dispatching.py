@@ -108,7 +108,14 @@ class DispatchStore:
         return _state(bands, flat, joins, _flat(inflight), _flat(unstarted))
 
     async def dispatch(
-        self, model: str, endpoint: str, cap: int, picks: Sequence[Pick], depth: int
+        self,
+        model: str,
+        endpoint: str,
+        cap: int,
+        picks: Sequence[Pick],
+        depth: int,
+        *,
+        engine_priority: bool = False,
     ) -> tuple[list[str], ModelSnapshot]:
         """Apply the picks atomically, never taking ``endpoint`` past ``cap`` jobs in flight.
 
@@ -118,11 +125,13 @@ class DispatchStore:
         bands = self._settings.bands
         band_number = {band: i for i, band in enumerate(bands, start=1)}
         script_keys = [keys.ready(model), keys.inflight(model), keys.meta(model)]
-        script_keys += [keys.unstarted(model), *(keys.backlog(model, band) for band in bands)]
+        script_keys += [keys.unstarted(model), keys.user_counts(model)]
+        script_keys += [keys.backlog(model, band) for band in bands]
         script_keys += [keys.queue(model, p.band, p.user) for p in picks]
         args: list[str | float | int] = [
             endpoint, keys.job_prefix(model), self._settings.ready_stream_maxlen,
-            cap, depth, len(bands), *(keys.join_field(band) for band in bands),
+            cap, depth, len(bands), int(engine_priority),
+            *(keys.join_field(band) for band in bands),
         ]  # fmt: skip
         for p in picks:
             score = "cost" if p.score_after is None else p.score_after

@@ -39,6 +39,7 @@ class Claimed:
     endpoint: str
     band: str
     user: str
+    engine_priority: int | None = None  # for engines scheduling by priority (vLLM)
 
     @classmethod
     def from_entry(cls, model: str, entry_id: bytes, fields: dict[bytes, bytes]) -> Claimed:
@@ -46,6 +47,7 @@ class Claimed:
             model, entry_id, fields[b"j"].decode(), fields[b"p"],
             RequestKind(fields[b"k"].decode()), fields[b"s"].decode(), fields[b"ep"].decode(),
             fields[b"b"].decode(), fields[b"u"].decode(),
+            int(fields[b"pr"]) if fields.get(b"pr") else None,
         )  # fmt: skip
 
     @property
@@ -129,10 +131,10 @@ class ExecutionStore:
         prompt_cost = config.prompt_token_cost if config else 1.0
         output_cost = config.output_token_cost if config else 1.0
         pipe.evalsha(
-            self._scripts.complete.sha, 6,
+            self._scripts.complete.sha, 7,
             keys.job(model, job.job_id), keys.results(model, job.job_id),
             keys.ready(model), keys.inflight(model), keys.unstarted(model),
-            keys.backlog(model, job.band),
+            keys.backlog(model, job.band), keys.user_counts(model),
             outcome.state.value, keys.READY_GROUP, self._settings.result_ttl_s,
             keys.wake_channel(model), _json(outcome.error), _json(outcome.usage),
             outcome.finish_reason or "", outcome.first_token_ms or "",

@@ -13,6 +13,7 @@ data they read (a job id popped from a queue).
     fq:{m}:ready             stream   dispatched jobs, read by workers (consumer group)
     fq:{m}:inflight          hash     endpoint -> jobs dispatched and not yet terminal
     fq:{m}:unstarted         hash     endpoint -> jobs dispatched without a first token yet
+    fq:{m}:users             hash     user -> jobs dispatched and not yet terminal
     fq:{m}:out:{id}          stream   the job's result chunks, then an end entry
     fq:{m}:wake              channel  "something changed": new job, freed capacity
     fq:{m}:cancel            channel  job ids cancelled while at a worker
@@ -62,6 +63,10 @@ def inflight(model: str) -> str:
 
 def unstarted(model: str) -> str:
     return f"{_tag(model)}:unstarted"
+
+
+def user_counts(model: str) -> str:
+    return f"{_tag(model)}:users"
 
 
 def results(model: str, job_id: str) -> str:

@@ -119,6 +119,7 @@ class JobQueue:
                     keys.queue(m, job.band, job.user),
                     keys.backlog(m, job.band),
                     keys.unstarted(m),
+                    keys.user_counts(m),
                 ],
                 args=[
                     job.id,

@@ -82,6 +82,7 @@ def engine_payload(body: dict[str, Any], job_id: str, model: ModelConfig) -> byt
     """
     payload = dict(body)
     payload.pop("user", None)  # the fairness identity stays inside fairq
+    payload.pop("priority", None)  # a key never sets its own engine priority: fairq does
     if model.engine == "vllm":
         payload["request_id"] = job_id
     if payload.get("stream"):

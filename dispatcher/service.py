@@ -137,8 +137,9 @@ class Dispatcher:
             # stale view can never send more than the decision allowed.
             bound = snap.inflight.get(decision.endpoint, 0) + decision.room
             dispatched, snap = await self._store.dispatch(
-                model.name, decision.endpoint, bound, picks, depth
-            )
+                model.name, decision.endpoint, bound, picks, depth,
+                engine_priority=model.engine_priority,
+            )  # fmt: skip
             self._sent.record(decision.endpoint, len(dispatched), time.monotonic())
             total += len(dispatched)
             empty_rounds = 0 if dispatched else empty_rounds + 1

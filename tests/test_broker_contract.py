@@ -269,3 +269,37 @@ async def test_token_fair_corrects_the_charge_to_reported_usage(r: Redis) -> Non
     x.add_complete(pipe, claimed, Outcome(JobState.COMPLETED, usage=usage))
     await pipe.execute()
     assert await r.zscore(keys.backlog(MODEL, "default"), "alice") == 100.0  # 200 / 2
+
+
+async def test_engine_priority_is_band_first_then_the_users_jobs_in_the_engine(r: Redis) -> None:
+    s = settings()
+    q, d, x = JobQueue(r, s), DispatchStore(r, s), ExecutionStore(r, s)
+    await x.ensure_groups([MODEL])
+    await x.load_scripts()
+    for _ in range(3):
+        await q.submit(submission("alice"))
+    await q.submit(submission("bob", band="interactive"))
+    picks = [Pick("default", "alice", i + 1, i + 0.5) for i in range(3)]
+    picks.append(Pick("interactive", "bob", 1, 0.5))
+    await d.dispatch(MODEL, EP, 100, picks, 10, engine_priority=True)
+    claimed = await x.claim(r, [MODEL], "w1", count=10, block_ms=100)
+    assert [(c.user, c.engine_priority) for c in claimed] == [
+        ("alice", 1_000_000),
+        ("alice", 1_000_001),
+        ("alice", 1_000_002),
+        ("bob", 0),
+    ]
+    pipe = x.pipeline()
+    x.add_complete(pipe, claimed[0], Outcome(JobState.COMPLETED))
+    await pipe.execute()
+    assert await r.hget(keys.user_counts(MODEL), "alice") == b"2"
+
+
+async def test_without_engine_priority_no_priority_is_sent(r: Redis) -> None:
+    s = settings()
+    q, d, x = JobQueue(r, s), DispatchStore(r, s), ExecutionStore(r, s)
+    await x.ensure_groups([MODEL])
+    await q.submit(submission("alice"))
+    await d.dispatch(MODEL, EP, 100, [Pick("default", "alice", 1, 0.5)], 10)
+    (claimed,) = await x.claim(r, [MODEL], "w1", count=10, block_ms=100)
+    assert claimed.engine_priority is None

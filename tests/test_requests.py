@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from broker import InvalidRequest, ModelConfig, RequestKind
-from broker.requests import engine_payload, parse_body, wants_usage
+from broker.requests import engine_payload, estimate_cost, parse_body, wants_usage
 
 VLLM = ModelConfig(name="m", endpoints=("http://engine:8000",))
 OPENAI = ModelConfig(name="m", engine="openai", endpoints=("http://engine:8000",))
@@ -76,3 +76,16 @@ def test_wants_usage_only_when_the_client_asked() -> None:
     assert wants_usage(chat(stream=True, stream_options={"include_usage": True}))
     assert not wants_usage(chat(stream=True, stream_options=None))
     assert not wants_usage(chat(stream=True))
+
+
+def test_a_client_cannot_set_its_own_engine_priority() -> None:
+    body = {"model": "m", "prompt": "x", "priority": -100}
+    assert "priority" not in orjson.loads(engine_payload(body, "job-1", VLLM))
+
+
+def test_cost_estimate_weighs_prompt_and_requested_output() -> None:
+    model = ModelConfig(name="m", endpoints=("http://e",), prompt_token_cost=1, output_token_cost=2)
+    body = {"model": "m", "prompt": "x" * 398, "max_tokens": 50}  # 400 JSON bytes ~ 100 tokens
+    assert estimate_cost(body, model) == 100 * 1 + 50 * 2
+    no_max = {"model": "m", "prompt": "x" * 398}
+    assert estimate_cost(no_max, model) == 100 + model.default_output_tokens * 2

@@ -6,6 +6,7 @@
 -- KEYS[5] user queue stream   fq:{m}:q:{band}:{user}  (the job's own band and user)
 -- KEYS[6] band backlog zset   fq:{m}:bk:{band}
 -- KEYS[7] unstarted hash      fq:{m}:unstarted
+-- KEYS[8] user counts         fq:{m}:users
 -- ARGV[1] job id   ARGV[2] ready consumer group   ARGV[3] ttl seconds
 -- ARGV[4] wake channel   ARGV[5] cancel channel (workers abort the engine request)
 -- ARGV[6] user   ARGV[7] terminal state to record (cancelled, or expired for deadlines)
@@ -26,6 +27,9 @@ if st == 'queued' then
   end
 else
   redis.call('HINCRBY', KEYS[4], endpoint, -1)
+  if redis.call('HINCRBY', KEYS[8], ARGV[6], -1) <= 0 then
+    redis.call('HDEL', KEYS[8], ARGV[6])
+  end
   if redis.call('HSETNX', KEYS[1], 'ft', 1) == 1 then  -- ended before its first token
     redis.call('HINCRBY', KEYS[7], endpoint, -1)
   end

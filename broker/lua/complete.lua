@@ -5,6 +5,7 @@
 -- KEYS[4] inflight hash  fq:{m}:inflight
 -- KEYS[5] unstarted hash fq:{m}:unstarted
 -- KEYS[6] band backlog   fq:{m}:bk:{band} of the job's band
+-- KEYS[7] user counts    fq:{m}:users
 -- ARGV[1] terminal state (completed|failed)   ARGV[2] ready consumer group
 -- ARGV[3] ttl seconds of the job and its results   ARGV[4] wake channel
 -- ARGV[5] error JSON or ''   ARGV[6] usage JSON or ''   ARGV[7] finish reason or ''
@@ -45,6 +46,9 @@ redis.call('EXPIRE', KEYS[2], ARGV[3])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 if endpoint then
   redis.call('HINCRBY', KEYS[4], endpoint, -1)
+  if redis.call('HINCRBY', KEYS[7], ARGV[11], -1) <= 0 then
+    redis.call('HDEL', KEYS[7], ARGV[11])
+  end
   if redis.call('HSETNX', KEYS[1], 'ft', 1) == 1 then  -- ended before its first token
     redis.call('HINCRBY', KEYS[5], endpoint, -1)
   end

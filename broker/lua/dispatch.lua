@@ -7,18 +7,22 @@
 -- KEYS[2] inflight hash  fq:{m}:inflight
 -- KEYS[3] meta hash      fq:{m}:meta
 -- KEYS[4] unstarted hash fq:{m}:unstarted
--- KEYS[5 .. 4+B]         band backlog zsets fq:{m}:bk:{band}, one per band, in priority order
--- KEYS[5+B .. 4+B+n]     user queue streams fq:{m}:q:{band}:{user}, one per pick
+-- KEYS[5] user counts    fq:{m}:users  (user -> jobs dispatched and not yet ended)
+-- KEYS[6 .. 5+B]         band backlog zsets fq:{m}:bk:{band}, one per band, in priority order
+-- KEYS[6+B .. 5+B+n]     user queue streams fq:{m}:q:{band}:{user}, one per pick
 -- ARGV[1] endpoint   ARGV[2] job key prefix (fq:{m}:job:)   ARGV[3] ready stream max length
 -- ARGV[4] endpoint's in-flight cap   ARGV[5] depth of the reported backlogs   ARGV[6] B
--- ARGV[7 .. 6+B]   meta join field of each band ("join:{band}")
--- then per pick i, from a = 7+B+4(i-1): ARGV[a] band number (1..B), ARGV[a+1] user,
+-- ARGV[7] 1: give each job an engine priority (vLLM --scheduling-policy priority), else 0
+-- ARGV[8 .. 7+B]   meta join field of each band ("join:{band}")
+-- then per pick i, from a = 8+B+4(i-1): ARGV[a] band number (1..B), ARGV[a+1] user,
 --   ARGV[a+2] user's score after service, ARGV[a+3] the band's join score after service;
 --   a score after service of 'cost' means: charge the job's own estimated cost
 --   (fields ce / w of the job: cost over the key's weight) on top of the user's score,
 --   and let newcomers join at the user's score before the charge (token-fair).
 -- The ready entry carries the payload (moved out of the job hash), so a worker can call
 -- the engine as soon as it reads the entry; the entry is deleted when the job ends.
+-- An engine priority orders by band first, then by how many jobs the user already has in
+-- the engine (lower is sooner), so a light user's request passes a flood in the engine.
 -- Returns {job ids (one per pick, '' where the queue was empty or the cap reached),
 --          backlog of band 1 (user, score, ...), ..., backlog of band B,
 --          join scores of the bands, in-flight hash (endpoint, count, ...), unstarted hash}.
@@ -27,7 +31,8 @@ local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
 local bands = tonumber(ARGV[6])
 local cap = tonumber(ARGV[4])
 local ids = {}
-local picks = #KEYS - 4 - bands
+local picks = #KEYS - 5 - bands
+local BAND_STEP = 1000000
 
 local function pop_head(queue)
   local head = redis.call('XRANGE', queue, '-', '+', 'COUNT', 1)
@@ -38,14 +43,20 @@ local function pop_head(queue)
   return head[1][2][2]
 end
 
-local function to_ready(job_id)
+local function to_ready(job_id, band)
   local job = ARGV[2] .. job_id
   if redis.call('HGET', job, 'st') ~= 'queued' then
     return ''
   end
   local f = redis.call('HMGET', job, 'p', 'k', 's', 'b', 'u')
+  local in_engine = redis.call('HINCRBY', KEYS[5], f[5], 1) - 1
+  local priority = ''
+  if ARGV[7] == '1' then
+    priority = (band - 1) * BAND_STEP + in_engine
+  end
   local entry = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*',
-    'j', job_id, 'ep', ARGV[1], 'p', f[1], 'k', f[2], 's', f[3], 'b', f[4], 'u', f[5])
+    'j', job_id, 'ep', ARGV[1], 'p', f[1], 'k', f[2], 's', f[3], 'b', f[4], 'u', f[5],
+    'pr', priority)
   redis.call('HSET', job, 'st', 'dispatched', 'td', now_ms, 'ep', ARGV[1], 're', entry)
   redis.call('HDEL', job, 'p')
   redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
@@ -54,15 +65,15 @@ local function to_ready(job_id)
 end
 
 for i = 1, picks do
-  local a = 7 + bands + 4 * (i - 1)
+  local a = 8 + bands + 4 * (i - 1)
   local band = tonumber(ARGV[a])
-  local backlog, queue, user = KEYS[4 + band], KEYS[4 + bands + i], ARGV[a + 1]
+  local backlog, queue, user = KEYS[5 + band], KEYS[5 + bands + i], ARGV[a + 1]
   ids[i] = ''
   if tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') < cap then
     local score, join = ARGV[a + 2], ARGV[a + 3]
     local job_id = pop_head(queue)
     if job_id then
-      ids[i] = to_ready(job_id)
+      ids[i] = to_ready(job_id, band)
       if score == 'cost' then
         local job = ARGV[2] .. job_id
         local f = redis.call('HMGET', job, 'ce', 'w')
@@ -70,7 +81,7 @@ for i = 1, picks do
         score = tonumber(join) + tonumber(f[1] or '0') / tonumber(f[2] or '1')
         redis.call('HSET', job, 'cm', 1)  -- complete.lua corrects the charge to actual usage
       end
-      redis.call('HSET', KEYS[3], ARGV[6 + band], join)
+      redis.call('HSET', KEYS[3], ARGV[7 + band], join)
     end
     if redis.call('XLEN', queue) == 0 then
       redis.call('DEL', queue)
@@ -85,8 +96,8 @@ local out = {ids}
 local depth = tonumber(ARGV[5])
 local join_fields = {}
 for b = 1, bands do
-  out[#out + 1] = redis.call('ZRANGE', KEYS[4 + b], 0, depth - 1, 'WITHSCORES')
-  join_fields[b] = ARGV[6 + b]
+  out[#out + 1] = redis.call('ZRANGE', KEYS[5 + b], 0, depth - 1, 'WITHSCORES')
+  join_fields[b] = ARGV[7 + b]
 end
 out[#out + 1] = redis.call('HMGET', KEYS[3], unpack(join_fields))
 out[#out + 1] = redis.call('HGETALL', KEYS[2])
