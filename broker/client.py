@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from broker.auth import KeyRing, Principal
 from broker.errors import JobFailed, UnknownModel
 from broker.jobs import JobRecord, JobState, RequestKind, new_job_id
+from broker.position import QueuePosition
 from broker.queue import JobQueue, Submission
 from broker.redis_conn import connect, connect_blocking
 from broker.requests import check_body, engine_payload, estimate_cost, wants_usage
@@ -70,6 +71,10 @@ class AsyncClient:
 
     async def status(self, job_id: str) -> JobRecord:
         return await self._queue.get(job_id, self._principal.user)
+
+    async def position(self, job_id: str) -> QueuePosition | None:
+        """Jobs ahead of a queued job and its estimated wait; None once it left the queue."""
+        return await self._queue.position(await self.status(job_id))
 
     async def cancel(self, job_id: str) -> JobRecord:
         return await self._queue.cancel(job_id, self._principal.user)
@@ -149,6 +154,9 @@ class Client:
 
     def cancel(self, job_id: str) -> JobRecord:
         return self._call(self._async.cancel(job_id))
+
+    def position(self, job_id: str) -> QueuePosition | None:
+        return self._call(self._async.position(job_id))
 
     def result(self, job_id: str) -> dict[str, Any]:
         return self._call(self._async.result(job_id))

@@ -116,6 +116,7 @@ class DispatchStore:
         depth: int,
         *,
         engine_priority: bool = False,
+        rate: float | None = None,
     ) -> tuple[list[str], ModelSnapshot]:
         """Apply the picks atomically, never taking ``endpoint`` past ``cap`` jobs in flight.
 
@@ -125,13 +126,13 @@ class DispatchStore:
         bands = self._settings.bands
         band_number = {band: i for i, band in enumerate(bands, start=1)}
         script_keys = [keys.ready(model), keys.inflight(model), keys.meta(model)]
-        script_keys += [keys.unstarted(model), keys.user_counts(model)]
+        script_keys += [keys.unstarted(model), keys.user_counts(model), keys.queued_counts(model)]
         script_keys += [keys.backlog(model, band) for band in bands]
         script_keys += [keys.queue(model, p.band, p.user) for p in picks]
         args: list[str | float | int] = [
             endpoint, keys.job_prefix(model), self._settings.ready_stream_maxlen,
-            cap, depth, len(bands), int(engine_priority),
-            *(keys.join_field(band) for band in bands),
+            cap, depth, len(bands), int(engine_priority), "" if rate is None else rate,
+            *(keys.join_field(band) for band in bands), *bands,
         ]  # fmt: skip
         for p in picks:
             score = "cost" if p.score_after is None else p.score_after

@@ -14,6 +14,7 @@ data they read (a job id popped from a queue).
     fq:{m}:inflight          hash     endpoint -> jobs dispatched and not yet terminal
     fq:{m}:unstarted         hash     endpoint -> jobs dispatched without a first token yet
     fq:{m}:users             hash     user -> jobs dispatched and not yet terminal
+    fq:{m}:queued            hash     band -> jobs queued
     fq:{m}:out:{id}          stream   the job's result chunks, then an end entry
     fq:{m}:wake              channel  "something changed": new job, freed capacity
     fq:{m}:cancel            channel  job ids cancelled while at a worker
@@ -67,6 +68,10 @@ def unstarted(model: str) -> str:
 
 def user_counts(model: str) -> str:
     return f"{_tag(model)}:users"
+
+
+def queued_counts(model: str) -> str:
+    return f"{_tag(model)}:queued"
 
 
 def results(model: str, job_id: str) -> str:

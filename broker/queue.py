@@ -15,6 +15,7 @@ from redis.exceptions import RedisError
 from broker import keys
 from broker.errors import BrokerUnavailable, NotFound, QueueFull
 from broker.jobs import JobRecord, JobState, RequestKind, model_of, new_job_id
+from broker.position import QueuePosition
 from broker.scripts import Scripts
 from broker.settings import Settings
 
@@ -53,6 +54,7 @@ class JobQueue:
                     keys.queue(m, sub.band, sub.user),
                     keys.backlog(m, sub.band),
                     keys.meta(m),
+                    keys.queued_counts(m),
                 ],
                 args=[
                     job_id,
@@ -97,6 +99,15 @@ class JobQueue:
             raise NotFound(f"no job with id {job_id!r}")
         return JobRecord.from_hash(job_id, model, h)
 
+    async def position(self, job: JobRecord) -> QueuePosition | None:
+        """Jobs ahead of a queued job and its estimated wait; None once it left the queue."""
+        if job.state is not JobState.QUEUED:
+            return None
+        try:
+            return await QueuePosition.read(self._redis, job, self._settings.bands)
+        except RedisError as exc:
+            raise BrokerUnavailable(f"could not read the queue of job {job.id!r}: {exc}") from exc
+
     async def cancel(
         self, job_id: str, owner: str | None, state: JobState = JobState.CANCELLED
     ) -> JobRecord:
@@ -120,6 +131,7 @@ class JobQueue:
                     keys.backlog(m, job.band),
                     keys.unstarted(m),
                     keys.user_counts(m),
+                    keys.queued_counts(m),
                 ],
                 args=[
                     job.id,
@@ -129,6 +141,7 @@ class JobQueue:
                     keys.cancel_channel(m),
                     job.user,
                     state.value,
+                    job.band,
                 ],
             )
         except RedisError as exc:

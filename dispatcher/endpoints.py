@@ -16,6 +16,29 @@ from dispatcher.admission import EndpointState
 from dispatcher.scraper import EndpointView
 
 
+class RateMeter:
+    """Jobs per second dispatched over a sliding window (the queue's drain rate)."""
+
+    def __init__(self, window_s: float = 30.0) -> None:
+        self._window_s = window_s
+        self._events: deque[tuple[float, int]] = deque()
+        self._started: float | None = None
+
+    def record(self, count: int, now: float) -> None:
+        if self._started is None:
+            self._started = now
+        if count:
+            self._events.append((now, count))
+        while self._events and self._events[0][0] < now - self._window_s:
+            self._events.popleft()
+
+    def rate(self, now: float) -> float | None:
+        if self._started is None or now - self._started < 1.0:
+            return None  # too early to say
+        span = min(self._window_s, now - self._started)
+        return round(sum(n for _, n in self._events) / span, 3)
+
+
 class SentLog:
     """When this process dispatched jobs to each endpoint (monotonic times), recent only."""
 

@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 
 from broker import DispatchStore, ModelConfig, ModelSnapshot, Newcomer, Settings
 from dispatcher.admission import ADMISSION, AdmissionConfig, EndpointState, choose_endpoint
-from dispatcher.endpoints import SentLog, endpoint_states
+from dispatcher.endpoints import RateMeter, SentLog, endpoint_states
 from dispatcher.fairness import policy
 from dispatcher.scraper import Scraper
 from dispatcher.wake import WakeListener
@@ -47,6 +47,7 @@ class Dispatcher:
         self._models = tuple(models if models is not None else settings.models)
         self._store = DispatchStore(redis, settings)
         self._sent = SentLog(keep_s=settings.metrics_stale_s * 2)
+        self._rates = {m.name: RateMeter() for m in self._models}
         self._scraper: Scraper | None = None
         self._views: dict[str, ModelSnapshot] = {}  # model -> state after its last dispatch
         self.dispatched = 0  # jobs moved to ready streams by this process
@@ -136,11 +137,13 @@ class Dispatcher:
             # The script re-checks this bound against Redis's own count: a plan from a
             # stale view can never send more than the decision allowed.
             bound = snap.inflight.get(decision.endpoint, 0) + decision.room
+            now = time.monotonic()
             dispatched, snap = await self._store.dispatch(
                 model.name, decision.endpoint, bound, picks, depth,
-                engine_priority=model.engine_priority,
+                engine_priority=model.engine_priority, rate=self._rates[model.name].rate(now),
             )  # fmt: skip
-            self._sent.record(decision.endpoint, len(dispatched), time.monotonic())
+            self._sent.record(decision.endpoint, len(dispatched), now)
+            self._rates[model.name].record(len(dispatched), now)
             total += len(dispatched)
             empty_rounds = 0 if dispatched else empty_rounds + 1
         self._views[model.name] = snap

@@ -303,3 +303,32 @@ async def test_without_engine_priority_no_priority_is_sent(r: Redis) -> None:
     await d.dispatch(MODEL, EP, 100, [Pick("default", "alice", 1, 0.5)], 10)
     (claimed,) = await x.claim(r, [MODEL], "w1", count=10, block_ms=100)
     assert claimed.engine_priority is None
+
+
+def test_jobs_ahead_counts_higher_bands_own_earlier_jobs_and_other_users_turns() -> None:
+    from broker.position import jobs_ahead
+
+    assert jobs_ahead(0, [], [], 0) == 0
+    assert jobs_ahead(0, [5], [5], 0) == 1  # one turn of the user before us
+    assert jobs_ahead(2, [5, 1], [5], 4) == 4 + 2 + (3 + 1) + 2
+
+
+async def test_a_queued_job_knows_how_many_jobs_go_before_it_and_how_long(r: Redis) -> None:
+    s = settings()
+    q, d = JobQueue(r, s), DispatchStore(r, s)
+    for _ in range(3):
+        await q.submit(submission("urgent", band="interactive"))
+    a = [await q.submit(submission("alice")) for _ in range(4)]
+    b = [await q.submit(submission("bob")) for _ in range(2)]
+    assert await r.hgetall(keys.queued_counts(MODEL)) == {b"interactive": b"3", b"default": b"6"}
+    # alice's third job waits for 3 interactive jobs, her own 2, and bob's 2 (turns before it)
+    position = await q.position(await q.get(a[2], "alice"))
+    assert position is not None and position.jobs_ahead == 3 + 2 + 2
+    assert position.estimated_wait_s is None  # no dispatch rate known yet
+    await d.dispatch(MODEL, EP, 100, [Pick("interactive", "urgent", 1, 0.5)], 10, rate=2.0)
+    position = await q.position(await q.get(b[1], "bob"))
+    assert position is not None and position.jobs_ahead == 2 + 1 + 2  # alice's turn comes first
+    assert position.estimated_wait_s == 2.5
+    await q.cancel(a[3], "alice")
+    assert await r.hgetall(keys.queued_counts(MODEL)) == {b"interactive": b"2", b"default": b"5"}
+    assert await q.position(await q.get(a[3], "alice")) is None  # no longer queued

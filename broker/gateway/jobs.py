@@ -15,8 +15,14 @@ router = APIRouter()
 
 @router.get("/v1/jobs/{job_id}")
 async def get_job(job_id: str, request: Request, caller: Caller) -> Response:
-    job = await gateway_of(request).queue.get(job_id, caller.user)
-    return json_response(job.public())
+    """The job; a queued job also says how many jobs go before it and the estimated wait."""
+    queue = gateway_of(request).queue
+    job = await queue.get(job_id, caller.user)
+    body = job.public()
+    position = await queue.position(job)
+    if position is not None:
+        body["queue_position"] = position.public()
+    return json_response(body)
 
 
 @router.delete("/v1/jobs/{job_id}")

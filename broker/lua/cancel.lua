@@ -7,9 +7,11 @@
 -- KEYS[6] band backlog zset   fq:{m}:bk:{band}
 -- KEYS[7] unstarted hash      fq:{m}:unstarted
 -- KEYS[8] user counts         fq:{m}:users
+-- KEYS[9] queued counts       fq:{m}:queued
 -- ARGV[1] job id   ARGV[2] ready consumer group   ARGV[3] ttl seconds
 -- ARGV[4] wake channel   ARGV[5] cancel channel (workers abort the engine request)
 -- ARGV[6] user   ARGV[7] terminal state to record (cancelled, or expired for deadlines)
+-- ARGV[8] the job's band
 -- Returns the state the job was in, or '' when there is no such job.
 local f = redis.call('HMGET', KEYS[1], 'st', 'qe', 're', 'ep')
 local st, qentry, rentry, endpoint = f[1], f[2], f[3], f[4]
@@ -21,6 +23,7 @@ if st ~= 'queued' and st ~= 'dispatched' and st ~= 'running' then
 end
 if st == 'queued' then
   redis.call('XDEL', KEYS[5], qentry)
+  redis.call('HINCRBY', KEYS[9], ARGV[8], -1)
   if redis.call('XLEN', KEYS[5]) == 0 then
     redis.call('DEL', KEYS[5])
     redis.call('ZREM', KEYS[6], ARGV[6])

@@ -8,13 +8,16 @@
 -- KEYS[3] meta hash      fq:{m}:meta
 -- KEYS[4] unstarted hash fq:{m}:unstarted
 -- KEYS[5] user counts    fq:{m}:users  (user -> jobs dispatched and not yet ended)
--- KEYS[6 .. 5+B]         band backlog zsets fq:{m}:bk:{band}, one per band, in priority order
--- KEYS[6+B .. 5+B+n]     user queue streams fq:{m}:q:{band}:{user}, one per pick
+-- KEYS[6] queued counts  fq:{m}:queued (band -> jobs queued)
+-- KEYS[7 .. 6+B]         band backlog zsets fq:{m}:bk:{band}, one per band, in priority order
+-- KEYS[7+B .. 6+B+n]     user queue streams fq:{m}:q:{band}:{user}, one per pick
 -- ARGV[1] endpoint   ARGV[2] job key prefix (fq:{m}:job:)   ARGV[3] ready stream max length
 -- ARGV[4] endpoint's in-flight cap   ARGV[5] depth of the reported backlogs   ARGV[6] B
 -- ARGV[7] 1: give each job an engine priority (vLLM --scheduling-policy priority), else 0
--- ARGV[8 .. 7+B]   meta join field of each band ("join:{band}")
--- then per pick i, from a = 8+B+4(i-1): ARGV[a] band number (1..B), ARGV[a+1] user,
+-- ARGV[8] the model's recent dispatch rate in jobs/s, '' if not measured (kept in meta)
+-- ARGV[9 .. 8+B]   meta join field of each band ("join:{band}")
+-- ARGV[9+B .. 8+2B]   band names
+-- then per pick i, from a = 9+2B+4(i-1): ARGV[a] band number (1..B), ARGV[a+1] user,
 --   ARGV[a+2] user's score after service, ARGV[a+3] the band's join score after service;
 --   a score after service of 'cost' means: charge the job's own estimated cost
 --   (fields ce / w of the job: cost over the key's weight) on top of the user's score,
@@ -31,7 +34,7 @@ local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
 local bands = tonumber(ARGV[6])
 local cap = tonumber(ARGV[4])
 local ids = {}
-local picks = #KEYS - 5 - bands
+local picks = #KEYS - 6 - bands
 local BAND_STEP = 1000000
 
 local function pop_head(queue)
@@ -65,14 +68,15 @@ local function to_ready(job_id, band)
 end
 
 for i = 1, picks do
-  local a = 8 + bands + 4 * (i - 1)
+  local a = 9 + 2 * bands + 4 * (i - 1)
   local band = tonumber(ARGV[a])
-  local backlog, queue, user = KEYS[5 + band], KEYS[5 + bands + i], ARGV[a + 1]
+  local backlog, queue, user = KEYS[6 + band], KEYS[6 + bands + i], ARGV[a + 1]
   ids[i] = ''
   if tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') < cap then
     local score, join = ARGV[a + 2], ARGV[a + 3]
     local job_id = pop_head(queue)
     if job_id then
+      redis.call('HINCRBY', KEYS[6], ARGV[8 + bands + band], -1)
       ids[i] = to_ready(job_id, band)
       if score == 'cost' then
         local job = ARGV[2] .. job_id
@@ -81,7 +85,7 @@ for i = 1, picks do
         score = tonumber(join) + tonumber(f[1] or '0') / tonumber(f[2] or '1')
         redis.call('HSET', job, 'cm', 1)  -- complete.lua corrects the charge to actual usage
       end
-      redis.call('HSET', KEYS[3], ARGV[7 + band], join)
+      redis.call('HSET', KEYS[3], ARGV[8 + band], join)
     end
     if redis.call('XLEN', queue) == 0 then
       redis.call('DEL', queue)
@@ -92,12 +96,16 @@ for i = 1, picks do
   end
 end
 
+if ARGV[8] ~= '' then
+  redis.call('HSET', KEYS[3], 'rate', ARGV[8], 'rate_ms', now_ms)
+end
+
 local out = {ids}
 local depth = tonumber(ARGV[5])
 local join_fields = {}
 for b = 1, bands do
-  out[#out + 1] = redis.call('ZRANGE', KEYS[5 + b], 0, depth - 1, 'WITHSCORES')
-  join_fields[b] = ARGV[7 + b]
+  out[#out + 1] = redis.call('ZRANGE', KEYS[6 + b], 0, depth - 1, 'WITHSCORES')
+  join_fields[b] = ARGV[8 + b]
 end
 out[#out + 1] = redis.call('HMGET', KEYS[3], unpack(join_fields))
 out[#out + 1] = redis.call('HGETALL', KEYS[2])

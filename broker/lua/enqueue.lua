@@ -3,6 +3,7 @@
 -- KEYS[2] user queue stream   fq:{m}:q:{band}:{user}
 -- KEYS[3] band backlog zset   fq:{m}:bk:{band}
 -- KEYS[4] meta hash           fq:{m}:meta
+-- KEYS[5] queued counts       fq:{m}:queued (band -> jobs queued)
 -- ARGV[1] job id   ARGV[2] user   ARGV[3] tenant   ARGV[4] band
 -- ARGV[5] kind (chat|completion)   ARGV[6] stream flag (0|1)   ARGV[7] payload (JSON)
 -- ARGV[8] max queued jobs per user   ARGV[9] wake channel   ARGV[10] meta join field
@@ -20,6 +21,7 @@ end
 local t = redis.call('TIME')
 local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
 local entry = redis.call('XADD', KEYS[2], '*', 'j', ARGV[1])
+redis.call('HINCRBY', KEYS[5], ARGV[4], 1)
 redis.call('HSET', KEYS[1], 'st', 'queued', 'u', ARGV[2], 'tn', ARGV[3], 'b', ARGV[4],
   'k', ARGV[5], 's', ARGV[6], 'p', ARGV[7], 'tq', now_ms, 'qe', entry, 'o', ARGV[11],
   'ce', ARGV[12], 'w', ARGV[13])
