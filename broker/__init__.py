@@ -33,6 +33,7 @@ from broker.jobs import JobRecord, JobState, RequestKind
 from broker.queue import JobQueue, Submission
 from broker.redis_conn import connect, connect_blocking
 from broker.results import ResultEvent, ResultReader
+from broker.serving import QuietSignalServer
 from broker.settings import ApiKeyConfig, ModelConfig, Settings, load_settings
 
 __all__ = [
@@ -61,6 +62,7 @@ __all__ = [
     "Pick",
     "Principal",
     "QueueFull",
+    "QuietSignalServer",
     "RequestKind",
     "ResultEvent",
     "ResultReader",

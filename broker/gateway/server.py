@@ -10,23 +10,20 @@ instead, so the CLI entry point alone chooses the exit code.
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import socket
-import threading
-from collections.abc import Iterator
 
 import uvicorn
 from fastapi import FastAPI
 
 from broker.gateway.app import create_app
 from broker.gateway.state import Gateway
+from broker.serving import QuietSignalServer
 from broker.settings import Settings
 
 GRACEFUL_SHUTDOWN_S = 10
 
 
-class _Server(uvicorn.Server):
+class _Server(QuietSignalServer):
     def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
         super().__init__(config)
         self._app = app
@@ -36,19 +33,6 @@ class _Server(uvicorn.Server):
         if gateway is not None:
             await gateway.drain()
         await super().shutdown(sockets)
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield  # signals reach the main thread only
-            return
-        signals = (signal.SIGINT, signal.SIGTERM)
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in signals}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
 
 def serve(settings: Settings, host: str, port: int) -> None:

@@ -2,7 +2,7 @@
 
 It speaks vLLM's OpenAI-compatible HTTP API and /metrics, and models continuous
 batching from a profile. Its timings and metric values are estimates, not
-measurements of a real engine. Standalone: it imports nothing else of fairq.
+measurements of a real engine. Of fairq it uses only `broker.QuietSignalServer`.
 """
 
 from workers.sim._app import create_app

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import socket
-import threading
-from collections.abc import Iterator
 
 import uvicorn
 
+from broker import QuietSignalServer
 from workers.sim._app import create_app
 from workers.sim._engine import Engine
 from workers.sim._profile import SimProfile
@@ -19,7 +16,7 @@ from workers.sim._profile import SimProfile
 GRACEFUL_SHUTDOWN_S = 3
 
 
-class _Server(uvicorn.Server):
+class _Server(QuietSignalServer):
     """uvicorn.Server that stops like a pod told to stop: abort, close, exit 0.
 
     uvicorn would wait for open streams to finish, then re-raise the captured
@@ -34,19 +31,6 @@ class _Server(uvicorn.Server):
         # Streams end without [DONE], as from a real engine that is shutting down.
         self._engine.abort_all()
         await super().shutdown(sockets)
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield  # signals can be handled only on the main thread
-            return
-        handled = (signal.SIGINT, signal.SIGTERM)
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
 
 def serve(host: str, port: int, models: list[str], profile: SimProfile) -> None:
