@@ -8,7 +8,8 @@ data they read (a job id popped from a queue).
 
     fq:{m}:q:{band}:{user}   stream   a user's queued job ids in one band
     fq:{m}:bk:{band}         zset     backlogged users of a band, score = fairness order
-    fq:{m}:meta              hash     per-band fairness clock ("join:{band}")
+    fq:{m}:meta              hash     per band: fairness clock ("join:{band}") and backlogged
+                                      users per tenant ("tn:{band}:{tenant}"); dispatch rate
     fq:{m}:job:{id}          hash     the job record (state, owner, payload, times)
     fq:{m}:ready             stream   dispatched jobs, read by workers (consumer group)
     fq:{m}:inflight          hash     endpoint -> jobs dispatched and not yet terminal
@@ -44,6 +45,11 @@ def meta(model: str) -> str:
 def join_field(band: str) -> str:
     """Field of ``meta`` holding the score a newly backlogged user joins a band with."""
     return f"join:{band}"
+
+
+def tenant_field(band: str, tenant: str) -> str:
+    """Field of ``meta`` counting a tenant's backlogged users in a band (token-fair)."""
+    return f"tn:{band}:{tenant}"
 
 
 def job_prefix(model: str) -> str:

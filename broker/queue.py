@@ -70,6 +70,7 @@ class JobQueue:
                     sub.owner,
                     sub.cost,
                     sub.weight,
+                    keys.tenant_field(sub.band, sub.tenant),
                 ],
             )
         except RedisError as exc:
@@ -132,6 +133,7 @@ class JobQueue:
                     keys.unstarted(m),
                     keys.user_counts(m),
                     keys.queued_counts(m),
+                    keys.meta(m),
                 ],
                 args=[
                     job.id,

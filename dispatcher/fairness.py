@@ -60,7 +60,10 @@ class TokenFair:
     """Token-fair (a virtual token counter): serve the user with the least weighted service.
 
     A user's score is the service they have received, in weighted tokens divided by
-    their key's weight. The job's size is known where the job is popped, so the
+    their key's weight and multiplied by the number of backlogged users of their
+    tenant: tenants share by weight, and users inside a tenant share equally (a
+    trusted app's end users are users of the app's tenant). The job's size is
+    known where the job is popped, so the
     dispatch script charges each job's estimated cost as it dispatches it
     (``score_after=None``), and the job's completion corrects the charge to the
     engine's reported usage. A user who becomes backlogged joins at the score of the

@@ -332,3 +332,29 @@ async def test_a_queued_job_knows_how_many_jobs_go_before_it_and_how_long(r: Red
     await q.cancel(a[3], "alice")
     assert await r.hgetall(keys.queued_counts(MODEL)) == {b"interactive": b"2", b"default": b"5"}
     assert await q.position(await q.get(a[3], "alice")) is None  # no longer queued
+
+
+async def test_token_fair_shares_by_tenant_first_then_equally_inside_a_tenant(r: Redis) -> None:
+    s = settings()
+    q, d = JobQueue(r, s), DispatchStore(r, s)
+    for _ in range(20):
+        for user, tenant in (("u1", "team"), ("u2", "team"), ("v", "solo")):
+            await q.submit(replace(submission(user), tenant=tenant, cost=100.0))
+    served = await _dispatch_rounds(d, 28)
+    # Each team member pays double per job while both are backlogged: per round of four
+    # picks the one-user tenant gets two, the team two, split equally.
+    assert served[:8] == ["u1", "u2", "v", "v", "u1", "u2", "v", "v"]
+    assert (served.count("v"), served.count("u1"), served.count("u2")) == (14, 7, 7)
+    assert await r.hget(keys.meta(MODEL), keys.tenant_field("default", "team")) == b"2"
+
+
+async def test_tenant_user_counts_follow_users_leaving_the_backlog(r: Redis) -> None:
+    s = settings()
+    q = JobQueue(r, s)
+    jobs = [await q.submit(replace(submission(u), tenant="team")) for u in ("u1", "u2")]
+    field = keys.tenant_field("default", "team")
+    assert await r.hget(keys.meta(MODEL), field) == b"2"
+    await q.cancel(jobs[0], "u1")
+    assert await r.hget(keys.meta(MODEL), field) == b"1"
+    await _dispatch_rounds(DispatchStore(r, s), 1)
+    assert await r.hget(keys.meta(MODEL), field) == b"0"

@@ -8,12 +8,13 @@
 -- KEYS[7] unstarted hash      fq:{m}:unstarted
 -- KEYS[8] user counts         fq:{m}:users
 -- KEYS[9] queued counts       fq:{m}:queued
+-- KEYS[10] meta hash          fq:{m}:meta (backlogged users per tenant)
 -- ARGV[1] job id   ARGV[2] ready consumer group   ARGV[3] ttl seconds
 -- ARGV[4] wake channel   ARGV[5] cancel channel (workers abort the engine request)
 -- ARGV[6] user   ARGV[7] terminal state to record (cancelled, or expired for deadlines)
 -- ARGV[8] the job's band
 -- Returns the state the job was in, or '' when there is no such job.
-local f = redis.call('HMGET', KEYS[1], 'st', 'qe', 're', 'ep')
+local f = redis.call('HMGET', KEYS[1], 'st', 'qe', 're', 'ep', 'tnf')
 local st, qentry, rentry, endpoint = f[1], f[2], f[3], f[4]
 if not st then
   return ''
@@ -26,7 +27,9 @@ if st == 'queued' then
   redis.call('HINCRBY', KEYS[9], ARGV[8], -1)
   if redis.call('XLEN', KEYS[5]) == 0 then
     redis.call('DEL', KEYS[5])
-    redis.call('ZREM', KEYS[6], ARGV[6])
+    if redis.call('ZREM', KEYS[6], ARGV[6]) == 1 and f[5] then
+      redis.call('HINCRBY', KEYS[10], f[5], -1)
+    end
   end
 else
   redis.call('HINCRBY', KEYS[4], endpoint, -1)

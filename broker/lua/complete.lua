@@ -30,12 +30,12 @@ redis.call('HSET', KEYS[1], 'st', ARGV[1], 'te', now_ms)
 if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'err', ARGV[5]) end
 if ARGV[6] ~= '' then
   redis.call('HSET', KEYS[1], 'usage', ARGV[6])
-  local c = redis.call('HMGET', KEYS[1], 'cm', 'ce', 'w')
+  local c = redis.call('HMGET', KEYS[1], 'cw', 'ce')
   if c[1] then
     local usage = cjson.decode(ARGV[6])
     local actual = (tonumber(usage['prompt_tokens']) or 0) * tonumber(ARGV[9])
       + (tonumber(usage['completion_tokens']) or 0) * tonumber(ARGV[10])
-    local delta = (actual - tonumber(c[2] or '0')) / tonumber(c[3] or '1')
+    local delta = (actual - tonumber(c[2] or '0')) * tonumber(c[1])
     redis.call('ZADD', KEYS[6], 'XX', 'INCR', delta, ARGV[11])
   end
 end

@@ -19,9 +19,10 @@
 -- ARGV[9+B .. 8+2B]   band names
 -- then per pick i, from a = 9+2B+4(i-1): ARGV[a] band number (1..B), ARGV[a+1] user,
 --   ARGV[a+2] user's score after service, ARGV[a+3] the band's join score after service;
---   a score after service of 'cost' means: charge the job's own estimated cost
---   (fields ce / w of the job: cost over the key's weight) on top of the user's score,
---   and let newcomers join at the user's score before the charge (token-fair).
+--   a score after service of 'cost' means: charge the job's own estimated cost on top of
+--   the user's score, and let newcomers join at the user's score before the charge
+--   (token-fair). The charge is cost x (the tenant's backlogged users) / the key's weight:
+--   tenants share by weight, and users inside a tenant share their tenant's part equally.
 -- The ready entry carries the payload (moved out of the job hash), so a worker can call
 -- the engine as soon as it reads the entry; the entry is deleted when the job ends.
 -- An engine priority orders by band first, then by how many jobs the user already has in
@@ -80,16 +81,20 @@ for i = 1, picks do
       ids[i] = to_ready(job_id, band)
       if score == 'cost' then
         local job = ARGV[2] .. job_id
-        local f = redis.call('HMGET', job, 'ce', 'w')
+        local f = redis.call('HMGET', job, 'ce', 'w', 'tnf')
+        local users = tonumber(redis.call('HGET', KEYS[3], f[3] or '') or '1')
+        local per_token = math.max(users, 1) / tonumber(f[2] or '1')
         join = redis.call('ZSCORE', backlog, user) or '0'
-        score = tonumber(join) + tonumber(f[1] or '0') / tonumber(f[2] or '1')
-        redis.call('HSET', job, 'cm', 1)  -- complete.lua corrects the charge to actual usage
+        score = tonumber(join) + tonumber(f[1] or '0') * per_token
+        redis.call('HSET', job, 'cw', per_token)  -- complete.lua corrects to actual usage
       end
       redis.call('HSET', KEYS[3], ARGV[8 + band], join)
     end
     if redis.call('XLEN', queue) == 0 then
       redis.call('DEL', queue)
-      redis.call('ZREM', backlog, user)
+      if redis.call('ZREM', backlog, user) == 1 and job_id then
+        redis.call('HINCRBY', KEYS[3], redis.call('HGET', ARGV[2] .. job_id, 'tnf'), -1)
+      end
     elseif score ~= 'cost' then
       redis.call('ZADD', backlog, 'XX', score, user)
     end
