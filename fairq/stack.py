@@ -4,7 +4,8 @@ Starts a private Redis (unless a URL is given), the engine simulators, a
 dispatcher, workers and the gateway, each a child process running the same
 ``fairq`` command a production pod runs. Children die with the parent (Linux
 PR_SET_PDEATHSIG), and ``stop`` ends them all, so nothing is left behind.
-Tests and benchmarks use the same class.
+Tests and benchmarks use the same class; a stack of simulators alone (no
+dispatcher, worker or gateway, as in a benchmark's direct arm) starts no Redis.
 """
 
 from __future__ import annotations
@@ -60,11 +61,12 @@ class Stack:
     config: dict[str, Any]
     gateway_port: int
     sims: dict[int, str] = field(default_factory=dict)  # port -> model served
+    sim_profiles: dict[int, str] = field(default_factory=dict)  # port -> profile name or path
     redis_url: str | None = None
     workers: int = 1
     dispatchers: int = 1
     gateway: bool = True
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # extra, e.g. FAIRQ_WORKER_CONCURRENCY
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     _redis: LocalRedis | None = None
     _dir: tempfile.TemporaryDirectory[str] | None = None
@@ -81,17 +83,22 @@ class Stack:
             raise
         return self
 
+    @property
+    def runs_fairq(self) -> bool:
+        return self.gateway or self.workers > 0 or self.dispatchers > 0
+
     def _start(self, timeout_s: float) -> None:
-        if self.redis_url is None:
+        if self.redis_url is None and self.runs_fairq:
             self._redis = LocalRedis().start()
             self.redis_url = self._redis.url
         self._dir = tempfile.TemporaryDirectory(prefix="fairq-up-")
         config_path = Path(self._dir.name) / "fairq.yaml"
         config_path.write_text(yaml.safe_dump(self.config))
-        self.env = {**os.environ, **self.env, "FAIRQ_CONFIG": str(config_path),
-                    "FAIRQ_REDIS_URL": self.redis_url}  # fmt: skip
+        self.env = {**os.environ, **self.env, "FAIRQ_CONFIG": str(config_path)}
+        if self.redis_url is not None:
+            self.env["FAIRQ_REDIS_URL"] = self.redis_url
         for port, model in self.sims.items():
-            self._spawn(f"sim-{model}", ["sim", "--port", str(port), "--model", model])
+            self._spawn(f"sim-{model}", self._sim_args(port, model))
         for port in self.sims:
             self._wait_http(f"http://127.0.0.1:{port}/health", timeout_s)
         for i in range(self.dispatchers):
@@ -101,6 +108,11 @@ class Stack:
         if self.gateway:
             self._spawn("api", ["api", "--host", "127.0.0.1", "--port", str(self.gateway_port)])
             self._wait_http(f"{self.gateway_url}/readyz", timeout_s)
+
+    def _sim_args(self, port: int, model: str) -> list[str]:
+        args = ["sim", "--port", str(port), "--model", model]
+        profile = self.sim_profiles.get(port)
+        return args if profile is None else [*args, "--profile", profile]
 
     def _spawn(self, name: str, args: list[str]) -> None:
         self.processes[name] = subprocess.Popen(
