@@ -112,8 +112,10 @@ class Worker:
         run = asyncio.ensure_future(runner.run(job))
         try:
             attempt = await self._store.start(job, self.name)
-        except BaseException:
-            run.cancel()  # the entry stays pending: the job is not lost
+        except BaseException:  # Redis failed, or the job was cancelled meanwhile
+            run.cancel()  # either way the entry stays pending or is acked: nothing is lost
+            self._cancelled.discard(job.job_id)
+            self._writer.discard(job.job_id)
             raise
         if attempt is None:  # cancelled while it waited in the ready stream
             run.cancel()
