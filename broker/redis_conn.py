@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 
 from broker.settings import Settings
 
 
-def connect(settings: Settings, **options: object) -> Redis:
-    """An asyncio Redis client with bytes replies; connects lazily on first use."""
-    return Redis.from_url(  # type: ignore[no-any-return]
+def connect(settings: Settings) -> Redis:
+    """An asyncio Redis client with bytes replies; connects lazily on first use.
+
+    Its pool blocks when all ``redis_max_connections`` are busy: redis-py's default
+    pool instead fails the 101st concurrent command, which a burst of requests at a
+    gateway reaches at once.
+    """
+    pool = BlockingConnectionPool.from_url(
         settings.require_redis_url(),
+        max_connections=settings.redis_max_connections,
+        timeout=settings.redis_pool_timeout_s,
         decode_responses=False,
         health_check_interval=30,
         socket_keepalive=True,
-        **options,
     )
+    return Redis.from_pool(pool)  # the client owns the pool and closes it
 
 
 def connect_blocking(settings: Settings, block_s: float) -> Redis:

@@ -113,6 +113,8 @@ class Settings(BaseSettings):
     )
 
     redis_url: SecretStr | None = None
+    redis_max_connections: int = Field(default=64, ge=4)  # per process; more wait their turn
+    redis_pool_timeout_s: float = Field(default=10.0, gt=0)
     bands: tuple[str, ...] = DEFAULT_BANDS
     models: tuple[ModelConfig, ...] = ()
     api_keys: tuple[ApiKeyConfig, ...] = ()
