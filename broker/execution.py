@@ -143,7 +143,10 @@ class ExecutionStore:
 
     def add_first(self, pipe: Pipeline, model: str, job_id: str) -> None:
         """Queue ``first.lua``: the job's first output is written (it has started)."""
-        pipe.evalsha(self._scripts.first.sha, 2, keys.job(model, job_id), keys.unstarted(model))
+        pipe.evalsha(
+            self._scripts.first.sha, 2,
+            keys.job(model, job_id), keys.unstarted(model), keys.wake_channel(model),
+        )  # fmt: skip
 
     async def load_scripts(self) -> None:
         """Load the scripts pipelines call by SHA (at start, and after Redis lost them)."""

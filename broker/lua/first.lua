@@ -3,6 +3,7 @@
 -- gets there first, so the endpoint's count of jobs without a first token stays exact.
 -- KEYS[1] job hash        fq:{m}:job:{id}
 -- KEYS[2] unstarted hash  fq:{m}:unstarted
+-- ARGV[1] wake channel: the endpoint's queue estimate just fell, so admission may open
 -- Returns 1 when this call took the job off the count, else 0.
 if redis.call('HSETNX', KEYS[1], 'ft', 1) == 0 then
   return 0
@@ -10,5 +11,6 @@ end
 local endpoint = redis.call('HGET', KEYS[1], 'ep')
 if endpoint then
   redis.call('HINCRBY', KEYS[2], endpoint, -1)
+  redis.call('PUBLISH', ARGV[1], 'e')
 end
 return 1
