@@ -11,7 +11,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,dev]'
+	$(BIN)/pip install --quiet -e '.[test,dev,bench]'
 	touch $@
 
 run: install
@@ -26,6 +26,7 @@ lint: install
 
 bench: install
 	$(BIN)/python -m benchmarks.latency
+	$(BIN)/fairq bench fairness
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

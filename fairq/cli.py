@@ -6,6 +6,7 @@ This is the only place that chooses exit codes: 0 done, 1 failed at run time,
 
 from __future__ import annotations
 
+import importlib
 import signal
 import sys
 import time
@@ -92,6 +93,29 @@ def sim(host: str, port: int, models: tuple[str, ...], profile: str | None) -> N
 def hash_key_cmd(key: str) -> None:
     """Print the sha256 to put in the config for an API key."""
     click.echo(hash_key(key))
+
+
+class _Benchmarks(click.Group):
+    """Loads a benchmark's module only when it runs: the harness (and matplotlib) stays
+    out of every other ``fairq`` command's start-up."""
+
+    _COMMANDS = {"fairness": "benchmarks.fairness"}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(self._COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = self._COMMANDS.get(cmd_name)
+        if module is None:
+            return None
+        command = importlib.import_module(module).main
+        assert isinstance(command, click.Command)
+        return command
+
+
+@main.group(cls=_Benchmarks)
+def bench() -> None:
+    """Benchmarks: fairq against its baseline, side by side in one run."""
 
 
 @main.command()

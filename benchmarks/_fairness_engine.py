@@ -1,0 +1,120 @@
+"""The engine side of the fairness benchmark: its queue over time, read from /metrics.
+
+``EngineWatch`` scrapes the engine every 250 ms while an arm runs and keeps
+what it saw: requests waiting and running, and the cumulative output tokens
+and inter-token-latency histogram, from which the recent time per output token
+follows (the figure fairq's TPOT ceiling looks at). Works against the
+simulator and a real vLLM alike: both use vLLM's metric names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+WAITING = "vllm:num_requests_waiting"
+RUNNING = "vllm:num_requests_running"
+GENERATED = "vllm:generation_tokens_total"
+# The current name first; vLLM V0 called the per-token histogram time_per_output_token.
+ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+
+
+@dataclass(frozen=True)
+class Sample:
+    t_s: float  # when it was taken: perf_counter(), or seconds after t=0 once shifted
+    waiting: float
+    running: float
+    generated: float  # cumulative output tokens
+    itl_sum_s: float
+    itl_count: float
+
+
+def parse_sample(text: str, model: str, t_s: float) -> Sample:
+    """One scrape, summed over the series of ``model`` (or unlabelled series)."""
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.labels.get("model_name", model) == model:
+                values[s.name] = values.get(s.name, 0.0) + float(s.value)
+    itl = next((name for name in ITL if f"{name}_count" in values), ITL[0])
+    return Sample(
+        t_s=t_s,
+        waiting=values.get(WAITING, 0.0),
+        running=values.get(RUNNING, 0.0),
+        generated=values.get(GENERATED, 0.0),
+        itl_sum_s=values.get(f"{itl}_sum", 0.0),
+        itl_count=values.get(f"{itl}_count", 0.0),
+    )
+
+
+async def scrape(client: httpx.AsyncClient, base_url: str, model: str, t_s: float) -> Sample:
+    response = await client.get(f"{base_url}/metrics")
+    response.raise_for_status()
+    return parse_sample(response.text, model, t_s)
+
+
+class EngineWatch:
+    """Scrape the engine at a fixed interval until cancelled; failed scrapes are counted."""
+
+    def __init__(self, base_url: str, model: str, interval_s: float = 0.25) -> None:
+        self.base_url = base_url
+        self.model = model
+        self.interval_s = interval_s
+        self.samples: list[Sample] = []
+        self.failures = 0
+
+    async def run(self) -> None:
+        async with httpx.AsyncClient(timeout=self.interval_s * 4) as client:
+            while True:
+                started = time.perf_counter()
+                try:
+                    self.samples.append(await scrape(client, self.base_url, self.model, started))
+                except (httpx.HTTPError, ValueError):
+                    self.failures += 1
+                await asyncio.sleep(max(0.0, started + self.interval_s - time.perf_counter()))
+
+    def relative_to(self, t0: float) -> list[Sample]:
+        """The samples with times in seconds after ``t0`` (negative: before it)."""
+        return [replace(s, t_s=s.t_s - t0) for s in self.samples]
+
+
+def tpot_ms(samples: Iterable[Sample]) -> list[float | None]:
+    """Mean time per output token between each scrape and the one before (None: no token)."""
+    out: list[float | None] = []
+    previous: Sample | None = None
+    for sample in samples:
+        tokens = sample.itl_count - previous.itl_count if previous else 0.0
+        seconds = sample.itl_sum_s - previous.itl_sum_s if previous else 0.0
+        out.append(seconds / tokens * 1000 if tokens > 0 else None)
+        previous = sample
+    return out
+
+
+async def wait_idle(base_url: str, model: str, timeout_s: float) -> None:
+    """Until the engine has nothing waiting or running (a real engine between arms)."""
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        while time.monotonic() < deadline:
+            try:
+                sample = await scrape(client, base_url, model, 0.0)
+                if sample.waiting == 0 and sample.running == 0:
+                    return
+            except (httpx.HTTPError, ValueError):
+                pass
+            await asyncio.sleep(0.5)
+    raise TimeoutError(f"the engine at {base_url} did not become idle in {timeout_s:.0f}s")
+
+
+def served_model(base_url: str) -> str:
+    """The first model an OpenAI-compatible engine serves (GET /v1/models)."""
+    response = httpx.get(f"{base_url}/v1/models", timeout=10.0)
+    response.raise_for_status()
+    data = response.json().get("data") or []
+    if not data:
+        raise ValueError(f"{base_url}/v1/models lists no model")
+    return str(data[0]["id"])
