@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 
@@ -22,9 +21,9 @@ import openai
 import orjson
 import pytest
 import redis
-import uvicorn
 from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessageParam
 from redis.asyncio import Redis
+from servers import uvicorn_thread
 
 from broker import (
     Claimed,
@@ -75,26 +74,8 @@ def make_settings(redis_url: str, **overrides: object) -> Settings:
 @contextlib.contextmanager
 def running(settings: Settings) -> Iterator[str]:
     """The gateway under a real uvicorn in a thread; yields its base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        create_app(settings), log_level="warning", access_log=False, lifespan="on"
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + WAIT_S
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "gateway did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(WAIT_S)
-        sock.close()
-        assert not thread.is_alive(), "gateway did not shut down"
+    with uvicorn_thread(create_app(settings)) as url:
+        yield url
 
 
 def chat(**extra: object) -> dict[str, object]:

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 import socket
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
@@ -21,8 +20,8 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+from servers import uvicorn_thread
 
 from dispatcher.metrics import EngineSample, MetricsError, parse_metrics, recent_tpot_s
 from dispatcher.scraper import Scraper
@@ -280,25 +279,11 @@ class FakeEngine:
 @contextlib.contextmanager
 def serving(engine: FakeEngine) -> Iterator[str]:
     """``engine`` under a real uvicorn in a thread; yields its base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(engine, log_level="warning", access_log=False, lifespan="off")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + DEADLINE_S
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        engine.closing = True  # releases hung requests, so shutdown does not wait on them
-        server.should_exit = True
-        thread.join(DEADLINE_S)
-        sock.close()
-        assert not thread.is_alive(), "server did not shut down"
+    with uvicorn_thread(engine, lifespan="off") as url:
+        try:
+            yield url
+        finally:
+            engine.closing = True  # releases hung requests, so shutdown does not wait on them
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -27,8 +26,8 @@ import httpx
 import openai
 import orjson
 import pytest
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
+from servers import uvicorn_thread
 
 from workers.sim import ProfileError, SimProfile, create_app, load_profile
 from workers.sim._scheduler import SchedSeq, Scheduler, SeqStatus, StepPlan, step_duration_s
@@ -59,27 +58,8 @@ EMITTED_METRICS = {
 @contextlib.contextmanager
 def sim_server(profile: SimProfile, models: tuple[str, ...] = (MODEL,)) -> Iterator[str]:
     """A real uvicorn server for one app in a thread; yields its base URL."""
-    config = uvicorn.Config(
-        create_app(list(models), profile),
-        host="127.0.0.1",
-        port=0,
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + DEADLINE_S
-    while not server.started:
-        assert time.monotonic() < deadline, "simulator did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with uvicorn_thread(create_app(list(models), profile)) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
