@@ -6,10 +6,11 @@ jobs, where the estimate of its queue is the larger of
 
 * what it last reported waiting, plus what fairq sent it since that scrape
   began (the engine may not show those yet), and
-* fairq's own count of streamed jobs sent to it without a first token yet:
-  lag-free, and it also covers requests still in flight to the engine or in
-  prefill. (A non-streamed job shows no first token before its whole answer,
-  so it would count as unstarted for its whole run; such jobs are left out.)
+* fairq's own count of jobs sent to it that have not started yet: lag-free, and
+  it also covers requests still on their way to the engine. A streamed job has
+  started at its first token (so prefill counts too); a non-streamed job, whose
+  first token is invisible until its whole answer, once the worker has handed
+  the request to the engine.
 
 A queue estimate of 0 with a target of 3 admits 3 at once (a burst). While the
 recent time per output token is over the model's ceiling nothing more is

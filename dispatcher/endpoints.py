@@ -15,6 +15,8 @@ from broker import ModelSnapshot
 from dispatcher.admission import EndpointState
 from dispatcher.scraper import EndpointView
 
+_TO_ENGINE_S = 0.05  # dispatch-to-engine delay a scrape may not yet reflect
+
 
 class RateMeter:
     """Jobs per second dispatched over a sliding window (the queue's drain rate)."""
@@ -98,5 +100,7 @@ def _state(
         waiting=sample.waiting,
         running=sample.running,
         tpot_s=view.tpot_s,
-        admitted_since_scrape=sent.since(endpoint, scraped_at),
+        # A job reaches the engine a little after its dispatch (worker claim, HTTP), so
+        # "since the scrape" starts a little before it.
+        admitted_since_scrape=sent.since(endpoint, scraped_at - _TO_ENGINE_S),
     )

@@ -36,6 +36,7 @@ from dispatcher.wake import WakeListener
 log = logging.getLogger(__name__)
 
 _MAX_EMPTY_ROUNDS = 3  # picks that found only emptied queues; each one cleans the backlog
+_MAX_PICKS = 64  # per script call: a huge room (a static cap of 100,000) is served in rounds
 
 
 class Dispatcher:
@@ -133,7 +134,7 @@ class Dispatcher:
             decision = choose_endpoint(admission, states, top.band, config)
             if decision is None:
                 break
-            picks = fair.plan(top.band, top.users, top.join, decision.room)
+            picks = fair.plan(top.band, top.users, top.join, min(decision.room, _MAX_PICKS))
             # The script re-checks this bound against Redis's own count: a plan from a
             # stale view can never send more than the decision allowed.
             bound = snap.inflight.get(decision.endpoint, 0) + decision.room

@@ -112,3 +112,19 @@ def test_no_endpoint_with_room_chooses_none_and_says_why() -> None:
         "http://a": Limit.QUEUE_TARGET,
         "http://b": Limit.UNHEALTHY,
     }
+
+
+def test_jobs_sent_just_before_the_scrape_count_as_not_yet_visible() -> None:
+    from broker import ModelSnapshot
+    from dispatcher.endpoints import SentLog, endpoint_states
+    from dispatcher.metrics import EngineSample
+    from dispatcher.scraper import EndpointView
+
+    sent = SentLog(keep_s=10)
+    sent.record("http://a", 1, now=98.0)  # long before the scrape: the engine shows it
+    sent.record("http://a", 2, now=98.99)  # just before: it may not have reached the engine
+    view = EndpointView(EngineSample(0, 0, None, None, None), scraped_at=99.0, healthy=True)
+    snap = ModelSnapshot([], {"http://a": 3}, {})
+    (state,) = endpoint_states(["http://a"], snap, {"http://a": view}, sent, now=99.1, stale_s=2)
+    assert state.admitted_since_scrape == 2
+    assert METRICS.decide(state, "default", CONFIG).room == 1

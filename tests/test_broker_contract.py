@@ -358,13 +358,3 @@ async def test_tenant_user_counts_follow_users_leaving_the_backlog(r: Redis) -> 
     assert await r.hget(keys.meta(MODEL), field) == b"1"
     await _dispatch_rounds(DispatchStore(r, s), 1)
     assert await r.hget(keys.meta(MODEL), field) == b"0"
-
-
-async def test_only_streamed_jobs_count_as_unstarted(r: Redis) -> None:
-    s = settings()
-    q, d = JobQueue(r, s), DispatchStore(r, s)
-    await q.submit(submission("alice"))
-    await q.submit(replace(submission("bob"), stream_flag="0"))
-    picks = [Pick("default", "alice", 1, 0.5), Pick("default", "bob", 2, 1.5)]
-    _, after = await d.dispatch(MODEL, EP, 100, picks, 10)
-    assert after.inflight == {EP: 2} and after.unstarted == {EP: 1}

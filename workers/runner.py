@@ -69,6 +69,7 @@ class JobRunner:
         return first_ms
 
     async def _plain(self, job: Claimed, url: str, payload: bytes, accounting: Accounting) -> int:
+        self._writer.mark_started(job)  # written with the next flush, once the request is out
         body = await complete(self._http, url, payload, accounting)
         self._writer.body(job, body)
         return int(time.time() * 1000)

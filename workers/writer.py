@@ -36,6 +36,7 @@ class _JobBuffer:
     outcome: Outcome | None = None
     done: asyncio.Future[bool] | None = None
     seq: int = 0  # the result entry id (0-seq) this flush writes
+    started: bool = False  # record that the job has started (first.lua) in this flush
 
 
 class ResultWriter:
@@ -60,6 +61,13 @@ class ResultWriter:
         self._has_data.set()
         if first:
             self._urgent.set()
+
+    def mark_started(self, job: Claimed) -> None:
+        """Record soon that the job reached the engine (a non-streamed job shows no
+        first token until it ends; admission must not count it as waiting that long)."""
+        self._buffer(job).started = True
+        self._has_data.set()
+        self._urgent.set()
 
     def body(self, job: Claimed, body: bytes) -> None:
         """Buffer the whole response of a non-streamed job."""
@@ -136,7 +144,7 @@ class ResultWriter:
                 self._store.add_chunk(pipe, model, job_id, buf.seq, b"".join(buf.chunks))
             elif buf.body is not None:
                 self._store.add_body(pipe, model, job_id, buf.seq, buf.body)
-            if buf.seq == 1:  # the job's first output: it no longer counts as unstarted
+            if buf.seq == 1 or buf.started:  # it has started: no longer counted as unstarted
                 self._store.add_first(pipe, model, job_id)
             if buf.outcome is not None:
                 self._store.add_complete(pipe, buf.job, buf.outcome)

@@ -64,13 +64,7 @@ local function to_ready(job_id, band)
   redis.call('HSET', job, 'st', 'dispatched', 'td', now_ms, 'ep', ARGV[1], 're', entry)
   redis.call('HDEL', job, 'p')
   redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
-  if f[3] == '0' then
-    -- Not streamed: its first token is invisible until the whole answer arrives, so it
-    -- never counts as unstarted (admission relies on the engine's own waiting count).
-    redis.call('HSET', job, 'ft', 1)
-  else
-    redis.call('HINCRBY', KEYS[4], ARGV[1], 1)
-  end
+  redis.call('HINCRBY', KEYS[4], ARGV[1], 1)
   return job_id
 end
 
