@@ -33,7 +33,7 @@ from broker.jobs import JobRecord, JobState, RequestKind
 from broker.queue import JobQueue, Submission
 from broker.redis_conn import connect, connect_blocking
 from broker.results import ResultEvent, ResultReader
-from broker.serving import QuietSignalServer
+from broker.serving import QuietSignalServer, quiet_config
 from broker.settings import ApiKeyConfig, ModelConfig, Settings, load_settings
 
 __all__ = [
@@ -76,4 +76,5 @@ __all__ = [
     "keys",
     "load_settings",
     "parse_wake",
+    "quiet_config",
 ]

@@ -12,8 +12,17 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
+
+
+def quiet_config(app: Any, host: str, port: int, graceful_s: float) -> uvicorn.Config:
+    """The uvicorn settings fairq's HTTP processes share: no access log, no banner."""
+    return uvicorn.Config(
+        app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
+        timeout_graceful_shutdown=graceful_s, server_header=False,
+    )  # fmt: skip
 
 
 class QuietSignalServer(uvicorn.Server):

@@ -17,7 +17,7 @@ from fastapi import FastAPI
 
 from broker.gateway.app import create_app
 from broker.gateway.state import Gateway
-from broker.serving import QuietSignalServer
+from broker.serving import QuietSignalServer, quiet_config
 from broker.settings import Settings
 
 GRACEFUL_SHUTDOWN_S = 10
@@ -38,14 +38,4 @@ class _Server(QuietSignalServer):
 def serve(settings: Settings, host: str, port: int) -> None:
     """Serve the gateway on ``host:port`` until SIGINT or SIGTERM (blocking)."""
     app = create_app(settings)
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        server_header=False,
-    )
-    _Server(config, app).run()
+    _Server(quiet_config(app, host, port, GRACEFUL_SHUTDOWN_S), app).run()

@@ -6,7 +6,7 @@ import socket
 
 import uvicorn
 
-from broker import QuietSignalServer
+from broker import QuietSignalServer, quiet_config
 from workers.sim._app import create_app
 from workers.sim._engine import Engine
 from workers.sim._profile import SimProfile
@@ -36,13 +36,4 @@ class _Server(QuietSignalServer):
 def serve(host: str, port: int, models: list[str], profile: SimProfile) -> None:
     """Serve `models` on host:port from one simulated engine; blocks until a signal."""
     app = create_app(models, profile)
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-    )
-    _Server(config, app.state.sim_engine).run()
+    _Server(quiet_config(app, host, port, GRACEFUL_SHUTDOWN_S), app.state.sim_engine).run()
