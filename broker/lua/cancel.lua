@@ -1,4 +1,5 @@
 -- cancel.lua: end a job as cancelled, wherever it is, unless it has ended already.
+-- Its release of a dispatched job mirrors complete.lua's: change both together.
 -- KEYS[1] job hash            fq:{m}:job:{id}
 -- KEYS[2] result stream       fq:{m}:out:{id}
 -- KEYS[3] ready stream        fq:{m}:ready

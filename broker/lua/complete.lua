@@ -1,4 +1,6 @@
 -- complete.lua: record a running job's terminal state exactly once and release it.
+-- Its release of a job (in-flight, user and unstarted counts, end entry, TTLs) is the same as
+-- cancel.lua's: scripts cannot share code, so change both together.
 -- KEYS[1] job hash       fq:{m}:job:{id}
 -- KEYS[2] result stream  fq:{m}:out:{id}
 -- KEYS[3] ready stream   fq:{m}:ready
