@@ -11,9 +11,11 @@ from broker.client import AsyncClient, Client
 from broker.dispatching import (
     BandBacklog,
     DispatchStore,
+    Grant,
     ModelSnapshot,
     Newcomer,
     Pick,
+    express_endpoint,
     parse_wake,
 )
 from broker.errors import (
@@ -48,6 +50,7 @@ __all__ = [
     "ExecutionStore",
     "FairqError",
     "Forbidden",
+    "Grant",
     "InvalidRequest",
     "JobFailed",
     "JobQueue",
@@ -72,6 +75,7 @@ __all__ = [
     "UnknownModel",
     "connect",
     "connect_blocking",
+    "express_endpoint",
     "hash_key",
     "keys",
     "load_settings",

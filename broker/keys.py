@@ -9,7 +9,8 @@ data they read (a job id popped from a queue).
     fq:{m}:q:{band}:{user}   stream   a user's queued job ids in one band
     fq:{m}:bk:{band}         zset     backlogged users of a band, score = fairness order
     fq:{m}:meta              hash     per band: fairness clock ("join:{band}") and backlogged
-                                      users per tenant ("tn:{band}:{tenant}"); dispatch rate
+                                      users per tenant ("tn:{band}:{tenant}"); dispatch rate;
+                                      the express grant (see GRANT_ENDPOINT) and its sequence
     fq:{m}:job:{id}          hash     the job record (state, owner, payload, times)
     fq:{m}:ready             stream   dispatched jobs, read by workers (consumer group)
     fq:{m}:inflight          hash     endpoint -> jobs dispatched and not yet terminal
@@ -50,6 +51,19 @@ def join_field(band: str) -> str:
 def tenant_field(band: str, tenant: str) -> str:
     """Field of ``meta`` counting a tenant's backlogged users in a band (token-fair)."""
     return f"tn:{band}:{tenant}"
+
+
+# The express grant in ``meta``: the dispatcher lets enqueue.lua send up to ``xn:{band}`` new
+# jobs straight to endpoint ``xep`` until ``xexp`` (ms), while nothing is queued. ``xs`` counts
+# every express send and dispatch, so a grant computed before one of them is refused.
+GRANT_ENDPOINT = "xep"
+GRANT_EXPIRES = "xexp"
+GRANT_SEQUENCE = "xs"
+
+
+def grant_field(band: str) -> str:
+    """Field of ``meta`` holding the express credits left for a band."""
+    return f"xn:{band}"
 
 
 def job_prefix(model: str) -> str:

@@ -44,45 +44,51 @@ class JobQueue:
         self._scripts = Scripts.bind(redis)
 
     async def submit(self, sub: Submission) -> str:
-        """Queue a job and return its id; raises QueueFull when the user's queue is full."""
+        """Queue a job (or send it express, see ``broker.dispatching``) and return its id;
+        raises QueueFull when the user's queue is full."""
         job_id = sub.job_id or new_job_id(sub.model)
-        m = sub.model
         try:
             reply = await self._scripts.enqueue(
-                keys=[
-                    keys.job(m, job_id),
-                    keys.queue(m, sub.band, sub.user),
-                    keys.backlog(m, sub.band),
-                    keys.meta(m),
-                    keys.queued_counts(m),
-                ],
-                args=[
-                    job_id,
-                    sub.user,
-                    sub.tenant,
-                    sub.band,
-                    sub.kind.value,
-                    sub.stream_flag,
-                    sub.payload,
-                    self._settings.max_queued_per_user,
-                    keys.wake_channel(m),
-                    keys.join_field(sub.band),
-                    sub.owner,
-                    sub.cost,
-                    sub.weight,
-                    keys.tenant_field(sub.band, sub.tenant),
-                ],
+                keys=self._enqueue_keys(sub, job_id), args=self._enqueue_args(sub, job_id)
             )
         except RedisError as exc:
             raise BrokerUnavailable(f"could not queue the request: {exc}") from exc
         if reply[0] == 0:
             raise QueueFull(
-                f"you already have {reply[1]} queued requests for model {m!r} "
+                f"you already have {reply[1]} queued requests for model {sub.model!r} "
                 f"(the limit is {self._settings.max_queued_per_user}); "
                 "retry after some of them have started",
                 retry_after_s=self._settings.queue_full_retry_after_s,
             )
         return job_id
+
+    @staticmethod
+    def _enqueue_keys(sub: Submission, job_id: str) -> list[str]:
+        m = sub.model
+        return [
+            keys.job(m, job_id),
+            keys.queue(m, sub.band, sub.user),
+            keys.backlog(m, sub.band),
+            keys.meta(m),
+            keys.queued_counts(m),
+            keys.ready(m),
+            keys.inflight(m),
+            keys.unstarted(m),
+            keys.user_counts(m),
+        ]
+
+    def _enqueue_args(self, sub: Submission, job_id: str) -> list[str | bytes | float | int]:
+        s = self._settings
+        model = s.model(sub.model)
+        engine_priority = model is not None and model.engine_priority
+        return [
+            job_id, sub.user, sub.tenant, sub.band, sub.kind.value, sub.stream_flag,
+            sub.payload, s.max_queued_per_user, keys.wake_channel(sub.model),
+            keys.join_field(sub.band), sub.owner, sub.cost, sub.weight,
+            keys.tenant_field(sub.band, sub.tenant), s.ready_stream_maxlen,
+            int(engine_priority), s.bands.index(sub.band) + 1, len(s.bands),
+            *s.bands, *(keys.grant_field(b) for b in s.bands),
+        ]  # fmt: skip
 
     async def get(self, job_id: str, owner: str | None) -> JobRecord:
         """The job record; NotFound if it does not exist or belongs to someone else.

@@ -27,6 +27,7 @@ class Scripts:
     complete: AsyncScript
     cancel: AsyncScript
     first: AsyncScript
+    grant: AsyncScript
 
     @classmethod
     def bind(cls, redis: Redis) -> Scripts:

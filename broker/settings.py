@@ -126,6 +126,8 @@ class Settings(BaseSettings):
     ready_stream_maxlen: int = Field(default=100_000, ge=1000)
 
     dispatcher_idle_tick_s: float = Field(default=1.0, gt=0)
+    # How long an express grant lasts (refreshed at half that while idle); 0: none.
+    express_grant_ttl_s: float = Field(default=2.0, ge=0)
     scrape_interval_s: float = Field(default=0.2, gt=0)
     scrape_timeout_s: float = Field(default=1.0, gt=0)
     metrics_stale_s: float = Field(default=2.0, gt=0)  # older metrics: fall back to the cap

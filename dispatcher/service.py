@@ -13,6 +13,12 @@ users who became backlogged (named by their wake messages), the next round
 plans from that view plus them: a new job on an idle model costs one round trip
 to dispatch, not two. The script re-checks every endpoint's cap, so a stale view
 can cost fairness for one round at most, never an over-admission.
+
+After each round the model's express grant is refreshed from the same admission
+decision (``plan_grant``): new jobs that find nothing queued ahead of them then
+go straight to an endpoint from enqueue.lua. A grant is written only when it
+changed or is half-way to its expiry, and Redis refuses it if any send happened
+since the state it was computed from (``broker.dispatching``).
 """
 
 from __future__ import annotations
@@ -21,13 +27,21 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import httpx
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from broker import DispatchStore, ModelConfig, ModelSnapshot, Newcomer, Settings
-from dispatcher.admission import ADMISSION, AdmissionConfig, EndpointState, choose_endpoint
+from broker import DispatchStore, Grant, ModelConfig, ModelSnapshot, Newcomer, Settings
+from dispatcher.admission import (
+    ADMISSION,
+    AdmissionConfig,
+    AdmissionPolicy,
+    EndpointState,
+    choose_endpoint,
+    plan_grant,
+)
 from dispatcher.endpoints import RateMeter, SentLog, endpoint_states
 from dispatcher.fairness import policy
 from dispatcher.scraper import Scraper
@@ -37,6 +51,15 @@ log = logging.getLogger(__name__)
 
 _MAX_EMPTY_ROUNDS = 3  # picks that found only emptied queues; each one cleans the backlog
 _MAX_PICKS = 64  # per script call: a huge room (a static cap of 100,000) is served in rounds
+
+
+@dataclass(frozen=True)
+class _Written:
+    """The last express grant this process wrote for a model."""
+
+    grant: Grant | None
+    sequence: int
+    at: float  # monotonic
 
 
 class Dispatcher:
@@ -51,12 +74,13 @@ class Dispatcher:
         self._rates = {m.name: RateMeter() for m in self._models}
         self._scraper: Scraper | None = None
         self._views: dict[str, ModelSnapshot] = {}  # model -> state after its last dispatch
+        self._grants: dict[str, _Written] = {}
         self.dispatched = 0  # jobs moved to ready streams by this process
 
     async def run(self, stop: asyncio.Event) -> None:
         for model in self._models:
             await self._store.ensure_ready_group(model.name)
-        wake = WakeListener(self._redis, [m.name for m in self._models])
+        wake = WakeListener(self._redis, [m.name for m in self._models], self._express_sent)
         timeout = httpx.Timeout(self._settings.scrape_timeout_s)
         async with httpx.AsyncClient(timeout=timeout) as http, asyncio.TaskGroup() as tasks:
             self._scraper = self._make_scraper(http, wake)
@@ -149,7 +173,34 @@ class Dispatcher:
             empty_rounds = 0 if dispatched else empty_rounds + 1
         self._views[model.name] = snap
         self.dispatched += total
+        await self._refresh_grant(model, snap, admission, config)
         return total
+
+    def _express_sent(self, model: str, endpoint: str) -> None:
+        now = time.monotonic()
+        self._sent.record(endpoint, 1, now)
+        self._rates[model].record(1, now)
+
+    async def _refresh_grant(
+        self,
+        model: ModelConfig,
+        snap: ModelSnapshot,
+        admission: AdmissionPolicy,
+        config: AdmissionConfig,
+    ) -> None:
+        ttl_s = self._settings.express_grant_ttl_s
+        if ttl_s <= 0:
+            return
+        states = self._states(model, snap)
+        grant = plan_grant(admission, states, self._settings.bands, config)
+        now = time.monotonic()
+        last = self._grants.get(model.name)
+        if last is not None and last.grant == grant:
+            unchanged = last.sequence == snap.sequence and now - last.at < ttl_s / 2
+            if grant is None or unchanged:
+                return
+        if await self._store.grant(model.name, grant, snap.sequence, int(ttl_s * 1000)):
+            self._grants[model.name] = _Written(grant, snap.sequence, now)
 
     def _states(self, model: ModelConfig, snap: ModelSnapshot) -> list[EndpointState]:
         views = None
