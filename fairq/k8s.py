@@ -65,6 +65,11 @@ class ClusterSpec(_Strict):
     worker_jobs_target: int = Field(default=48, ge=1)
     worker_min_replicas: int = Field(default=2, ge=1)
     worker_max_replicas: int = Field(default=20, ge=1)
+    # Where KEDA's operator (another namespace) reaches Redis; default: the in-cluster one.
+    keda_redis_address: str | None = None
+
+    def redis_address(self) -> str:
+        return self.keda_redis_address or f"redis.{self.namespace}.svc.cluster.local:6379"
 
 
 @dataclass(frozen=True)
@@ -307,7 +312,7 @@ def _scaled_object(cluster: ClusterSpec, models: list[Model]) -> dict[str, Any]:
             "type": "redis-streams",
             "name": f"m{i}",
             "metadata": {
-                "address": f"redis.{cluster.namespace}.svc.cluster.local:6379",
+                "address": cluster.redis_address(),
                 "stream": keys.ready(model.name),
                 "consumerGroup": keys.READY_GROUP,
                 # Pending entries = jobs claimed by a worker and not yet terminal.
