@@ -47,32 +47,9 @@ class JobQueue:
         """Queue a job and return its id; raises QueueFull when the user's queue is full."""
         job_id = sub.job_id or new_job_id(sub.model)
         m = sub.model
+        call_keys, args = enqueue_call(sub, job_id, self._settings.max_queued_per_user)
         try:
-            reply = await self._scripts.enqueue(
-                keys=[
-                    keys.job(m, job_id),
-                    keys.queue(m, sub.band, sub.user),
-                    keys.backlog(m, sub.band),
-                    keys.meta(m),
-                    keys.queued_counts(m),
-                ],
-                args=[
-                    job_id,
-                    sub.user,
-                    sub.tenant,
-                    sub.band,
-                    sub.kind.value,
-                    sub.stream_flag,
-                    sub.payload,
-                    self._settings.max_queued_per_user,
-                    keys.wake_channel(m),
-                    keys.join_field(sub.band),
-                    sub.owner,
-                    sub.cost,
-                    sub.weight,
-                    keys.tenant_field(sub.band, sub.tenant),
-                ],
-            )
+            reply = await self._scripts.enqueue(keys=call_keys, args=args)
         except RedisError as exc:
             raise BrokerUnavailable(f"could not queue the request: {exc}") from exc
         if reply[0] == 0:
@@ -120,31 +97,56 @@ class JobQueue:
         return job
 
     async def _end_early(self, job: JobRecord, state: JobState) -> None:
-        m = job.model
+        call_keys, args = cancel_call(
+            job.model, job.id, job.band, job.user, state, self._settings.result_ttl_s
+        )
         try:
-            await self._scripts.cancel(
-                keys=[
-                    keys.job(m, job.id),
-                    keys.results(m, job.id),
-                    keys.ready(m),
-                    keys.inflight(m),
-                    keys.queue(m, job.band, job.user),
-                    keys.backlog(m, job.band),
-                    keys.unstarted(m),
-                    keys.user_counts(m),
-                    keys.queued_counts(m),
-                    keys.meta(m),
-                ],
-                args=[
-                    job.id,
-                    keys.READY_GROUP,
-                    self._settings.result_ttl_s,
-                    keys.wake_channel(m),
-                    keys.cancel_channel(m),
-                    job.user,
-                    state.value,
-                    job.band,
-                ],
-            )
+            await self._scripts.cancel(keys=call_keys, args=args)
         except RedisError as exc:
             raise BrokerUnavailable(f"could not cancel job {job.id!r}: {exc}") from exc
+
+
+def enqueue_call(
+    sub: Submission, job_id: str, max_queued: int, keep_s: int | None = None
+) -> tuple[list[str], list[object]]:
+    """KEYS and ARGV of ``enqueue.lua`` for one job (also pipelined by the batch ingest).
+
+    ``keep_s`` keeps the ended job that long instead of ``result_ttl_s`` (batch lines).
+    """
+    m = sub.model
+    call_keys = [
+        keys.job(m, job_id),
+        keys.queue(m, sub.band, sub.user),
+        keys.backlog(m, sub.band),
+        keys.meta(m),
+        keys.queued_counts(m),
+    ]
+    args: list[object] = [
+        job_id, sub.user, sub.tenant, sub.band, sub.kind.value, sub.stream_flag, sub.payload,
+        max_queued, keys.wake_channel(m), keys.join_field(sub.band), sub.owner, sub.cost,
+        sub.weight, keys.tenant_field(sub.band, sub.tenant), keep_s or "",
+    ]  # fmt: skip
+    return call_keys, args
+
+
+def cancel_call(
+    m: str, job_id: str, band: str, user: str, state: JobState, ttl_s: int
+) -> tuple[list[str], list[object]]:
+    """KEYS and ARGV of ``cancel.lua`` for one job (also pipelined by batch cancels)."""
+    call_keys = [
+        keys.job(m, job_id),
+        keys.results(m, job_id),
+        keys.ready(m),
+        keys.inflight(m),
+        keys.queue(m, band, user),
+        keys.backlog(m, band),
+        keys.unstarted(m),
+        keys.user_counts(m),
+        keys.queued_counts(m),
+        keys.meta(m),
+    ]
+    args: list[object] = [
+        job_id, keys.READY_GROUP, ttl_s, keys.wake_channel(m), keys.cancel_channel(m),
+        user, state.value, band,
+    ]  # fmt: skip
+    return call_keys, args

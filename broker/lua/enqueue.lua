@@ -10,6 +10,7 @@
 -- ARGV[11] owner (the API key's user; may differ from the fairness user of a trusted app)
 -- ARGV[12] estimated cost of the job in weighted tokens   ARGV[13] the key's fairness weight
 -- ARGV[14] meta field counting the tenant's backlogged users in this band
+-- ARGV[15] optional: seconds to keep the ended job (a batch line, until its batch collects it)
 -- Returns {1, queue entry id} when queued, {0, queue length} when the user's queue is full,
 -- {-1} when the job id exists already (a retried submit: nothing is changed).
 local qlen = redis.call('XLEN', KEYS[2])
@@ -26,6 +27,7 @@ redis.call('HINCRBY', KEYS[5], ARGV[4], 1)
 redis.call('HSET', KEYS[1], 'st', 'queued', 'u', ARGV[2], 'tn', ARGV[3], 'b', ARGV[4],
   'k', ARGV[5], 's', ARGV[6], 'p', ARGV[7], 'tq', now_ms, 'qe', entry, 'o', ARGV[11],
   'ce', ARGV[12], 'w', ARGV[13], 'tnf', ARGV[14])
+if ARGV[15] and ARGV[15] ~= '' then redis.call('HSET', KEYS[1], 'kt', ARGV[15]) end
 -- A user who was idle joins at the band's current fairness clock, so idle time is never
 -- banked as credit (and a newcomer is served before anyone is served twice in a row).
 -- The wake message names a newcomer, so a dispatcher can plan without reading the backlog.
