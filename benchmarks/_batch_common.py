@@ -13,10 +13,21 @@ def batch_file(lines: int, model: str, tokens: int, prompt_chars: int = 200) -> 
     prompt = ("Summarise the following text. " * 20)[:prompt_chars]
     out = []
     for i in range(lines):
-        body = {"model": model, "max_tokens": tokens,
-                "messages": [{"role": "user", "content": f"{i}: {prompt}"}]}  # fmt: skip
-        out.append(orjson.dumps({"custom_id": f"req-{i}", "method": "POST",
-                                 "url": "/v1/chat/completions", "body": body}))  # fmt: skip
+        body = {
+            "model": model,
+            "max_tokens": tokens,
+            "messages": [{"role": "user", "content": f"{i}: {prompt}"}],
+        }
+        out.append(
+            orjson.dumps(
+                {
+                    "custom_id": f"req-{i}",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": body,
+                }
+            )
+        )
     return b"\n".join(out) + b"\n"
 
 
@@ -28,15 +39,19 @@ def upload(client: httpx.Client, data: bytes) -> str:
 
 
 def create(client: httpx.Client, file_id: str) -> str:
-    body = {"input_file_id": file_id, "endpoint": "/v1/chat/completions",
-            "completion_window": "24h"}  # fmt: skip
+    body = {
+        "input_file_id": file_id,
+        "endpoint": "/v1/chat/completions",
+        "completion_window": "24h",
+    }
     response = client.post("/v1/batches", json=body)
     response.raise_for_status()
     return str(response.json()["id"])
 
 
-def wait_status(client: httpx.Client, batch_id: str, statuses: tuple[str, ...],
-                timeout_s: float = 600) -> dict[str, object]:  # fmt: skip
+def wait_status(
+    client: httpx.Client, batch_id: str, statuses: tuple[str, ...], timeout_s: float = 600
+) -> dict[str, object]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         batch = client.get(f"/v1/batches/{batch_id}").json()

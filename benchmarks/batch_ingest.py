@@ -32,8 +32,14 @@ def run(lines: int) -> dict[str, object]:
     data = batch_file(lines, DEMO_MODELS[0], tokens=16)
     config = demo_config([free_port(), free_port()])
     stack = Stack(config, gateway_port=free_port(), workers=0, dispatchers=0)
-    with stack, httpx.Client(base_url=stack.gateway_url, timeout=120,
-                             headers={"Authorization": "Bearer fq-demo-alice"}) as client:  # fmt: skip
+    with (
+        stack,
+        httpx.Client(
+            base_url=stack.gateway_url,
+            timeout=120,
+            headers={"Authorization": "Bearer fq-demo-alice"},
+        ) as client,
+    ):
         assert stack.redis_url is not None
         r = redis.Redis.from_url(stack.redis_url)
         before = used_memory(r)
@@ -50,11 +56,17 @@ def run(lines: int) -> dict[str, object]:
     per_line = (after - before - file_memory) / lines
     line_bytes = len(data) / lines
     return {
-        "benchmark": "batch_ingest", "machine": machine(), "lines": lines,
-        "file_bytes": len(data), "upload_s": uploaded_s, "create_to_in_progress_s": ingest_s,
-        "file_memory_bytes": file_memory, "memory_per_queued_line_bytes": per_line,
-        "line_bytes": line_bytes, "overhead_per_line_bytes": per_line - line_bytes,
-    }  # fmt: skip
+        "benchmark": "batch_ingest",
+        "machine": machine(),
+        "lines": lines,
+        "file_bytes": len(data),
+        "upload_s": uploaded_s,
+        "create_to_in_progress_s": ingest_s,
+        "file_memory_bytes": file_memory,
+        "memory_per_queued_line_bytes": per_line,
+        "line_bytes": line_bytes,
+        "overhead_per_line_bytes": per_line - line_bytes,
+    }
 
 
 def render(result: dict[str, object]) -> str:

@@ -30,8 +30,12 @@ MODEL = DEMO_MODELS[0]
 
 
 def ttft_ms(client: httpx.Client, tokens: int) -> float:
-    body = {"model": MODEL, "stream": True, "max_tokens": tokens,
-            "messages": [{"role": "user", "content": "Say something."}]}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "stream": True,
+        "max_tokens": tokens,
+        "messages": [{"role": "user", "content": "Say something."}],
+    }
     start = time.perf_counter()
     ttft: float | None = None
     with client.stream("POST", "/v1/chat/completions", json=body) as response:
@@ -61,12 +65,21 @@ def running_lines(client: httpx.Client, batch_id: str) -> int:
 
 def run(lines: int, requests: int, tokens: int, batch_tokens: int) -> dict[str, object]:
     ports = [free_port(), free_port()]
-    stack = Stack(demo_config(ports), gateway_port=free_port(),
-                  sims=dict(zip(ports, DEMO_MODELS, strict=True)))  # fmt: skip
+    stack = Stack(
+        demo_config(ports),
+        gateway_port=free_port(),
+        sims=dict(zip(ports, DEMO_MODELS, strict=True)),
+    )
     auth = {"Authorization": "Bearer fq-demo-bob"}
-    with stack, httpx.Client(base_url=stack.gateway_url, timeout=120, headers=auth) as bob, \
-            httpx.Client(base_url=stack.gateway_url, timeout=120,
-                         headers={"Authorization": "Bearer fq-demo-alice"}) as alice:  # fmt: skip
+    with (
+        stack,
+        httpx.Client(base_url=stack.gateway_url, timeout=120, headers=auth) as bob,
+        httpx.Client(
+            base_url=stack.gateway_url,
+            timeout=120,
+            headers={"Authorization": "Bearer fq-demo-alice"},
+        ) as alice,
+    ):
         arm(bob, 5, tokens)  # warm-up
         idle = arm(bob, requests, tokens)
         batch_id = create(alice, upload(alice, batch_file(lines, MODEL, batch_tokens)))
@@ -81,13 +94,17 @@ def run(lines: int, requests: int, tokens: int, batch_tokens: int) -> dict[str, 
         alice.post(f"/v1/batches/{batch_id}/cancel").raise_for_status()
         wait_status(alice, batch_id, ("cancelled",))
     return {
-        "benchmark": "batch_ttft", "machine": machine(), "batch_lines": lines,
-        "requests_per_arm": requests, "interactive_tokens": tokens, "batch_tokens": batch_tokens,
+        "benchmark": "batch_ttft",
+        "machine": machine(),
+        "batch_lines": lines,
+        "requests_per_arm": requests,
+        "interactive_tokens": tokens,
+        "batch_tokens": batch_tokens,
         "idle": {"p50": median(idle), "p95": pct(idle, 95)},
         "during": {"p50": median(during), "p95": pct(during, 95)},
         "batch_lines_per_s_during": done_during / elapsed,
         "note": "engine = fairq's simulator; its timings are estimates, not a GPU's",
-    }  # fmt: skip
+    }
 
 
 def render(result: dict[str, object]) -> str:

@@ -98,7 +98,12 @@ class JobQueue:
 
     async def _end_early(self, job: JobRecord, state: JobState) -> None:
         call_keys, args = cancel_call(
-            job.model, job.id, job.band, job.user, state, self._settings.result_ttl_s
+            job.model,
+            job.id,
+            band=job.band,
+            user=job.user,
+            state=state,
+            ttl_s=self._settings.result_ttl_s,
         )
         try:
             await self._scripts.cancel(keys=call_keys, args=args)
@@ -130,7 +135,7 @@ def enqueue_call(
 
 
 def cancel_call(
-    m: str, job_id: str, band: str, user: str, state: JobState, ttl_s: int
+    m: str, job_id: str, *, band: str, user: str, state: JobState, ttl_s: int
 ) -> tuple[list[str], list[object]]:
     """KEYS and ARGV of ``cancel.lua`` for one job (also pipelined by batch cancels)."""
     call_keys = [

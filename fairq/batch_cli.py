@@ -28,8 +28,11 @@ def _client(ctx: click.Context) -> httpx.Client:
     api_url, key = ctx.obj["api_url"], ctx.obj["api_key"]
     if not key:
         raise click.UsageError("set FAIRQ_API_KEY (or OPENAI_API_KEY) or pass --api-key")
-    return httpx.Client(base_url=f"{api_url.rstrip('/')}/v1", timeout=60.0,
-                        headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+    return httpx.Client(
+        base_url=f"{api_url.rstrip('/')}/v1",
+        timeout=60.0,
+        headers={"Authorization": f"Bearer {key}"},
+    )
 
 
 def _check(response: httpx.Response) -> Any:
@@ -43,10 +46,19 @@ def _check(response: httpx.Response) -> Any:
 
 
 @click.group()
-@click.option("--api-url", envvar="FAIRQ_API_URL", default="http://127.0.0.1:8000",
-              show_default=True, help="the fairq gateway")  # fmt: skip
-@click.option("--api-key", envvar=["FAIRQ_API_KEY", "OPENAI_API_KEY"], default=None,
-              help="API key [$FAIRQ_API_KEY]")  # fmt: skip
+@click.option(
+    "--api-url",
+    envvar="FAIRQ_API_URL",
+    default="http://127.0.0.1:8000",
+    show_default=True,
+    help="the fairq gateway",
+)
+@click.option(
+    "--api-key",
+    envvar=["FAIRQ_API_KEY", "OPENAI_API_KEY"],
+    default=None,
+    help="API key [$FAIRQ_API_KEY]",
+)
 @click.pass_context
 def batch(ctx: click.Context, api_url: str, api_key: str | None) -> None:
     """OpenAI-compatible batches: submit, status, results, cancel."""
@@ -79,8 +91,10 @@ def _prepared(path: Path, model: str | None, endpoint: str) -> Path:
 
 def _upload(client: httpx.Client, path: Path, name: str) -> str:
     size = path.stat().st_size
-    with path.open("rb") as raw, tqdm.wrapattr(raw, "read", total=size, desc="upload",
-                                               file=sys.stderr) as reader:  # fmt: skip
+    with (
+        path.open("rb") as raw,
+        tqdm.wrapattr(raw, "read", total=size, desc="upload", file=sys.stderr) as reader,
+    ):
         files = {"file": (name, reader, "application/jsonl")}
         uploaded = _check(client.post("/files", data={"purpose": "batch"}, files=files))
     return str(uploaded["id"])
@@ -89,8 +103,12 @@ def _upload(client: httpx.Client, path: Path, name: str) -> str:
 @batch.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--model", default=None, help="model for every request that names none")
-@click.option("--endpoint", default="/v1/chat/completions", show_default=True,
-              type=click.Choice(["/v1/chat/completions", "/v1/completions"]))  # fmt: skip
+@click.option(
+    "--endpoint",
+    default="/v1/chat/completions",
+    show_default=True,
+    type=click.Choice(["/v1/chat/completions", "/v1/completions"]),
+)
 @click.option("--wait", is_flag=True, help="follow the batch to its end with a progress bar")
 @click.pass_context
 def submit(ctx: click.Context, file: Path, model: str | None, endpoint: str, wait: bool) -> None:
@@ -99,9 +117,16 @@ def submit(ctx: click.Context, file: Path, model: str | None, endpoint: str, wai
     try:
         with _client(ctx) as client:
             file_id = _upload(client, prepared, file.name)
-            created = _check(client.post("/batches", json={
-                "input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h",
-            }))  # fmt: skip
+            created = _check(
+                client.post(
+                    "/batches",
+                    json={
+                        "input_file_id": file_id,
+                        "endpoint": endpoint,
+                        "completion_window": "24h",
+                    },
+                )
+            )
             click.echo(created["id"])
             if wait:
                 final = _follow(client, created["id"])
@@ -144,10 +169,19 @@ def _download(client: httpx.Client, file_id: str, path: Path) -> None:
 
 @batch.command()
 @click.argument("batch_id")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="where to write the output file (JSONL)")  # fmt: skip
-@click.option("--errors", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="where to write the error file [OUTPUT with .errors.jsonl]")  # fmt: skip
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="where to write the output file (JSONL)",
+)
+@click.option(
+    "--errors",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="where to write the error file [OUTPUT with .errors.jsonl]",
+)
 @click.pass_context
 def results(ctx: click.Context, batch_id: str, output: Path, errors: Path | None) -> None:
     """Download the batch's output file (and its error file, if any)."""

@@ -29,8 +29,9 @@ _DEADLINE_S = 90
 def stack(redis_server: LocalRedis) -> Iterator[Stack]:
     ports = [free_port(), free_port()]
     sims = dict(zip(ports, DEMO_MODELS, strict=True))
-    with Stack(demo_config(ports), gateway_port=free_port(), sims=sims,
-               redis_url=redis_server.url) as running:  # fmt: skip
+    with Stack(
+        demo_config(ports), gateway_port=free_port(), sims=sims, redis_url=redis_server.url
+    ) as running:
         yield running
 
 
@@ -39,8 +40,11 @@ def client_of(stack: Stack, key: str = "fq-demo-alice") -> OpenAI:
 
 
 def chat_line(custom_id: str, model: str = MODEL, tokens: int = 4) -> bytes:
-    body = {"model": model, "max_tokens": tokens,
-            "messages": [{"role": "user", "content": f"hello {custom_id}"}]}  # fmt: skip
+    body = {
+        "model": model,
+        "max_tokens": tokens,
+        "messages": [{"role": "user", "content": f"hello {custom_id}"}],
+    }
     line = {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
     return orjson.dumps(line)
 
@@ -71,8 +75,12 @@ def test_a_batch_runs_to_completion_through_the_openai_client(stack: Stack) -> N
     assert client.files.content(uploaded.id).content == data
     assert uploaded.id in [f.id for f in client.files.list()]
 
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                  completion_window="24h", metadata={"job": "e2e"})  # fmt: skip
+    batch = client.batches.create(
+        input_file_id=uploaded.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata={"job": "e2e"},
+    )
     assert batch.status == "validating" and batch.metadata == {"job": "e2e"}
     done = wait_for(client, batch.id, ("completed", "failed"))
     assert done.status == "completed", done.errors
@@ -93,8 +101,12 @@ def test_a_batch_runs_to_completion_through_the_openai_client(stack: Stack) -> N
 def test_listing_batches_pages_with_limit_and_after(stack: Stack) -> None:
     client = client_of(stack, "fq-demo-bob")
     uploaded = client.files.create(file=("p.jsonl", io.BytesIO(chat_line("x"))), purpose="batch")
-    created = [client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                     completion_window="24h").id for _ in range(3)]  # fmt: skip
+    created = [
+        client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        ).id
+        for _ in range(3)
+    ]
     first = client.batches.list(limit=2)
     assert [b.id for b in first.data] == created[::-1][:2] and first.has_more
     rest = client.batches.list(limit=2, after=first.data[-1].id)
@@ -111,8 +123,9 @@ def test_a_cancelled_batch_keeps_every_line_once_in_its_files(stack: Stack) -> N
     ids = [f"slow-{i}" for i in range(60)]
     data = b"\n".join(chat_line(i, tokens=200) for i in ids)
     uploaded = client.files.create(file=("slow.jsonl", io.BytesIO(data)), purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                  completion_window="24h")  # fmt: skip
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
     wait_for(client, batch.id, ("in_progress",))
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at
@@ -132,16 +145,19 @@ def test_a_cancelled_batch_keeps_every_line_once_in_its_files(stack: Stack) -> N
 def test_a_key_sees_only_its_own_files_and_batches(stack: Stack) -> None:
     alice, bob = client_of(stack), client_of(stack, "fq-demo-bob")
     uploaded = alice.files.create(file=("a.jsonl", io.BytesIO(chat_line("a"))), purpose="batch")
-    batch = alice.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                 completion_window="24h")  # fmt: skip
-    for call in (lambda: bob.files.retrieve(uploaded.id),
-                 lambda: bob.files.content(uploaded.id),
-                 lambda: bob.files.delete(uploaded.id),
-                 lambda: bob.batches.retrieve(batch.id),
-                 lambda: bob.batches.cancel(batch.id),
-                 lambda: bob.batches.create(input_file_id=uploaded.id,
-                                            endpoint="/v1/chat/completions",
-                                            completion_window="24h")):  # fmt: skip
+    batch = alice.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    for call in (
+        lambda: bob.files.retrieve(uploaded.id),
+        lambda: bob.files.content(uploaded.id),
+        lambda: bob.files.delete(uploaded.id),
+        lambda: bob.batches.retrieve(batch.id),
+        lambda: bob.batches.cancel(batch.id),
+        lambda: bob.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        ),
+    ):
         with pytest.raises(openai.NotFoundError):
             call()
     assert uploaded.id not in [f.id for f in bob.files.list()]
@@ -156,32 +172,44 @@ def test_bad_batch_requests_get_openai_errors(stack: Stack) -> None:
     client = client_of(stack)
     uploaded = client.files.create(file=("b.jsonl", io.BytesIO(chat_line("b"))), purpose="batch")
     with pytest.raises(openai.BadRequestError, match="endpoint must be one of"):
-        client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings",  # type: ignore[arg-type]
-                              completion_window="24h")  # fmt: skip
+        client.batches.create(
+            input_file_id=uploaded.id,
+            endpoint="/v1/embeddings",  # type: ignore[arg-type]
+            completion_window="24h",
+        )
     with pytest.raises(openai.BadRequestError, match="completion_window"):
-        client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                              completion_window="1h")  # type: ignore[arg-type]  # fmt: skip
+        client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="1h"
+        )  # type: ignore[arg-type]
     with pytest.raises(openai.BadRequestError, match="purpose"):
         client.files.create(file=("b.jsonl", io.BytesIO(b"{}")), purpose="fine-tune")
 
 
 @pytest.mark.parametrize("chunked", [False, True])
 def test_an_upload_over_the_size_limit_is_refused_with_413(redis_url: str, chunked: bool) -> None:
-    settings = Settings(redis_url=redis_url, batch={"max_file_bytes": 4096},
-                        models=[{"name": MODEL, "endpoints": ["http://127.0.0.1:9"]}],
-                        api_keys=[{"sha256": hash_key("k"), "user": "u"}])  # type: ignore[arg-type]  # fmt: skip
+    settings = Settings(
+        redis_url=redis_url,
+        batch={"max_file_bytes": 4096},
+        models=[{"name": MODEL, "endpoints": ["http://127.0.0.1:9"]}],
+        api_keys=[{"sha256": hash_key("k"), "user": "u"}],
+    )  # type: ignore[arg-type]
     data = b"\n".join(chat_line(f"big-{i}") for i in range(200))  # ~30 KB
     with uvicorn_thread(create_app(settings)) as url:
         if chunked:  # no Content-Length: the count while reading is the guard
             boundary = b"fq"
-            body = (b"--fq\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
-                    b"--fq\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.jsonl\"\r\n"
-                    b"\r\n" + data * 4 + b"\r\n--fq--\r\n")  # fmt: skip
+            body = (
+                b'--fq\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+                b'--fq\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n'
+                b"\r\n" + data * 4 + b"\r\n--fq--\r\n"
+            )
             response = httpx.post(
-                f"{url}/v1/files", content=iter([body[i : i + 8192] for i in range(0, len(body), 8192)]),
-                headers={"Authorization": "Bearer k",
-                         "Content-Type": f"multipart/form-data; boundary={boundary.decode()}"},
-            )  # fmt: skip
+                f"{url}/v1/files",
+                content=iter([body[i : i + 8192] for i in range(0, len(body), 8192)]),
+                headers={
+                    "Authorization": "Bearer k",
+                    "Content-Type": f"multipart/form-data; boundary={boundary.decode()}",
+                },
+            )
             status, error = response.status_code, response.json()["error"]
         else:
             client = OpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0)

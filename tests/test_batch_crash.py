@@ -19,7 +19,7 @@ from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker import keys
-from fairq.localredis import LocalRedis, free_port
+from fairq.localredis import free_port
 from fairq.stack import DEMO_MODELS, Stack, demo_config
 
 pytestmark = pytest.mark.integration
@@ -34,8 +34,14 @@ def stack(redis_url: str) -> Iterator[Stack]:
     ports = [free_port(), free_port()]
     sims = dict(zip(ports, DEMO_MODELS, strict=True))
     env = {"FAIRQ_BATCH__LEASE_S": "2", "FAIRQ_BATCH__INGEST_CHUNK_LINES": "200"}
-    with Stack(demo_config(ports), gateway_port=free_port(), sims=sims, redis_url=redis_url,
-               batch_workers=0, env=env) as running:  # fmt: skip
+    with Stack(
+        demo_config(ports),
+        gateway_port=free_port(),
+        sims=sims,
+        redis_url=redis_url,
+        batch_workers=0,
+        env=env,
+    ) as running:
         yield running
 
 
@@ -51,8 +57,12 @@ def kill(process: subprocess.Popen[bytes]) -> None:
 def engine_requests(stack: Stack) -> float:
     port = next(p for p, m in stack.sims.items() if m == MODEL)
     text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.name == "vllm:request_success_total")  # fmt: skip
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "vllm:request_success_total"
+    )
 
 
 def batch_file() -> tuple[bytes, list[str]]:
@@ -61,8 +71,16 @@ def batch_file() -> tuple[bytes, list[str]]:
         custom_id = f"line-{i}"
         model = MODEL if i % (INVALID // VALID + 1) == 0 else "no-such-model"
         body = {"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
-        lines.append(orjson.dumps({"custom_id": custom_id, "method": "POST",
-                                   "url": "/v1/chat/completions", "body": body}))  # fmt: skip
+        lines.append(
+            orjson.dumps(
+                {
+                    "custom_id": custom_id,
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": body,
+                }
+            )
+        )
         ids.append(custom_id)
     return b"\n".join(lines), ids
 
@@ -85,8 +103,9 @@ def test_a_batch_worker_killed_in_ingest_and_in_finalize_loses_and_repeats_nothi
     valid = sum(1 for i in range(len(ids)) if i % (INVALID // VALID + 1) == 0)
     before = engine_requests(stack)
     uploaded = client.files.create(file=("crash.jsonl", io.BytesIO(data)), purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                  completion_window="24h")  # fmt: skip
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
 
     worker = start_batch_worker(stack)
     poll_until(r, batch.id, lambda h: int(h.get(b"line", 0)) >= 2_000)  # part of the file read
@@ -107,10 +126,16 @@ def test_a_batch_worker_killed_in_ingest_and_in_finalize_loses_and_repeats_nothi
         worker.wait(10)
     done = client.batches.retrieve(batch.id)
     assert done.request_counts is not None
-    assert (done.request_counts.total, done.request_counts.completed,
-            done.request_counts.failed) == (len(ids), valid, len(ids) - valid)  # fmt: skip
-    seen = [orjson.loads(x)["custom_id"]
-            for file_id in (done.output_file_id, done.error_file_id) if file_id
-            for x in client.files.content(file_id).content.splitlines()]  # fmt: skip
+    assert (
+        done.request_counts.total,
+        done.request_counts.completed,
+        done.request_counts.failed,
+    ) == (len(ids), valid, len(ids) - valid)
+    seen = [
+        orjson.loads(x)["custom_id"]
+        for file_id in (done.output_file_id, done.error_file_id)
+        if file_id
+        for x in client.files.content(file_id).content.splitlines()
+    ]
     assert len(seen) == len(ids) and sorted(seen) == sorted(ids)  # each exactly once
     assert engine_requests(stack) - before == valid  # no line ran twice

@@ -25,21 +25,24 @@ MODEL = DEMO_MODELS[1]
 def client(redis_server: LocalRedis) -> Iterator[OpenAI]:
     ports = [free_port(), free_port()]
     sims = dict(zip(ports, DEMO_MODELS, strict=True))
-    with Stack(demo_config(ports), gateway_port=free_port(), sims=sims,
-               redis_url=redis_server.url) as stack:  # fmt: skip
+    with Stack(
+        demo_config(ports), gateway_port=free_port(), sims=sims, redis_url=redis_server.url
+    ) as stack:
         yield OpenAI(base_url=f"{stack.gateway_url}/v1", api_key="fq-demo-alice", max_retries=0)
 
 
 def line(custom_id: str, model: str = MODEL) -> bytes:
     body = {"model": model, "prompt": f"say {custom_id}", "max_tokens": 3}
-    return orjson.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/completions",
-                         "body": body})  # fmt: skip
+    return orjson.dumps(
+        {"custom_id": custom_id, "method": "POST", "url": "/v1/completions", "body": body}
+    )
 
 
 def run(client: OpenAI, data: bytes) -> openai.types.Batch:
     uploaded = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions",
-                                  completion_window="24h")  # fmt: skip
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h"
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         batch = client.batches.retrieve(batch.id)
@@ -56,16 +59,16 @@ def records(client: OpenAI, file_id: str | None) -> list[dict[str, object]]:
 
 def test_invalid_lines_go_to_the_error_file_and_the_valid_ones_still_run(client: OpenAI) -> None:
     lines = [
-        line("ok-1"),                                   # 1
-        b'{"custom_id": "broken", "method": ',           # 2 malformed JSON
-        line("ok-2"),                                   # 3
-        line("ghost-1", model="no-such-model"),         # 4 unknown model
-        b"",                                            # 5 blank: not a request
-        line("ok-1"),                                   # 6 repeated custom_id
-        line("ghost-2", model="no-such-model"),         # 7 unknown model
-        b"[1, 2, 3]",                                   # 8 JSON, not a request
-        line("ok-3"),                                   # 9
-    ]  # fmt: skip
+        line("ok-1"),  # 1
+        b'{"custom_id": "broken", "method": ',  # 2 malformed JSON
+        line("ok-2"),  # 3
+        line("ghost-1", model="no-such-model"),  # 4 unknown model
+        b"",  # 5 blank: not a request
+        line("ok-1"),  # 6 repeated custom_id
+        line("ghost-2", model="no-such-model"),  # 7 unknown model
+        b"[1, 2, 3]",  # 8 JSON, not a request
+        line("ok-3"),  # 9
+    ]
     batch = run(client, b"\n".join(lines))
     assert batch.status == "completed"
     assert batch.request_counts is not None
@@ -77,8 +80,13 @@ def test_invalid_lines_go_to_the_error_file_and_the_valid_ones_still_run(client:
     errors = {r["error"]["line"]: r for r in records(client, batch.error_file_id)}  # type: ignore[index]
     assert sorted(errors) == [2, 4, 6, 7, 8]
     codes = {n: r["error"]["code"] for n, r in errors.items()}  # type: ignore[index]
-    assert codes == {2: "invalid_json", 4: "model_not_found", 6: "duplicate_custom_id",
-                     7: "model_not_found", 8: "invalid_line"}  # fmt: skip
+    assert codes == {
+        2: "invalid_json",
+        4: "model_not_found",
+        6: "duplicate_custom_id",
+        7: "model_not_found",
+        8: "invalid_line",
+    }
     assert errors[4]["custom_id"] == "ghost-1" and errors[6]["custom_id"] == "ok-1"
     assert "line 1" in errors[6]["error"]["message"]  # type: ignore[index]
     assert all(r["response"] is None for r in errors.values())

@@ -1,12 +1,12 @@
 """The errors of the Batch API::
 
-    FairqError (broker.errors)
-    ├── NotFound                 404: a file or batch that is not the caller's (or none)
-    ├── BodyTooLarge             413: an upload over ``batch.max_file_bytes``
-    └── BatchError               the root of this package's own errors
-        ├── NotCancellable       409: the batch has ended or is ending already
-        └── LeaseLost            a batch step found that another job took the batch over
-                                 (never reaches a client: the step just stops)
+FairqError (broker.errors)
+├── NotFound                 404: a file or batch that is not the caller's (or none)
+├── BodyTooLarge             413: an upload over ``batch.max_file_bytes``
+└── BatchError               the root of this package's own errors
+    ├── NotCancellable       409: the batch has ended or is ending already
+    └── LeaseLost            a batch step found that another job took the batch over
+                             (never reaches a client: the step just stops)
 """
 
 from __future__ import annotations

@@ -65,9 +65,13 @@ class FileStore:
         self._block = block_bytes
 
     async def create(
-        self, owner: str, filename: str, purpose: str, blocks: AsyncIterable[bytes],
+        self,
+        owner: str,
+        filename: str,
+        purpose: str,
+        blocks: AsyncIterable[bytes],
         file_id: str | None = None,
-    ) -> FileRecord:  # fmt: skip
+    ) -> FileRecord:
         """Store a file from its blocks; replaces a file of the same id whole."""
         file_id = file_id or new_file_id()
         tmp = keys.file_tmp(file_id)
@@ -86,10 +90,16 @@ class FileStore:
                 pipe.rename(tmp, keys.file_data(file_id))
             else:
                 pipe.delete(keys.file_data(file_id))
-            pipe.hset(keys.file_meta(file_id), mapping={
-                "owner": owner, "bytes": size, "created_at": record.created_at,
-                "filename": filename, "purpose": purpose,
-            })  # fmt: skip
+            pipe.hset(
+                keys.file_meta(file_id),
+                mapping={
+                    "owner": owner,
+                    "bytes": size,
+                    "created_at": record.created_at,
+                    "filename": filename,
+                    "purpose": purpose,
+                },
+            )
             pipe.zadd(keys.owner_files(owner), {file_id: time.time_ns() // 1000})
             await pipe.execute()
         return record

@@ -45,10 +45,16 @@ async def finalize(ctx: StepContext, batch: BatchRecord, end: str) -> None:
     await cleanup(ctx)
 
 
-async def _write(ctx: StepContext, batch: BatchRecord, file_id: str, name: str,
-                 kind: bytes) -> None:  # fmt: skip
-    await ctx.files.create(batch.owner, f"{ctx.batch_id}_{name}.jsonl", "batch_output",
-                           _records(ctx, batch.n("line"), kind), file_id=file_id)  # fmt: skip
+async def _write(
+    ctx: StepContext, batch: BatchRecord, file_id: str, name: str, kind: bytes
+) -> None:
+    await ctx.files.create(
+        batch.owner,
+        f"{ctx.batch_id}_{name}.jsonl",
+        "batch_output",
+        _records(ctx, batch.n("line"), kind),
+        file_id=file_id,
+    )
 
 
 async def _records(ctx: StepContext, lines: int, kind: bytes) -> AsyncIterator[bytes]:

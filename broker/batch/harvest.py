@@ -60,8 +60,11 @@ async def harvest(ctx: StepContext, lines: list[PendingLine]) -> int:
         for line in lines:
             pipe.hmget(keys.job(line.model, line.job_id), "st", "err")
         states = await pipe.execute()
-    ended = [(line, st, err) for line, (st, err) in zip(lines, states, strict=True)
-             if st is None or JobState(st.decode()).terminal]  # fmt: skip
+    ended = [
+        (line, st, err)
+        for line, (st, err) in zip(lines, states, strict=True)
+        if st is None or JobState(st.decode()).terminal
+    ]
     if not ended:
         return 0
     bodies = await _bodies(ctx, [line for line, st, _ in ended if st == b"completed"])
@@ -71,8 +74,9 @@ async def harvest(ctx: StepContext, lines: list[PendingLine]) -> int:
         for line, st, err in ended:
             record = _record(b, line, st, err, bodies.get(line.job_id))
             counter = "completed" if record[:1] == b"o" else "failed"
-            await ctx.record(keys=record_keys, args=[line.number, counter, record, line.member],
-                             client=pipe)  # fmt: skip
+            await ctx.record(
+                keys=record_keys, args=[line.number, counter, record, line.member], client=pipe
+            )
         await pipe.execute()
     async with ctx.redis.pipeline(transaction=False) as pipe:
         for line, _, _ in ended:
@@ -95,23 +99,39 @@ async def _bodies(ctx: StepContext, lines: list[PendingLine]) -> dict[str, bytes
     return bodies
 
 
-def _record(batch_id: str, line: PendingLine, st: bytes | None, err: bytes | None,
-            body: bytes | None) -> bytes:  # fmt: skip
+def _record(
+    batch_id: str, line: PendingLine, st: bytes | None, err: bytes | None, body: bytes | None
+) -> bytes:
     if st is None:
-        return error_record(batch_id, LineError(line.number, line.custom_id, "result_lost",
-                            "the request's result expired before the batch collected it"))  # fmt: skip
+        return error_record(
+            batch_id,
+            LineError(
+                line.number,
+                line.custom_id,
+                "result_lost",
+                "the request's result expired before the batch collected it",
+            ),
+        )
     state = JobState(st.decode())
     if state is JobState.COMPLETED and body is not None:
-        return response_record(batch_id, line.number, line.custom_id, line.job_id, 200, body)
+        return response_record(
+            batch_id, line.number, line.custom_id, line.job_id, status=200, body=body
+        )
     if state in _ENDED_WITHOUT_RUNNING:
         code, message = _ENDED_WITHOUT_RUNNING[state]
         return error_record(batch_id, LineError(line.number, line.custom_id, code, message))
     error = orjson.loads(err) if err else None
     if state is JobState.COMPLETED:
-        error = {"message": "the engine returned no response body", "type": "server_error",
-                 "code": "engine_error", "status": 502}  # fmt: skip
+        error = {
+            "message": "the engine returned no response body",
+            "type": "server_error",
+            "code": "engine_error",
+            "status": 502,
+        }
     status, payload = failed_body(error)
-    return response_record(batch_id, line.number, line.custom_id, line.job_id, status, payload)
+    return response_record(
+        batch_id, line.number, line.custom_id, line.job_id, status=status, body=payload
+    )
 
 
 async def stop_pending(ctx: StepContext, state: JobState) -> None:
@@ -126,8 +146,14 @@ async def stop_pending(ctx: StepContext, state: JobState) -> None:
         async with ctx.redis.pipeline(transaction=False) as pipe:
             for line, (st, user, band) in zip(lines, states, strict=True):
                 if st in (b"queued", b"dispatched"):
-                    call_keys, args = cancel_call(line.model, line.job_id, band.decode(),
-                                                  user.decode(), state, ctx.settings.batch.line_keep_s)  # fmt: skip
+                    call_keys, args = cancel_call(
+                        line.model,
+                        line.job_id,
+                        band=band.decode(),
+                        user=user.decode(),
+                        state=state,
+                        ttl_s=ctx.settings.batch.line_keep_s,
+                    )
                     await ctx.scripts.cancel(keys=call_keys, args=args, client=pipe)
             await pipe.execute()
         await harvest(ctx, lines)

@@ -20,7 +20,6 @@ all was a valid request: the file is not a batch file).
 
 from __future__ import annotations
 
-
 import orjson
 
 from broker import keys
@@ -52,8 +51,13 @@ async def ingest(ctx: StepContext, batch: BatchRecord) -> None:
         await _fail(ctx, batch, "file_not_found", "the input file was deleted before it was read")
         return
     chunk: list[Line] = []
-    lines = read_lines(ctx.files, batch.s("input_file_id") or "", batch.n("off"),
-                       batch.n("line"), ctx.settings.max_body_bytes)  # fmt: skip
+    lines = read_lines(
+        ctx.files,
+        batch.s("input_file_id") or "",
+        batch.n("off"),
+        batch.n("line"),
+        ctx.settings.max_body_bytes,
+    )
     async for line in lines:
         chunk.append(line)
         if len(chunk) >= ctx.settings.batch.ingest_chunk_lines:
@@ -78,30 +82,46 @@ async def _ingest_chunk(ctx: StepContext, batch: BatchRecord, chunk: list[Line])
     errors = [c for c in checked if isinstance(c, LineError)]
     duplicates = await _duplicates(ctx, valid)
     errors += [
-        LineError(v.number, v.custom_id, "duplicate_custom_id",
-                  f"line {v.number}: custom_id {v.custom_id!r} was used before, on line "
-                  f"{duplicates[v.number]}; custom_ids must be unique in a batch")
-        for v in valid if v.number in duplicates
-    ]  # fmt: skip
+        LineError(
+            v.number,
+            v.custom_id,
+            "duplicate_custom_id",
+            f"line {v.number}: custom_id {v.custom_id!r} was used before, on line "
+            f"{duplicates[v.number]}; custom_ids must be unique in a batch",
+        )
+        for v in valid
+        if v.number in duplicates
+    ]
     valid = [v for v in valid if v.number not in duplicates]
     queued, full = await _enqueue(ctx, batch, valid)
     errors += [
-        LineError(v.number, v.custom_id, "queue_full",
-                  f"line {v.number}: you have {ctx.settings.batch.max_queued_lines_per_user} "
-                  f"batch requests queued for model {v.model.name!r} already (the limit)")
+        LineError(
+            v.number,
+            v.custom_id,
+            "queue_full",
+            f"line {v.number}: you have {ctx.settings.batch.max_queued_lines_per_user} "
+            f"batch requests queued for model {v.model.name!r} already (the limit)",
+        )
         for v in full
-    ]  # fmt: skip
+    ]
     await _commit(ctx, chunk[-1], queued, errors)
 
 
 def _check(ctx: StepContext, batch: BatchRecord, line: Line) -> ValidLine | LineError:
     if line.raw is None:
-        return LineError(line.number, None, "line_too_long",
-                         f"line {line.number} is longer than {ctx.settings.max_body_bytes} bytes")  # fmt: skip
+        return LineError(
+            line.number,
+            None,
+            "line_too_long",
+            f"line {line.number} is longer than {ctx.settings.max_body_bytes} bytes",
+        )
     if line.number > ctx.settings.batch.max_lines:
-        return LineError(line.number, None, "too_many_requests",
-                         f"line {line.number}: a batch holds at most "
-                         f"{ctx.settings.batch.max_lines} requests")  # fmt: skip
+        return LineError(
+            line.number,
+            None,
+            "too_many_requests",
+            f"line {line.number}: a batch holds at most {ctx.settings.batch.max_lines} requests",
+        )
     endpoint = batch.s("endpoint") or ""
     return check_line(line.number, line.raw, endpoint, ctx.settings, batch.models)
 
@@ -146,8 +166,12 @@ async def _enqueue(
     ids = [line_job_id(v.model.name, ctx.batch_id, v.number) for v in valid]
     async with ctx.redis.pipeline(transaction=False) as pipe:
         for line, job_id in zip(valid, ids, strict=True):
-            call_keys, args = enqueue_call(_submission(batch, line, job_id), job_id,
-                                           settings.max_queued_lines_per_user, settings.line_keep_s)  # fmt: skip
+            call_keys, args = enqueue_call(
+                _submission(batch, line, job_id),
+                job_id,
+                settings.max_queued_lines_per_user,
+                settings.line_keep_s,
+            )
             await ctx.scripts.enqueue(keys=call_keys, args=args, client=pipe)
         replies = await pipe.execute()
     queued = [(v, i) for v, i, r in zip(valid, ids, replies, strict=True) if r[0] != 0]
@@ -180,9 +204,14 @@ async def _finish(ctx: StepContext, batch: BatchRecord) -> None:
     lines, queued = await ctx.redis.hmget(keys.batch(b), "line", "queued")
     total = await ctx.redis.hlen(keys.batch_results(b)) + int(queued or 0)
     if not int(queued or 0):
-        await _fail(ctx, batch, "invalid_file",
-                    "the file holds no valid request: it must be JSONL, one batch request "
-                    "({custom_id, method, url, body}) per line", int(lines or 0))  # fmt: skip
+        await _fail(
+            ctx,
+            batch,
+            "invalid_file",
+            "the file holds no valid request: it must be JSONL, one batch request "
+            "({custom_id, method, url, body}) per line",
+            int(lines or 0),
+        )
         return
     await ctx.store.move(b, "in_progress", ("validating",), "in_progress_at", total=total)
     await ctx.redis.delete(keys.batch_custom_ids(b))
@@ -192,15 +221,28 @@ async def _fail(
     ctx: StepContext, batch: BatchRecord, code: str, message: str, lines: int = 0
 ) -> None:
     """Fail the batch; its first line errors, if any, are shown in ``errors``."""
-    shown = await ctx.redis.hmget(keys.batch_results(ctx.batch_id), list(range(1, lines + 1))[
-        :_FAILED_ERRORS_SHOWN * 10]) if lines else []  # fmt: skip
+    shown = (
+        await ctx.redis.hmget(
+            keys.batch_results(ctx.batch_id), list(range(1, lines + 1))[: _FAILED_ERRORS_SHOWN * 10]
+        )
+        if lines
+        else []
+    )
     data = [{"code": code, "message": message, "line": None, "param": None}]
     for record in [r for r in shown if r][:_FAILED_ERRORS_SHOWN]:
         error = orjson.loads(record[1:])["error"]
         data.append({**error, "param": None})
     errors = orjson.dumps({"object": "list", "data": data})
-    await ctx.store.move(ctx.batch_id, "failed", ("validating",), "failed_at", errors=errors,
-                         total=0, completed=0, failed=0)  # fmt: skip
+    await ctx.store.move(
+        ctx.batch_id,
+        "failed",
+        ("validating",),
+        "failed_at",
+        errors=errors,
+        total=0,
+        completed=0,
+        failed=0,
+    )
     await cleanup(ctx)
 
 
@@ -209,5 +251,3 @@ async def cleanup(ctx: StepContext) -> None:
     b = ctx.batch_id
     await ctx.redis.delete(keys.batch_results(b), keys.batch_pending(b), keys.batch_custom_ids(b))
     await ctx.redis.srem(keys.ACTIVE_BATCHES, b)
-
-

@@ -108,7 +108,13 @@ def sweep(redis: SyncRedis, queue: Queue, settings: Settings) -> int:
         token = secrets.token_hex(8)
         if redis.set(keys.batch_lease(batch_id), token, nx=True, px=lease_ms):
             step = _STEPS.get(status.decode(), progress)
-            queue.enqueue(step, batch_id, token, job_timeout=_STEP_TIMEOUT_S, result_ttl=0,
-                          failure_ttl=_FAILED_TTL_S)  # fmt: skip
+            queue.enqueue(
+                step,
+                batch_id,
+                token,
+                job_timeout=_STEP_TIMEOUT_S,
+                result_ttl=0,
+                failure_ttl=_FAILED_TTL_S,
+            )
             started += 1
     return started

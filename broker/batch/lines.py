@@ -85,13 +85,21 @@ def check_line(
     except InvalidRequest as exc:
         return LineError(number, _custom_id(line), "invalid_request", f"line {number}: {exc}")
     if body.get("stream"):
-        return LineError(number, custom_id, "invalid_request",
-                         f"line {number}: a batch request cannot be streamed (stream: true)")  # fmt: skip
+        return LineError(
+            number,
+            custom_id,
+            "invalid_request",
+            f"line {number}: a batch request cannot be streamed (stream: true)",
+        )
     model = settings.model(body["model"])
     if model is None or (models is not None and model.name not in models):
-        return LineError(number, custom_id, "model_not_found",
-                         f"line {number}: the model `{body['model']}` does not exist "
-                         "or you do not have access to it")  # fmt: skip
+        return LineError(
+            number,
+            custom_id,
+            "model_not_found",
+            f"line {number}: the model `{body['model']}` does not exist "
+            "or you do not have access to it",
+        )
     return ValidLine(number, custom_id, model, body)
 
 
@@ -111,7 +119,7 @@ def error_record(batch_id: str, error: LineError) -> bytes:
 
 
 def response_record(
-    batch_id: str, number: int, custom_id: str, job_id: str, status: int, body: bytes
+    batch_id: str, number: int, custom_id: str, job_id: str, *, status: int, body: bytes
 ) -> bytes:
     """The record of a line whose request ran: output file if 200, else error file."""
     record = {

@@ -32,8 +32,15 @@ from broker.errors import NotFound
 from broker.scripts import source
 
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
-_TIMES = ("in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at",
-          "cancelling_at", "cancelled_at")  # fmt: skip
+_TIMES = (
+    "in_progress_at",
+    "finalizing_at",
+    "completed_at",
+    "failed_at",
+    "expired_at",
+    "cancelling_at",
+    "cancelled_at",
+)
 
 
 def new_batch_id() -> str:
@@ -107,18 +114,34 @@ class BatchStore:
         self._status: AsyncScript = redis.register_script(source("batch_status"))
 
     async def create(
-        self, caller: Principal, input_file_id: str, endpoint: str, window: str,
-        window_s: int, metadata: dict[str, str] | None,
-    ) -> BatchRecord:  # fmt: skip
+        self,
+        caller: Principal,
+        *,
+        input_file_id: str,
+        endpoint: str,
+        window: str,
+        window_s: int,
+        metadata: dict[str, str] | None,
+    ) -> BatchRecord:
         batch_id = new_batch_id()
         now = int(time.time())
         fields: dict[str, str | int | bytes] = {
-            "status": "validating", "endpoint": endpoint, "input_file_id": input_file_id,
-            "completion_window": window, "created_at": now, "expires_at": now + window_s,
-            "owner": caller.user, "tenant": caller.tenant, "weight": str(caller.weight),
-            "models": orjson.dumps(caller.models), "off": 0, "line": 0, "queued": 0,
-            "completed": 0, "failed": 0,
-        }  # fmt: skip
+            "status": "validating",
+            "endpoint": endpoint,
+            "input_file_id": input_file_id,
+            "completion_window": window,
+            "created_at": now,
+            "expires_at": now + window_s,
+            "owner": caller.user,
+            "tenant": caller.tenant,
+            "weight": str(caller.weight),
+            "models": orjson.dumps(caller.models),
+            "off": 0,
+            "line": 0,
+            "queued": 0,
+            "completed": 0,
+            "failed": 0,
+        }
         if metadata:
             fields["metadata"] = orjson.dumps(metadata)
         async with self._redis.pipeline(transaction=False) as pipe:
@@ -148,9 +171,13 @@ class BatchStore:
         return records, len(ids) > limit
 
     async def move(
-        self, batch_id: str, to: str, allowed: tuple[str, ...], stamp: str = "",
+        self,
+        batch_id: str,
+        to: str,
+        allowed: tuple[str, ...],
+        stamp: str = "",
         **fields: str | int | bytes,
-    ) -> tuple[bool, str]:  # fmt: skip
+    ) -> tuple[bool, str]:
         """Move the batch to ``to`` if its status is one of ``allowed``: (moved, old status)."""
         args: list[str | int | bytes] = [to, "," + ",".join(allowed) + ",", stamp]
         for name, value in fields.items():

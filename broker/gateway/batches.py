@@ -32,11 +32,17 @@ def _store(request: Request) -> BatchStore:
 def _metadata(value: object) -> dict[str, str] | None:
     if value is None:
         return None
-    if not isinstance(value, dict) or len(value) > _METADATA_PAIRS or not all(
-        isinstance(k, str) and isinstance(v, str)
-        and len(k) <= _METADATA_KEY and len(v) <= _METADATA_VALUE
-        for k, v in value.items()
-    ):  # fmt: skip
+    if (
+        not isinstance(value, dict)
+        or len(value) > _METADATA_PAIRS
+        or not all(
+            isinstance(k, str)
+            and isinstance(v, str)
+            and len(k) <= _METADATA_KEY
+            and len(v) <= _METADATA_VALUE
+            for k, v in value.items()
+        )
+    ):
         raise InvalidRequest(
             f"metadata must be an object of at most {_METADATA_PAIRS} string pairs "
             f"(keys up to {_METADATA_KEY} characters, values up to {_METADATA_VALUE})"
@@ -72,7 +78,12 @@ async def create_batch(request: Request, caller: Caller) -> Response:
     if file.purpose != "batch":
         raise InvalidRequest(f"file {file.id} has purpose {file.purpose!r}, not 'batch'")
     batch = await _store(request).create(
-        caller, file.id, endpoint, window, windows[window], metadata
+        caller,
+        input_file_id=file.id,
+        endpoint=endpoint,
+        window=window,
+        window_s=windows[window],
+        metadata=metadata,
     )
     return json_response(batch.public())
 
@@ -86,10 +97,15 @@ async def list_batches(
 ) -> Response:
     records, more = await _store(request).list(caller.user, limit, after)
     data = [r.public() for r in records]
-    return json_response({
-        "object": "list", "data": data, "has_more": more,
-        "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None,
-    })  # fmt: skip
+    return json_response(
+        {
+            "object": "list",
+            "data": data,
+            "has_more": more,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+        }
+    )
 
 
 @router.get("/v1/batches/{batch_id}")

@@ -90,18 +90,25 @@ async def upload_file(request: Request, caller: Caller) -> Response:
 async def list_files(
     request: Request,
     caller: Caller,
+    *,
     purpose: str | None = None,
     limit: Annotated[int, Query(ge=1, le=10000)] = 10000,
     after: str | None = None,
     order: Annotated[str, Query(pattern="^(asc|desc)$")] = "desc",
 ) -> Response:
-    records, more = await _store(request).list(caller.user, limit, after, purpose,
-                                               newest_first=order == "desc")  # fmt: skip
+    records, more = await _store(request).list(
+        caller.user, limit, after, purpose, newest_first=order == "desc"
+    )
     data = [r.public() for r in records]
-    return json_response({
-        "object": "list", "data": data, "has_more": more,
-        "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None,
-    })  # fmt: skip
+    return json_response(
+        {
+            "object": "list",
+            "data": data,
+            "has_more": more,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+        }
+    )
 
 
 @router.get("/v1/files/{file_id}")
@@ -114,8 +121,9 @@ async def file_content(request: Request, caller: Caller, file_id: str) -> Respon
     store = _store(request)
     record = await store.get(file_id, caller.user)
     headers = {"Content-Length": str(record.bytes)}
-    return StreamingResponse(store.blocks(file_id), headers=headers,
-                             media_type="application/octet-stream")  # fmt: skip
+    return StreamingResponse(
+        store.blocks(file_id), headers=headers, media_type="application/octet-stream"
+    )
 
 
 @router.delete("/v1/files/{file_id}")
