@@ -9,7 +9,8 @@ data they read (a job id popped from a queue).
     fq:{m}:q:{band}:{user}   stream   a user's queued job ids in one band
     fq:{m}:bk:{band}         zset     backlogged users of a band, score = fairness order
     fq:{m}:meta              hash     per band: fairness clock ("join:{band}") and backlogged
-                                      users per tenant ("tn:{band}:{tenant}"); dispatch rate
+                                      users per tenant ("tn:{band}:{tenant}"); dispatch rate;
+                                      the express grant (see GRANT_ENDPOINT) and its sequence
     fq:{m}:job:{id}          hash     the job record (state, owner, payload, times)
     fq:{m}:ready             stream   dispatched jobs, read by workers (consumer group)
     fq:{m}:inflight          hash     endpoint -> jobs dispatched and not yet terminal
@@ -17,6 +18,8 @@ data they read (a job id popped from a queue).
     fq:{m}:users             hash     user -> jobs dispatched and not yet terminal
     fq:{m}:queued            hash     band -> jobs queued
     fq:{m}:out:{id}          stream   the job's result chunks, then an end entry
+    fq:{m}:owner             string   the dispatcher that owns the model (a lease, PX)
+    fq:dispatchers           zset     live dispatchers, score = when their heartbeat lapses (ms)
     fq:{m}:wake              channel  "something changed": new job, freed capacity
     fq:{m}:cancel            channel  job ids cancelled while at a worker
 
@@ -38,6 +41,9 @@ The Batch API (``broker/batch``); a file's and a batch's keys share its id as ha
 from __future__ import annotations
 
 READY_GROUP = "workers"
+
+
+DISPATCHERS = "fq:dispatchers"  # not per model: read and written one command at a time
 
 
 def _tag(model: str) -> str:
@@ -64,6 +70,19 @@ def join_field(band: str) -> str:
 def tenant_field(band: str, tenant: str) -> str:
     """Field of ``meta`` counting a tenant's backlogged users in a band (token-fair)."""
     return f"tn:{band}:{tenant}"
+
+
+# The express grant in ``meta``: the dispatcher lets enqueue.lua send up to ``xn:{band}`` new
+# jobs straight to endpoint ``xep`` until ``xexp`` (ms), while nothing is queued. ``xs`` counts
+# every express send and dispatch, so a grant computed before one of them is refused.
+GRANT_ENDPOINT = "xep"
+GRANT_EXPIRES = "xexp"
+GRANT_SEQUENCE = "xs"
+
+
+def grant_field(band: str) -> str:
+    """Field of ``meta`` holding the express credits left for a band."""
+    return f"xn:{band}"
 
 
 def job_prefix(model: str) -> str:
@@ -96,6 +115,10 @@ def queued_counts(model: str) -> str:
 
 def results(model: str, job_id: str) -> str:
     return f"{_tag(model)}:out:{job_id}"
+
+
+def owner(model: str) -> str:
+    return f"{_tag(model)}:owner"
 
 
 def wake_channel(model: str) -> str:

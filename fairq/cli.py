@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from broker import Settings, hash_key, load_settings
 from fairq import runtime
 from fairq.batch_cli import batch
+from fairq.k8s_cli import k8s
 from fairq.localredis import free_port
 from fairq.stack import DEMO_KEYS, DEMO_MODELS, Stack, demo_config
 
@@ -130,6 +131,9 @@ class _Benchmarks(click.Group):
 @main.group(cls=_Benchmarks)
 def bench() -> None:
     """Benchmarks: fairq against its baseline, side by side in one run."""
+
+
+main.add_command(k8s)
 
 
 @main.command()

@@ -21,6 +21,7 @@ from broker import keys
 from broker.batch.errors import LeaseLost
 from broker.batch.files import FileStore
 from broker.batch.store import BatchStore
+from broker.queue import JobQueue
 from broker.scripts import Scripts, source
 from broker.settings import Settings
 
@@ -35,6 +36,7 @@ class StepContext:
     record: AsyncScript = field(init=False)
     store: BatchStore = field(init=False)
     files: FileStore = field(init=False)
+    queue: JobQueue = field(init=False)
     _lease: AsyncScript = field(init=False)
 
     def __post_init__(self) -> None:
@@ -42,6 +44,7 @@ class StepContext:
         self.record = self.redis.register_script(source("batch_record"))
         self._lease = self.redis.register_script(source("batch_lease"))
         self.store = BatchStore(self.redis)
+        self.queue = JobQueue(self.redis, self.settings)
         self.files = FileStore(self.redis, self.settings.batch.read_block_bytes)
 
     async def renew(self) -> None:

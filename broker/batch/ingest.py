@@ -29,7 +29,7 @@ from broker.batch.reading import Line, read_lines
 from broker.batch.store import BatchRecord
 from broker.errors import NotFound
 from broker.jobs import new_job_id
-from broker.queue import Submission, enqueue_call
+from broker.queue import Submission
 from broker.requests import engine_payload, estimate_cost
 
 _FAILED_ERRORS_SHOWN = 10
@@ -166,7 +166,7 @@ async def _enqueue(
     ids = [line_job_id(v.model.name, ctx.batch_id, v.number) for v in valid]
     async with ctx.redis.pipeline(transaction=False) as pipe:
         for line, job_id in zip(valid, ids, strict=True):
-            call_keys, args = enqueue_call(
+            call_keys, args = ctx.queue.enqueue_call(
                 _submission(batch, line, job_id),
                 job_id,
                 settings.max_queued_lines_per_user,
