@@ -90,13 +90,10 @@ def rq_arm(sim_url: str, jobs: int) -> float:
     with LocalRedis() as server:
         r = redis.Redis.from_url(server.url)
         queue = Queue("bench", connection=r)
+        command = [sys.executable, "-m", "rq.cli", "worker", "--url", server.url]
+        command += ["--quiet", "--burst", "bench"]
         workers = [
-            subprocess.Popen(
-                [sys.executable, "-m", "rq.cli", "worker", "--url", server.url, "--quiet",
-                 "--burst", "bench"],  # fmt: skip
-                stdout=subprocess.DEVNULL,
-            )
-            for _ in range(os.cpu_count() or 1)
+            subprocess.Popen(command, stdout=subprocess.DEVNULL) for _ in range(os.cpu_count() or 1)
         ]
         body = {"model": DEMO_MODELS[0], "messages": MESSAGES, "max_tokens": TOKENS}
         start = time.perf_counter()
