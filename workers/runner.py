@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import httpx
 
 from broker import Claimed, JobState, Outcome, Settings
+from workers import metrics
 from workers.engine import Accounting, complete, stream_events
 from workers.errors import EngineError
 from workers.writer import ResultWriter
@@ -64,7 +65,7 @@ class JobRunner:
         self._stream_timeout = httpx.Timeout(
             settings.engine_stream_idle_timeout_s, connect=settings.engine_connect_timeout_s
         )
-        self.retries = 0  # engine calls made again (for tests and logs)
+        self.retries = 0  # engine calls made again
 
     async def run(self, job: Claimed) -> Outcome:
         """Execute the job at its endpoint; engine failures become a failed outcome."""
@@ -81,6 +82,7 @@ class JobRunner:
                     return Outcome(JobState.FAILED, error=exc.to_error())
                 log.info("job %s: %s; calling the engine again", job.job_id, exc.code)
                 self.retries += 1
+                metrics.ENGINE_RETRIES.inc()
                 await asyncio.sleep(backoff_s(self._settings, attempt))
                 continue
             return Outcome(

@@ -10,6 +10,7 @@ task-group or thread hop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -37,6 +38,7 @@ class _EngineResponse(Response):
         self._engine = engine
         self._seq = seq
         self._meta = meta
+        self._gone = asyncio.Event()  # the client disconnected
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watcher = asyncio.create_task(self._abort_on_disconnect(receive))
@@ -55,6 +57,7 @@ class _EngineResponse(Response):
         # The body was read already, so the server's next message is the disconnect.
         while (await receive())["type"] != "http.disconnect":
             pass
+        self._gone.set()
         self._engine.abort(self._seq)
 
 
@@ -111,7 +114,7 @@ class SseResponse(_EngineResponse):
         fault = self._fault
         assert fault is not None
         if fault.kind == "hang":
-            await _hang(self._seq, fault.hang_s)
+            await _hang(self._gone, fault.hang_s)
             return True
         if fault.kind == "malformed":
             await send({"type": "http.response.body", "body": malformed_event(), "more_body": True})
@@ -140,7 +143,7 @@ class JsonCompletionResponse(_EngineResponse):
     async def _respond(self, send: Send) -> None:
         seq = self._seq
         if self._fault is not None and self._fault.kind == "hang":
-            await _hang(seq, self._fault.hang_s)
+            await _hang(self._gone, self._fault.hang_s)
         while not seq.done:
             await seq.wakeup.wait()  # set only when it ends: nothing to do per token
             seq.wakeup.clear()
@@ -159,8 +162,7 @@ class JsonCompletionResponse(_EngineResponse):
         await send({"type": "http.response.body", "body": body})
 
 
-async def _hang(seq: SimSequence, hang_s: float) -> None:
-    """Send nothing for ``hang_s``, or until the request is aborted (its client left)."""
-    deadline = asyncio.get_running_loop().time() + hang_s
-    while seq.status is not SeqStatus.ABORTED and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.05)
+async def _hang(gone: asyncio.Event, hang_s: float) -> None:
+    """Send nothing for ``hang_s``, or until the client leaves (the engine goes on)."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(gone.wait(), hang_s)
