@@ -104,10 +104,22 @@ async def components(
         yield running
     finally:
         stop.set()
-        async with asyncio.timeout(WAIT_S):
-            await asyncio.gather(*tasks)
+        done, pending = await asyncio.wait(tasks, timeout=WAIT_S)
+        assert not pending, f"components did not stop: {[_awaiting(t) for t in pending]}"
+        for task in done:
+            task.result()
         for client in [*blockings, redis]:
             await client.aclose()
+
+
+def _awaiting(task: asyncio.Task[Any]) -> list[str]:
+    """Where a task waits: its chain of awaited coroutines (for a readable failure)."""
+    chain, coro = [], task.get_coro()
+    while coro is not None:
+        frame = getattr(coro, "cr_frame", None)
+        chain.append(f"{getattr(coro, '__qualname__', coro)}:{frame.f_lineno if frame else ''}")
+        coro = getattr(coro, "cr_await", None)
+    return chain
 
 
 async def wait_until(check: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> Any:

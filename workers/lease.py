@@ -70,5 +70,4 @@ class LeaseKeeper:
         for entry in await self._store.renew(self._worker, by_model):
             job_id = by_entry.get(entry)
             if job_id is not None:
-                log.warning("job %s: this worker lost its lease; dropping it", job_id)
                 on_lost(job_id)

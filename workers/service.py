@@ -67,6 +67,7 @@ class Worker:
         # Jobs to write nothing more for: cancelled by their owner (cancel.lua ended them),
         # or lost with the lease (another worker owns them now). Not shutdown.
         self._dropped: set[str] = set()
+        self._finishing: set[str] = set()  # outcome handed to the writer (its ack may be out)
         self._stopping = False
         self._slot_freed = asyncio.Event()
         self.name = worker_name()
@@ -95,9 +96,7 @@ class Worker:
                 await self._drain()
             finally:
                 for task in background:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+                    await _stop(task)
 
     def _keep_leases(self, runner: JobRunner) -> Coroutine[Any, Any, None]:
         async def on_reclaimed(taken: Reclaimed) -> None:
@@ -106,7 +105,7 @@ class Worker:
         return self._lease.run(
             lambda: self._jobs,
             lambda: 0 if self._stopping else self._concurrency - len(self._running),
-            self._drop,
+            self._lose,
             on_reclaimed,
         )
 
@@ -141,6 +140,7 @@ class Worker:
         self._running.pop(job_id, None)
         self._jobs.pop(job_id, None)
         self._dropped.discard(job_id)
+        self._finishing.discard(job_id)
         self._slot_freed.set()
 
     def _take_over(self, runner: JobRunner, taken: Reclaimed) -> None:
@@ -166,6 +166,7 @@ class Worker:
             outcome = Outcome(JobState.FAILED, error=_dead_letter(taken.attempts), dead_letter=True)
         else:
             outcome = Outcome(JobState.FAILED, error=_WORKER_LOST)
+        self._finishing.add(job.job_id)
         await self._writer.finish(job, outcome)
 
     async def _run_claimed(self, runner: JobRunner, job: Claimed) -> None:
@@ -193,10 +194,18 @@ class Worker:
         except Exception as exc:  # a bug must not leave the job running forever
             log.exception("job %s crashed the runner", job.job_id)
             outcome = Outcome(JobState.FAILED, error=_internal_error(exc))
+        self._finishing.add(job.job_id)
         await self._writer.finish(job, outcome)
 
     async def _cancel_job(self, job_id: str) -> None:
         self._drop(job_id)
+
+    def _lose(self, job_id: str) -> None:
+        """The lease on the job's entry is gone: drop the job, unless it is ending (then
+        its entry was acknowledged just before the renewal, and complete.lua checks)."""
+        if job_id not in self._finishing:
+            log.warning("job %s: this worker lost its lease; dropping it", job_id)
+            self._drop(job_id)
 
     def _drop(self, job_id: str) -> None:
         """Stop the job and write nothing more for it (it ended, or is not ours now)."""
@@ -214,6 +223,17 @@ class Worker:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
         await self._writer.drain()
+
+
+async def _stop(task: asyncio.Task[None]) -> None:
+    """Cancel a background task and wait for its end. A cancel can be swallowed by a
+    library awaited at that moment (redis-py does, in some connection states), so it
+    is repeated until the task ends."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait([task], timeout=0.5)
+    with contextlib.suppress(asyncio.CancelledError):
+        task.result()
 
 
 async def _wait(event: asyncio.Event, timeout_s: float) -> None:
