@@ -167,7 +167,7 @@ def metric(url: str, name: str, **labels: str) -> float:
 
 
 class WorkerProcesses:
-    """Real ``fairq worker`` subprocesses sharing one configuration file."""
+    """Real ``fairq worker`` (or ``fairq api``) subprocesses sharing one configuration."""
 
     def __init__(self, settings_config: dict[str, Any], redis_url: str) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="fairq-crash-")
@@ -181,7 +181,22 @@ class WorkerProcesses:
         env = dict(self._env)
         if metrics_port is not None:
             env["FAIRQ_WORKER_METRICS_PORT"] = str(metrics_port)
-        proc = subprocess.Popen([sys.executable, "-m", "fairq", "worker"], env=env)
+        return self.run(["worker"], env)
+
+    def spawn_gateway(self, port: int) -> subprocess.Popen[bytes]:
+        """``fairq api`` on ``port``; returns once it answers /readyz."""
+        proc = self.run(["api", "--host", "127.0.0.1", "--port", str(port)], self._env)
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, "the gateway exited"
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                    return proc
+            time.sleep(0.05)
+        raise TimeoutError("the gateway did not become ready")
+
+    def run(self, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen([sys.executable, "-m", "fairq", *args], env=env)
         self.procs.append(proc)
         return proc
 
