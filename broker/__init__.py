@@ -11,9 +11,11 @@ from broker.client import AsyncClient, Client
 from broker.dispatching import (
     BandBacklog,
     DispatchStore,
+    Grant,
     ModelSnapshot,
     Newcomer,
     Pick,
+    express_endpoint,
     parse_wake,
 )
 from broker.errors import (
@@ -30,6 +32,7 @@ from broker.errors import (
 )
 from broker.execution import Claimed, ExecutionStore, Outcome
 from broker.jobs import JobRecord, JobState, RequestKind
+from broker.ownership import OwnershipStore
 from broker.queue import JobQueue, Submission
 from broker.redis_conn import connect, connect_blocking
 from broker.results import ResultEvent, ResultReader
@@ -48,6 +51,7 @@ __all__ = [
     "ExecutionStore",
     "FairqError",
     "Forbidden",
+    "Grant",
     "InvalidRequest",
     "JobFailed",
     "JobQueue",
@@ -59,6 +63,7 @@ __all__ = [
     "Newcomer",
     "NotFound",
     "Outcome",
+    "OwnershipStore",
     "Pick",
     "Principal",
     "QueueFull",
@@ -72,6 +77,7 @@ __all__ = [
     "UnknownModel",
     "connect",
     "connect_blocking",
+    "express_endpoint",
     "hash_key",
     "keys",
     "load_settings",

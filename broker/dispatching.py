@@ -4,6 +4,13 @@ The dispatcher decides *who* goes next (pure policy code in ``dispatcher/``);
 this module reads what it decides on and applies the decision with one Lua
 script call (``dispatch.lua``), which moves each planned user's head job from
 the user's queue to the model's ready stream.
+
+While nothing is queued, the dispatcher also decides ahead of time: ``grant``
+lets enqueue.lua send the next few new jobs straight to an endpoint (express),
+which is the dispatch it would make for them anyway, without the hop through
+the dispatcher process. Every express send and every dispatch bumps a sequence
+number that a grant must match, so a grant is never computed from a state that
+misses a send.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ class ModelSnapshot:
     backlogs: list[BandBacklog]  # only bands with backlog, highest priority first
     inflight: dict[str, int]  # endpoint -> dispatched and not yet ended
     unstarted: dict[str, int]  # endpoint -> dispatched, no first token yet
+    sequence: int = 0  # express sends and dispatches so far ('xs'): a grant must match it
 
     @property
     def empty(self) -> bool:
@@ -52,7 +60,7 @@ class ModelSnapshot:
             for band in bands
             if users.get(band)
         ]
-        return ModelSnapshot(backlogs, dict(self.inflight), dict(self.unstarted))
+        return ModelSnapshot(backlogs, dict(self.inflight), dict(self.unstarted), self.sequence)
 
 
 @dataclass(frozen=True)
@@ -66,12 +74,27 @@ class Newcomer:
 
 def parse_wake(message: bytes) -> Newcomer | None:
     """A wake message: a newcomer (``n``), or None for any other change (new job of a
-    backlogged user ``q``, a job that ended ``e``) which a cached view does not show."""
+    backlogged user ``q``, a job that ended ``e``, an express send ``x``) which a cached
+    view does not show."""
     kind, _, rest = message.partition(b"\n")
     if kind != b"n":
         return None
     band, score, user = rest.split(b"\n", 2)
     return Newcomer(band.decode(), user.decode(), float(score))
+
+
+def express_endpoint(message: bytes) -> str | None:
+    """The endpoint of an express send's wake message (``x``), else None."""
+    kind, _, endpoint = message.partition(b"\n")
+    return endpoint.decode() if kind == b"x" else None
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Express credits: new jobs of each band that may go straight to ``endpoint``."""
+
+    endpoint: str
+    credits: dict[str, int]  # band -> jobs; every send takes one from every band
 
 
 @dataclass(frozen=True)
@@ -100,7 +123,8 @@ class DispatchStore:
         async with self._redis.pipeline(transaction=False) as pipe:
             for band in bands:
                 pipe.zrange(keys.backlog(model, band), 0, depth - 1, withscores=True)
-            pipe.hmget(keys.meta(model), [keys.join_field(b) for b in bands])
+            fields = [*(keys.join_field(b) for b in bands), keys.GRANT_SEQUENCE]
+            pipe.hmget(keys.meta(model), fields)
             pipe.hgetall(keys.inflight(model))
             pipe.hgetall(keys.unstarted(model))
             *ranges, joins, inflight, unstarted = await pipe.execute()
@@ -142,6 +166,19 @@ class DispatchStore:
         dispatched = [job_id.decode() for job_id in ids if job_id]
         return dispatched, _state(bands, ranges, joins, inflight, unstarted)
 
+    async def grant(self, model: str, grant: Grant | None, sequence: int, ttl_ms: int) -> bool:
+        """Set the model's express grant (None revokes it); False when refused because the
+        state moved past ``sequence`` (an express send or a dispatch since)."""
+        fields: list[str | int] = []
+        for band in self._settings.bands:
+            credits = 0 if grant is None else grant.credits.get(band, 0)
+            fields += [keys.grant_field(band), credits]
+        endpoint = "" if grant is None else grant.endpoint
+        reply = await self._scripts.grant(
+            keys=[keys.meta(model)], args=[sequence, ttl_ms, endpoint, *fields]
+        )
+        return bool(reply)
+
 
 def _flat(mapping: dict[bytes, bytes]) -> list[bytes]:
     return [v for kv in mapping.items() for v in kv]
@@ -152,10 +189,12 @@ def _counts(flat: list[bytes]) -> dict[str, int]:
 
 
 def _state(
-    bands: Sequence[str], ranges: list[list[bytes | float]], joins: list[bytes | None],
+    bands: Sequence[str], ranges: list[list[bytes | float]], meta_fields: list[bytes | None],
     inflight: list[bytes], unstarted: list[bytes],
 ) -> ModelSnapshot:  # fmt: skip
-    """A snapshot from flat replies: per band [user, score, ...], joins, [endpoint, n, ...]."""
+    """A snapshot from flat replies: per band [user, score, ...], the joins and the express
+    sequence, [endpoint, n, ...]."""
+    *joins, sequence = meta_fields
     backlogs = [
         BandBacklog(
             band,
@@ -165,7 +204,7 @@ def _state(
         for band, flat, join in zip(bands, ranges, joins, strict=True)
         if flat
     ]
-    return ModelSnapshot(backlogs, _counts(inflight), _counts(unstarted))
+    return ModelSnapshot(backlogs, _counts(inflight), _counts(unstarted), int(sequence or 0))
 
 
 async def ensure_ready_group(redis: Redis, model: str) -> None:

@@ -9,7 +9,8 @@ data they read (a job id popped from a queue).
     fq:{m}:q:{band}:{user}   stream   a user's queued job ids in one band
     fq:{m}:bk:{band}         zset     backlogged users of a band, score = fairness order
     fq:{m}:meta              hash     per band: fairness clock ("join:{band}") and backlogged
-                                      users per tenant ("tn:{band}:{tenant}"); dispatch rate
+                                      users per tenant ("tn:{band}:{tenant}"); dispatch rate;
+                                      the express grant (see GRANT_ENDPOINT) and its sequence
     fq:{m}:job:{id}          hash     the job record (state, owner, payload, times)
     fq:{m}:ready             stream   dispatched jobs, read by workers (consumer group)
     fq:{m}:inflight          hash     endpoint -> jobs dispatched and not yet terminal
@@ -17,15 +18,34 @@ data they read (a job id popped from a queue).
     fq:{m}:users             hash     user -> jobs dispatched and not yet terminal
     fq:{m}:queued            hash     band -> jobs queued
     fq:{m}:out:{id}          stream   the job's result chunks, then an end entry
+    fq:{m}:owner             string   the dispatcher that owns the model (a lease, PX)
+    fq:dispatchers           zset     live dispatchers, score = when their heartbeat lapses (ms)
     fq:{m}:wake              channel  "something changed": new job, freed capacity
     fq:{m}:cancel            channel  job ids cancelled while at a worker
     fq:{m}:dead              zset     dead-lettered job ids, score = when (ms)
     fq:{m}:sweep             string   TTL'd lock: the worker sweeping deadlines now
+
+The Batch API (``broker/batch``); a file's and a batch's keys share its id as hash tag:
+
+    fq:file:{id}             hash     a file's metadata (owner, bytes, filename, purpose)
+    fq:file:{id}:data        string   the file's bytes
+    fq:file:{id}:tmp         string   an output file being written (renamed to :data)
+    fq:files:{owner}         zset     the owner's file ids by creation time (ms)
+    fq:batch:{id}            hash     the batch object, its counters and ingest cursor
+    fq:batch:{id}:res        hash     line -> the line's output or error record, until finalize
+    fq:batch:{id}:pending    zset     "job id\ncustom_id" of queued/running lines, score = line
+    fq:batch:{id}:cids       hash     custom_id -> line (duplicate check, during ingest)
+    fq:batch:{id}:lease      string   the RQ job that may advance the batch now (SET NX PX)
+    fq:batches:{owner}       zset     the owner's batch ids by creation time (ms)
+    fq:batches:active        set      batches not yet in a terminal state (batch workers sweep)
 """
 
 from __future__ import annotations
 
 READY_GROUP = "workers"
+
+
+DISPATCHERS = "fq:dispatchers"  # not per model: read and written one command at a time
 
 
 def _tag(model: str) -> str:
@@ -52,6 +72,19 @@ def join_field(band: str) -> str:
 def tenant_field(band: str, tenant: str) -> str:
     """Field of ``meta`` counting a tenant's backlogged users in a band (token-fair)."""
     return f"tn:{band}:{tenant}"
+
+
+# The express grant in ``meta``: the dispatcher lets enqueue.lua send up to ``xn:{band}`` new
+# jobs straight to endpoint ``xep`` until ``xexp`` (ms), while nothing is queued. ``xs`` counts
+# every express send and dispatch, so a grant computed before one of them is refused.
+GRANT_ENDPOINT = "xep"
+GRANT_EXPIRES = "xexp"
+GRANT_SEQUENCE = "xs"
+
+
+def grant_field(band: str) -> str:
+    """Field of ``meta`` holding the express credits left for a band."""
+    return f"xn:{band}"
 
 
 def job_prefix(model: str) -> str:
@@ -86,6 +119,10 @@ def results(model: str, job_id: str) -> str:
     return f"{_tag(model)}:out:{job_id}"
 
 
+def owner(model: str) -> str:
+    return f"{_tag(model)}:owner"
+
+
 def wake_channel(model: str) -> str:
     return f"{_tag(model)}:wake"
 
@@ -109,3 +146,47 @@ def dead_letters(model: str) -> str:
 
 def sweep_lock(model: str) -> str:
     return f"{_tag(model)}:sweep"
+
+
+def file_meta(file_id: str) -> str:
+    return f"fq:file:{{{file_id}}}"
+
+
+def file_data(file_id: str) -> str:
+    return f"fq:file:{{{file_id}}}:data"
+
+
+def file_tmp(file_id: str) -> str:
+    return f"fq:file:{{{file_id}}}:tmp"
+
+
+def owner_files(owner: str) -> str:
+    return f"fq:files:{{{owner}}}"
+
+
+def batch(batch_id: str) -> str:
+    return f"fq:batch:{{{batch_id}}}"
+
+
+def batch_results(batch_id: str) -> str:
+    return f"{batch(batch_id)}:res"
+
+
+def batch_pending(batch_id: str) -> str:
+    return f"{batch(batch_id)}:pending"
+
+
+def batch_custom_ids(batch_id: str) -> str:
+    return f"{batch(batch_id)}:cids"
+
+
+def batch_lease(batch_id: str) -> str:
+    return f"{batch(batch_id)}:lease"
+
+
+def owner_batches(owner: str) -> str:
+    return f"fq:batches:{{{owner}}}"
+
+
+ACTIVE_BATCHES = "fq:batches:active"
+BATCH_QUEUE = "fairq-batch"  # the RQ queue of batch work

@@ -27,6 +27,8 @@ class Scripts:
     complete: AsyncScript
     cancel: AsyncScript
     first: AsyncScript
+    grant: AsyncScript
+    lease: AsyncScript
 
     @classmethod
     def bind(cls, redis: Redis) -> Scripts:

@@ -20,6 +20,8 @@ Without fresh metrics the static in-flight cap decides; an unhealthy endpoint
 
 Policies are chosen by name (``ADMISSION``): ``metrics`` (the above) or
 ``static`` (the in-flight cap alone, for engines without usable metrics).
+``plan_grant`` makes the same decision ahead of time for jobs not queued yet
+(express credits, see ``broker.dispatching``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from broker import Grant
 
 
 class Limit(enum.StrEnum):
@@ -126,6 +130,28 @@ def choose_endpoint(
     if not open_:
         return None
     return min(open_, key=lambda d: (-d.room, d.queue_estimate, d.running))
+
+
+def plan_grant(
+    policy: AdmissionPolicy,
+    states: Sequence[EndpointState],
+    bands: Sequence[str],
+    config: AdmissionConfig,
+) -> Grant | None:
+    """Express credits: the endpoint that the most urgent band with room would be sent to,
+    and how many jobs of each band it may take now. None when no band has room anywhere.
+
+    One endpoint for every band, because an express send uses room in its one engine
+    queue whatever its band; enqueue.lua takes one credit from every band per send.
+    """
+    for band in bands:
+        decision = choose_endpoint(policy, states, band, config)
+        if decision is None:
+            continue
+        state = next(s for s in states if s.endpoint == decision.endpoint)
+        rooms = {b: policy.decide(state, b, config).room for b in bands}
+        return Grant(decision.endpoint, {b: n for b, n in rooms.items() if n > 0})
+    return None
 
 
 def refusals(

@@ -4,35 +4,46 @@ The enqueue, complete and cancel scripts publish on ``fq:{m}:wake``. Each
 message sets the model's event; a message that names a newly backlogged user
 is also kept as a hint, so the loop can plan from its cached view plus the
 hints instead of reading the backlog again. Any other change, and a lost
-connection, marks the cached view stale.
+connection, marks the cached view stale. An express send (a job enqueue.lua
+sent straight to an endpoint) is also reported to ``on_express`` at once, so
+admission counts it before the engine's metrics can show it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from broker import Newcomer, keys, parse_wake
+from broker import Newcomer, express_endpoint, keys, parse_wake
 
 log = logging.getLogger(__name__)
+
+_MAX_HINTS = 1000  # newcomers kept per model between two rounds
 
 
 @dataclass
 class _ModelWake:
+    model: str
     event: asyncio.Event = field(default_factory=asyncio.Event)
     newcomers: list[Newcomer] = field(default_factory=list)
     stale: bool = True  # nothing is known until the first read
 
 
 class WakeListener:
-    def __init__(self, redis: Redis, models: Sequence[str]) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        models: Sequence[str],
+        on_express: Callable[[str, str], None] | None = None,  # (model, endpoint)
+    ) -> None:
         self._redis = redis
-        self._by_channel = {keys.wake_channel(m).encode(): _ModelWake() for m in models}
+        self._on_express = on_express
+        self._by_channel = {keys.wake_channel(m).encode(): _ModelWake(m) for m in models}
         self._by_model = {m: self._by_channel[keys.wake_channel(m).encode()] for m in models}
 
     def event(self, model: str) -> asyncio.Event:
@@ -72,10 +83,16 @@ class WakeListener:
                 if wake is None:
                     continue
                 newcomer = parse_wake(message["data"])
+                endpoint = express_endpoint(message["data"])
+                if endpoint is not None and self._on_express is not None:
+                    self._on_express(wake.model, endpoint)
                 if newcomer is None:
                     wake.stale = wake.stale or message["data"] != b"q"
-                else:
+                elif len(wake.newcomers) < _MAX_HINTS:
                     wake.newcomers.append(newcomer)
+                else:  # nobody takes them (a model this replica does not own): forget
+                    wake.newcomers.clear()
+                    wake.stale = True
                 wake.event.set()
         finally:
             await pubsub.aclose()

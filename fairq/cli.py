@@ -17,6 +17,8 @@ from pydantic import ValidationError
 
 from broker import Settings, hash_key, load_settings
 from fairq import runtime
+from fairq.batch_cli import batch
+from fairq.k8s_cli import k8s
 from fairq.localredis import free_port
 from fairq.stack import DEMO_KEYS, DEMO_MODELS, Stack, demo_config
 
@@ -72,6 +74,19 @@ def worker(concurrency: int | None) -> None:
     runtime.run_until_signalled(lambda stop: run_worker(settings, stop, concurrency))
 
 
+@main.command(name="batch-worker")
+def batch_worker() -> None:
+    """Run an RQ batch worker (queue fairq-batch): ingest, progress, finalize, expire."""
+    from broker.batch.worker import run_batch_worker
+
+    settings = _settings()
+    runtime.setup_logging()
+    run_batch_worker(settings)
+
+
+main.add_command(batch)
+
+
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8100, show_default=True)
@@ -116,6 +131,9 @@ class _Benchmarks(click.Group):
 @main.group(cls=_Benchmarks)
 def bench() -> None:
     """Benchmarks: fairq against its baseline, side by side in one run."""
+
+
+main.add_command(k8s)
 
 
 @main.command()

@@ -16,7 +16,10 @@ async def run_dispatcher(settings: Settings, stop: asyncio.Event) -> None:
     redis = connect(settings)
     try:
         dispatcher = Dispatcher(settings, redis)
-        log.info("dispatcher serving models: %s", ", ".join(m.name for m in settings.models))
+        log.info(
+            "dispatcher %s sharing models: %s",
+            dispatcher.name, ", ".join(m.name for m in settings.models),
+        )  # fmt: skip
         await dispatcher.run(stop)
     finally:
         await redis.aclose()

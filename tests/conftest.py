@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 
+import fakeredis
 import pytest
 import redis
 from redis.asyncio import Redis
@@ -25,6 +26,17 @@ def redis_url(redis_server: LocalRedis) -> str:
     client.flushall()
     client.close()
     return redis_server.url
+
+
+@pytest.fixture(params=["real", "fake"])
+async def r(request: pytest.FixtureRequest) -> AsyncIterator[Redis]:
+    """The broker contract suites' Redis: the session's real server, then fakeredis."""
+    if request.param == "real":
+        client = Redis.from_url(request.getfixturevalue("redis_url"))
+    else:
+        client = fakeredis.FakeAsyncRedis()
+    yield client
+    await client.aclose()
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """Admission on hand-made cases (pure code): targets, bursts, the TPOT ceiling,
-stale and missing metrics, unhealthy endpoints, and routing among endpoints."""
+stale and missing metrics, unhealthy endpoints, routing among endpoints, and the
+express grants made from the same decisions."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dispatcher.admission import (
     MetricsAdmission,
     StaticCap,
     choose_endpoint,
+    plan_grant,
     refusals,
 )
 
@@ -128,3 +130,31 @@ def test_jobs_sent_just_before_the_scrape_count_as_not_yet_visible() -> None:
     (state,) = endpoint_states(["http://a"], snap, {"http://a": view}, sent, now=99.1, stale_s=2)
     assert state.admitted_since_scrape == 2
     assert METRICS.decide(state, "default", CONFIG).room == 1
+
+
+BANDS = ("interactive", "default", "batch")
+
+
+def test_an_idle_model_grants_each_band_its_room_on_the_emptiest_endpoint() -> None:
+    busy, idle = fresh(endpoint="http://a", waiting=2), fresh(endpoint="http://b")
+    grant = plan_grant(METRICS, [busy, idle], BANDS, CONFIG)
+    assert grant is not None and grant.endpoint == "http://b"
+    assert grant.credits == {"interactive": 3, "default": 3, "batch": 1}
+
+
+def test_a_band_without_room_gets_no_credits_but_the_others_keep_theirs() -> None:
+    grant = plan_grant(METRICS, [fresh(waiting=1, running=4, inflight=5)], BANDS, CONFIG)
+    assert grant is not None and grant.credits == {"interactive": 2, "default": 2}
+
+
+def test_no_room_anywhere_grants_nothing() -> None:
+    full = fresh(waiting=3, running=30, inflight=33)
+    assert plan_grant(METRICS, [full], BANDS, CONFIG) is None
+    assert plan_grant(METRICS, [fresh(healthy=False)], BANDS, CONFIG) is None
+    slow = fresh(running=4, inflight=4, tpot_s=0.5)
+    assert plan_grant(METRICS, [slow], BANDS, CONFIG) is None
+
+
+def test_stale_metrics_grant_only_the_static_caps_room() -> None:
+    grant = plan_grant(METRICS, [fresh(fresh=False, inflight=6)], BANDS, CONFIG)
+    assert grant is not None and grant.credits == {b: 2 for b in BANDS}

@@ -6,10 +6,8 @@ DispatchStore, ExecutionStore) and checks the state the contract promises.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import replace
 
-import fakeredis
 import pytest
 from redis.asyncio import Redis
 
@@ -32,16 +30,6 @@ from broker import (
 
 MODEL = "m1"
 EP = "http://127.0.0.1:9"
-
-
-@pytest.fixture(params=["real", "fake"])
-async def r(request: pytest.FixtureRequest) -> AsyncIterator[Redis]:
-    if request.param == "real":
-        client = Redis.from_url(request.getfixturevalue("redis_url"))
-    else:
-        client = fakeredis.FakeAsyncRedis()
-    yield client
-    await client.aclose()
 
 
 def settings(**overrides: object) -> Settings:

@@ -6,6 +6,7 @@ Redis; the simulator stands in for vLLM.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -95,3 +96,36 @@ def test_round_robin_serves_a_newcomer_before_the_power_users_next_jobs(
 def _entry(entry_id: bytes) -> tuple[int, int]:
     ms, _, seq = entry_id.partition(b"-")
     return int(ms), int(seq)
+
+
+def _wait_for_grant(r: redis.Redis, credits: int, sequence_above: int = -1) -> int:
+    """Wait until the dispatcher has granted ``credits`` express sends of the default band
+    past a sequence (10 s at most); returns the grant's sequence."""
+    field = keys.grant_field("default").encode()
+    for _ in range(200):
+        meta = r.hgetall(keys.meta(MODEL))
+        sequence = int(meta.get(b"xs", b"0"))
+        if meta.get(b"xep") and sequence > sequence_above and int(meta[field]) == credits:
+            return sequence
+        time.sleep(0.05)
+    raise AssertionError(f"no express grant of {credits} after 10 s: {meta}")
+
+
+def test_a_job_for_an_idle_model_skips_the_dispatcher_hop_within_its_admission(
+    settings: Settings, redis_url: str
+) -> None:
+    r = redis.Redis.from_url(redis_url)
+    target = 3  # the demo model's queue target: an idle engine takes a burst of 3
+    sequence = _wait_for_grant(r, target)
+    prompt = [{"role": "user", "content": "hello"}]
+    with Client(settings, api_key=KEY_A) as alice:
+        jobs = [alice.submit(MODEL, messages=prompt, max_tokens=400) for _ in range(target + 1)]
+        # Sent by enqueue.lua itself, up to the admission's room, so never in a user queue
+        # ("qe"); the next one was queued for the dispatcher.
+        queued = [r.hget(keys.job(MODEL, j), "qe") is not None for j in jobs]
+        assert queued == [False] * target + [True]
+        for job_id in jobs:
+            alice.cancel(job_id)
+    # Once the jobs have ended and freed their room, the dispatcher grants a burst again.
+    _wait_for_grant(r, target, sequence_above=sequence + target - 1)
+    r.close()

@@ -56,8 +56,10 @@ if ARGV[13] ~= '' then
   redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now_ms - ARGV[3] * 1000)  -- their jobs expired
 end
 redis.call('XADD', KEYS[2], '*', 'end', ARGV[1], 'e', ARGV[5])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
+-- Batch API: a batch line ('kt') is kept until its batch has collected the result.
+local ttl = redis.call('HGET', KEYS[1], 'kt') or ARGV[3]
+redis.call('EXPIRE', KEYS[2], ttl)
+redis.call('EXPIRE', KEYS[1], ttl)
 if endpoint then
   redis.call('HINCRBY', KEYS[4], endpoint, -1)
   if redis.call('HINCRBY', KEYS[7], ARGV[11], -1) <= 0 then

@@ -29,7 +29,8 @@
 -- the engine (lower is sooner), so a light user's request passes a flood in the engine.
 -- Returns {job ids (one per pick, '' where the queue was empty or the cap reached),
 --          backlog of band 1 (user, score, ...), ..., backlog of band B,
---          join scores of the bands, in-flight hash (endpoint, count, ...), unstarted hash}.
+--          join scores of the bands and the express sequence 'xs',
+--          in-flight hash (endpoint, count, ...), unstarted hash}.
 local t = redis.call('TIME')
 local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
 local bands = tonumber(ARGV[6])
@@ -47,6 +48,7 @@ local function pop_head(queue)
   return head[1][2][2]
 end
 
+-- The ready entry and counts mirror enqueue.lua's express branch: change both together.
 local function to_ready(job_id, band)
   local job = ARGV[2] .. job_id
   if redis.call('HGET', job, 'st') ~= 'queued' then
@@ -104,6 +106,15 @@ end
 if ARGV[8] ~= '' then
   redis.call('HSET', KEYS[3], 'rate', ARGV[8], 'rate_ms', now_ms)
 end
+-- A dispatch uses the room an express grant was computed from: revoke it, and bump the
+-- sequence so a grant computed before this dispatch is refused (grant.lua).
+for i = 1, picks do
+  if ids[i] ~= '' then
+    redis.call('HDEL', KEYS[3], 'xep', 'xexp')
+    redis.call('HINCRBY', KEYS[3], 'xs', 1)
+    break
+  end
+end
 
 local out = {ids}
 local depth = tonumber(ARGV[5])
@@ -112,6 +123,7 @@ for b = 1, bands do
   out[#out + 1] = redis.call('ZRANGE', KEYS[6 + b], 0, depth - 1, 'WITHSCORES')
   join_fields[b] = ARGV[8 + b]
 end
+join_fields[bands + 1] = 'xs'
 out[#out + 1] = redis.call('HMGET', KEYS[3], unpack(join_fields))
 out[#out + 1] = redis.call('HGETALL', KEYS[2])
 out[#out + 1] = redis.call('HGETALL', KEYS[4])

@@ -1,16 +1,32 @@
--- enqueue.lua: put a new job in its user's queue and mark the user backlogged.
+-- enqueue.lua: put a new job in its user's queue and mark the user backlogged, or, when
+-- the dispatcher has granted express credits and nothing at this band's priority or above
+-- is queued, send it straight to the ready stream (the dispatch the dispatcher would make
+-- next anyway, one process hop sooner).
 -- KEYS[1] job hash            fq:{m}:job:{id}
 -- KEYS[2] user queue stream   fq:{m}:q:{band}:{user}
 -- KEYS[3] band backlog zset   fq:{m}:bk:{band}
--- KEYS[4] meta hash           fq:{m}:meta
+-- KEYS[4] meta hash           fq:{m}:meta (fairness clocks, tenants, the express grant)
 -- KEYS[5] queued counts       fq:{m}:queued (band -> jobs queued)
+-- KEYS[6] ready stream        fq:{m}:ready
+-- KEYS[7] inflight hash       fq:{m}:inflight
+-- KEYS[8] unstarted hash      fq:{m}:unstarted
+-- KEYS[9] user counts         fq:{m}:users
 -- ARGV[1] job id   ARGV[2] user   ARGV[3] tenant   ARGV[4] band
--- ARGV[5] kind (chat|completion)   ARGV[6] stream flag (0|1)   ARGV[7] payload (JSON)
+-- ARGV[5] kind (chat|completion)   ARGV[6] stream flag (0|1|2)   ARGV[7] payload (JSON)
 -- ARGV[8] max queued jobs per user   ARGV[9] wake channel   ARGV[10] meta join field
 -- ARGV[11] owner (the API key's user; may differ from the fairness user of a trusted app)
 -- ARGV[12] estimated cost of the job in weighted tokens   ARGV[13] the key's fairness weight
 -- ARGV[14] meta field counting the tenant's backlogged users in this band
--- Returns {1, queue entry id} when queued, {0, queue length} when the user's queue is full,
+-- ARGV[15] ready stream max length   ARGV[16] 1: give the job an engine priority, else 0
+-- ARGV[17] the band's number b (1 = most urgent)   ARGV[18] B, the number of bands
+-- ARGV[19 .. 18+B] band names in priority order
+-- ARGV[19+B .. 18+2B] their express credit fields in meta ("xn:{band}")
+-- ARGV[19+2B] optional: seconds to keep the ended job (a batch line, until its batch
+--   collects it; complete.lua and cancel.lua honour the job's 'kt')
+-- The grant lives in meta: 'xep' endpoint, 'xexp' expiry (ms), 'xs' sequence (bumped by
+-- every express send, so the dispatcher's next grant is refused if computed before it).
+-- Returns {1, queue entry id} when queued, {2, ready entry id} when sent express,
+-- {0, queue length} when the user's queue is full,
 -- {-1} when the job id exists already (a retried submit: nothing is changed).
 local qlen = redis.call('XLEN', KEYS[2])
 if qlen >= tonumber(ARGV[8]) then
@@ -21,11 +37,59 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 local t = redis.call('TIME')
 local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
+local band = tonumber(ARGV[17])
+local bands = tonumber(ARGV[18])
+local BAND_STEP = 1000000
+
+-- Express only while a grant is live, has a credit for this band, and no job of this band
+-- or a more urgent one waits: then the dispatcher would pick this job next anyway.
+local function express_endpoint()
+  local g = redis.call('HMGET', KEYS[4], 'xep', 'xexp', ARGV[18 + bands + band])
+  if not g[1] or tonumber(g[2] or '0') <= now_ms or tonumber(g[3] or '0') <= 0 then
+    return nil
+  end
+  for b = 1, band do
+    if tonumber(redis.call('HGET', KEYS[5], ARGV[18 + b]) or '0') > 0 then
+      return nil
+    end
+  end
+  return g[1]
+end
+
+local endpoint = express_endpoint()
+redis.call('HSET', KEYS[1], 'u', ARGV[2], 'tn', ARGV[3], 'b', ARGV[4], 'k', ARGV[5],
+  's', ARGV[6], 'tq', now_ms, 'o', ARGV[11], 'ce', ARGV[12], 'w', ARGV[13], 'tnf', ARGV[14])
+local keep = ARGV[19 + 2 * bands]
+if keep and keep ~= '' then redis.call('HSET', KEYS[1], 'kt', keep) end
+
+-- The ready entry and counts mirror dispatch.lua's to_ready: change both together.
+if endpoint then
+  local in_engine = redis.call('HINCRBY', KEYS[9], ARGV[2], 1) - 1
+  local priority = ''
+  if ARGV[16] == '1' then
+    priority = (band - 1) * BAND_STEP + in_engine
+  end
+  local entry = redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[15], '*',
+    'j', ARGV[1], 'ep', endpoint, 'p', ARGV[7], 'k', ARGV[5], 's', ARGV[6], 'b', ARGV[4],
+    'u', ARGV[2], 'pr', priority)
+  redis.call('HSET', KEYS[1], 'st', 'dispatched', 'td', now_ms, 'ep', endpoint, 're', entry)
+  redis.call('HINCRBY', KEYS[7], endpoint, 1)
+  redis.call('HINCRBY', KEYS[8], endpoint, 1)
+  -- Every band's credits shrink: they all share the one endpoint's engine queue.
+  for b = 1, bands do
+    local field = ARGV[18 + bands + b]
+    if tonumber(redis.call('HGET', KEYS[4], field) or '0') > 0 then
+      redis.call('HINCRBY', KEYS[4], field, -1)
+    end
+  end
+  redis.call('HINCRBY', KEYS[4], 'xs', 1)
+  redis.call('PUBLISH', ARGV[9], 'x\n' .. endpoint)
+  return {2, entry}
+end
+
 local entry = redis.call('XADD', KEYS[2], '*', 'j', ARGV[1])
 redis.call('HINCRBY', KEYS[5], ARGV[4], 1)
-redis.call('HSET', KEYS[1], 'st', 'queued', 'u', ARGV[2], 'tn', ARGV[3], 'b', ARGV[4],
-  'k', ARGV[5], 's', ARGV[6], 'p', ARGV[7], 'tq', now_ms, 'qe', entry, 'o', ARGV[11],
-  'ce', ARGV[12], 'w', ARGV[13], 'tnf', ARGV[14])
+redis.call('HSET', KEYS[1], 'st', 'queued', 'p', ARGV[7], 'qe', entry)
 -- A user who was idle joins at the band's current fairness clock, so idle time is never
 -- banked as credit (and a newcomer is served before anyone is served twice in a row).
 -- The wake message names a newcomer, so a dispatcher can plan without reading the backlog.

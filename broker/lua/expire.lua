@@ -30,15 +30,16 @@ for _, user in ipairs(users) do
     local job = ARGV[2] .. job_id
     redis.call('XDEL', queue, e[1])
     redis.call('HINCRBY', KEYS[2], ARGV[4], -1)
-    local f = redis.call('HMGET', job, 'st', 'tnf')
+    local f = redis.call('HMGET', job, 'st', 'tnf', 'kt')
     tenant_field = f[2] or tenant_field
     if f[1] == 'queued' then
       local results = ARGV[3] .. job_id
+      local ttl = f[3] or ARGV[6]  -- a batch line ('kt') is kept until its batch collects it
       redis.call('HSET', job, 'st', 'expired', 'te', now_ms)
       redis.call('HDEL', job, 'p')
       redis.call('XADD', results, '*', 'end', 'expired', 'e', '')
-      redis.call('EXPIRE', results, ARGV[6])
-      redis.call('EXPIRE', job, ARGV[6])
+      redis.call('EXPIRE', results, ttl)
+      redis.call('EXPIRE', job, ttl)
       out[#out + 1] = job_id
     end
   end
