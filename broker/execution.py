@@ -6,11 +6,33 @@ runs the job with ``start.lua`` (or drops it when the job ended meanwhile),
 writes result chunks with plain pipelined ``XADD``s and
 ends the job with ``complete.lua``, which also acknowledges the entry: an
 entry is acknowledged only once its job is terminal.
+
+Who owns a job while it is at the workers (the hand-over, one script each):
+
+    dispatched  the ready stream: an entry no worker has read yet (dispatch.lua)
+    read        the worker whose consumer-group pending list holds the entry
+                (XREADGROUP); ``start.lua`` marks the job running under it
+    running     that worker, under a lease: the entry's idle time in the group. The
+                worker renews all its entries every ``lease_renew_ms`` (``renew.lua``,
+                one call per model); an entry idle for ``lease_ms`` belongs to a dead
+                worker, and another worker takes it over (``reclaim.lua``, XAUTOCLAIM),
+                which retries the job if no output was written and it has attempts
+                left, or ends it failed: after output (a retry would repeat text), or
+                as a dead letter (it was started ``job_max_attempts`` times)
+    terminal    nobody: ``complete.lua`` (or ``cancel.lua``, ``expire.lua``) sets it
+                exactly once; ``complete.lua`` refuses a worker that lost its lease
+
+A worker that learns from ``renew.lua`` that it lost an entry drops that job and
+writes nothing more for it. The one window left: a worker paused for longer than
+the lease resumes and flushes chunks before its next renewal; result entries
+have fixed ids (``0-n``), so Redis refuses those that the new owner wrote
+already, and the lease should be far longer than any pause (``lease_ms``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import enum
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import orjson
@@ -22,7 +44,7 @@ from broker import keys
 from broker.dispatching import ensure_ready_group
 from broker.jobs import JobState, RequestKind
 from broker.results import BODY_FIELD, CHUNK_FIELD
-from broker.scripts import Scripts
+from broker.scripts import Scripts, source
 from broker.settings import Settings
 
 
@@ -40,14 +62,17 @@ class Claimed:
     band: str
     user: str
     engine_priority: int | None = None  # for engines scheduling by priority (vLLM)
+    worker: str = ""  # the consumer holding the entry; complete.lua checks it still does
 
     @classmethod
-    def from_entry(cls, model: str, entry_id: bytes, fields: dict[bytes, bytes]) -> Claimed:
+    def from_entry(
+        cls, model: str, entry_id: bytes, fields: dict[bytes, bytes], worker: str = ""
+    ) -> Claimed:
         return cls(
             model, entry_id, fields[b"j"].decode(), fields[b"p"],
             RequestKind(fields[b"k"].decode()), fields[b"s"].decode(), fields[b"ep"].decode(),
             fields[b"b"].decode(), fields[b"u"].decode(),
-            int(fields[b"pr"]) if fields.get(b"pr") else None,
+            int(fields[b"pr"]) if fields.get(b"pr") else None, worker,
         )  # fmt: skip
 
     @property
@@ -65,6 +90,22 @@ class Outcome:
     finish_reason: str | None = None
     first_token_ms: int | None = None
     extra: dict[str, object] = field(default_factory=dict)
+    dead_letter: bool = False  # recorded in the model's dead-letter index
+
+
+class Reclaim(enum.StrEnum):
+    """What ``reclaim.lua`` decided for a job taken over from a dead worker."""
+
+    RETRY = "retry"  # no output yet, attempts left: run it again
+    FAIL = "fail"  # output was written: end it failed (a retry would repeat text)
+    DEAD = "dead"  # started job_max_attempts times: end it as a dead letter
+
+
+@dataclass(frozen=True)
+class Reclaimed:
+    decision: Reclaim
+    attempts: int  # times the job was started so far
+    job: Claimed
 
 
 class ExecutionStore:
@@ -72,6 +113,9 @@ class ExecutionStore:
         self._redis = redis
         self._settings = settings
         self._scripts = Scripts.bind(redis)
+        self._renew = redis.register_script(source("renew"))
+        self._reclaim = redis.register_script(source("reclaim"))
+        self._expire = redis.register_script(source("expire"))
 
     async def ensure_groups(self, models: Sequence[str]) -> None:
         for model in models:
@@ -91,7 +135,7 @@ class ExecutionStore:
         )
         by_key = {keys.ready(m).encode(): m for m in models}
         return [
-            Claimed.from_entry(by_key[stream], entry_id, fields)
+            Claimed.from_entry(by_key[stream], entry_id, fields, consumer)
             for stream, entries in reply or []
             for entry_id, fields in entries
             if fields  # an entry deleted meanwhile comes back without fields
@@ -131,14 +175,15 @@ class ExecutionStore:
         prompt_cost = config.prompt_token_cost if config else 1.0
         output_cost = config.output_token_cost if config else 1.0
         pipe.evalsha(
-            self._scripts.complete.sha, 7,
+            self._scripts.complete.sha, 8,
             keys.job(model, job.job_id), keys.results(model, job.job_id),
             keys.ready(model), keys.inflight(model), keys.unstarted(model),
-            keys.backlog(model, job.band), keys.user_counts(model),
+            keys.backlog(model, job.band), keys.user_counts(model), keys.dead_letters(model),
             outcome.state.value, keys.READY_GROUP, self._settings.result_ttl_s,
             keys.wake_channel(model), _json(outcome.error), _json(outcome.usage),
             outcome.finish_reason or "", outcome.first_token_ms or "",
-            prompt_cost, output_cost, job.user,
+            prompt_cost, output_cost, job.user, job.worker,
+            job.job_id if outcome.dead_letter else "",
         )  # fmt: skip
 
     def add_first(self, pipe: Pipeline, model: str, job_id: str) -> None:
@@ -152,6 +197,61 @@ class ExecutionStore:
         """Load the scripts pipelines call by SHA (at start, and after Redis lost them)."""
         for script in (self._scripts.complete, self._scripts.first):
             await self._redis.script_load(script.script)
+
+    async def renew(self, worker: str, held: Mapping[str, Sequence[bytes]]) -> set[bytes]:
+        """Renew the lease on every entry ``worker`` holds (model -> entry ids), in one
+        round trip; returns the entry ids it has lost (another worker owns them now)."""
+        pipe = self._redis.pipeline(transaction=False)
+        for model, entries in held.items():
+            await self._renew(
+                keys=[keys.ready(model)], args=[keys.READY_GROUP, worker, *entries], client=pipe
+            )
+        replies = await pipe.execute()
+        return {entry for lost in replies for entry in lost}
+
+    async def reclaim(self, model: str, worker: str, count: int) -> list[Reclaimed]:
+        """Take over up to ``count`` entries whose lease lapsed; each with its fate."""
+        s = self._settings
+        reply = await self._reclaim(
+            keys=[keys.ready(model), keys.unstarted(model)],
+            args=[
+                keys.READY_GROUP, worker, s.lease_ms, count, keys.job_prefix(model),
+                keys.results_prefix(model), s.job_max_attempts,
+            ],
+        )  # fmt: skip
+        out = []
+        for decision, entry_id, attempts, flat in reply:
+            fields = dict(zip(flat[::2], flat[1::2], strict=True))
+            job = Claimed.from_entry(model, entry_id, fields, worker)
+            out.append(Reclaimed(Reclaim(decision.decode()), int(attempts), job))
+        return out
+
+    async def expire(self, model: str, band: str, deadline_ms: int, budget: int = 500) -> list[str]:
+        """End as expired the jobs of ``band`` queued longer than ``deadline_ms``."""
+        expired: list[str] = []
+        rank = 0
+        while rank >= 0:
+            reply = await self._expire(
+                keys=[keys.backlog(model, band), keys.queued_counts(model), keys.meta(model)],
+                args=[
+                    keys.queue_prefix(model, band), keys.job_prefix(model),
+                    keys.results_prefix(model), band, deadline_ms, self._settings.result_ttl_s,
+                    keys.wake_channel(model), budget, rank, 200,
+                ],
+            )  # fmt: skip
+            rank = int(reply[0])
+            expired += [job_id.decode() for job_id in reply[1:]]
+        return expired
+
+    async def take_turn(self, model: str, worker: str, ttl_ms: int) -> bool:
+        """True if ``worker`` may run the model's periodic sweep now (a TTL'd SET NX PX:
+        one worker per model per turn; the lock simply lapses, nobody releases it)."""
+        return bool(await self._redis.set(keys.sweep_lock(model), worker, nx=True, px=ttl_ms))
+
+    async def dead_letters(self, model: str, limit: int) -> list[tuple[str, int]]:
+        """The newest dead-lettered jobs of a model: (job id, when in ms)."""
+        rows = await self._redis.zrevrange(keys.dead_letters(model), 0, limit - 1, withscores=True)
+        return [(job_id.decode(), int(when)) for job_id, when in rows]
 
     def pipeline(self) -> Pipeline:
         return self._redis.pipeline(transaction=False)

@@ -22,6 +22,8 @@ data they read (a job id popped from a queue).
     fq:dispatchers           zset     live dispatchers, score = when their heartbeat lapses (ms)
     fq:{m}:wake              channel  "something changed": new job, freed capacity
     fq:{m}:cancel            channel  job ids cancelled while at a worker
+    fq:{m}:dead              zset     dead-lettered job ids, score = when (ms)
+    fq:{m}:sweep             string   TTL'd lock: the worker sweeping deadlines now
 
 The Batch API (``broker/batch``); a file's and a batch's keys share its id as hash tag:
 
@@ -127,6 +129,23 @@ def wake_channel(model: str) -> str:
 
 def cancel_channel(model: str) -> str:
     return f"{_tag(model)}:cancel"
+
+
+def queue_prefix(model: str, band: str) -> str:
+    """``queue(model, band, user)`` without the user: for scripts that walk a backlog."""
+    return f"{_tag(model)}:q:{band}:"
+
+
+def results_prefix(model: str) -> str:
+    return f"{_tag(model)}:out:"
+
+
+def dead_letters(model: str) -> str:
+    return f"{_tag(model)}:dead"
+
+
+def sweep_lock(model: str) -> str:
+    return f"{_tag(model)}:sweep"
 
 
 def file_meta(file_id: str) -> str:

@@ -10,7 +10,15 @@ A job's result stream ``fq:{m}:out:{id}`` holds, in order:
 blocking ``XREAD`` on one connection. A new follower must join a read that is
 already blocked; it does so by ``CLIENT UNBLOCK``-ing the reader, which then
 re-issues the read with the new key. Redis connections per process stay at two
-whatever the number of concurrent streams.
+whatever the number of concurrent streams. One stream may have several
+followers (a client that reconnected while its first connection is not yet
+seen to be gone): the read starts at the earliest of their positions and each
+gets only the entries after its own.
+
+Entry ids are what SSE event ids are made of (``broker.gateway.sse``): chunk
+entries are ``0-1``, ``0-2``, ... and the end entry's id is time-based, larger
+than all of them. ``read_after`` serves a client that resumes a job that has
+ended already.
 """
 
 from __future__ import annotations
@@ -63,6 +71,19 @@ class _Follower:
     last_id: bytes
 
 
+def entry_order(entry_id: bytes) -> tuple[int, int]:
+    """A stream entry id as a sortable pair (``b"0-12"`` -> (0, 12))."""
+    ms, _, seq = entry_id.partition(b"-")
+    return int(ms), int(seq or 0)
+
+
+async def read_after(redis: Redis, model: str, job_id: str, after: bytes) -> list[ResultEvent]:
+    """The job's result entries after ``after`` (exclusive), as they are now."""
+    key = keys.results(model, job_id)
+    entries = await redis.xrange(key, b"(" + after if after != b"0-0" else b"-", b"+")
+    return [ResultEvent.parse(entry_id, fields) for entry_id, fields in entries]
+
+
 class ResultReader:
     """Follows many result streams with one blocking XREAD loop (start once per process)."""
 
@@ -71,7 +92,7 @@ class ResultReader:
         self._control = control  # shared pool: CLIENT UNBLOCK and nothing else
         self._block_ms = block_ms
         self._count = count
-        self._followers: dict[bytes, _Follower] = {}
+        self._followers: dict[bytes, list[_Follower]] = {}
         self._reading: frozenset[bytes] = frozenset()
         self._blocked = False
         self._client_id: int | None = None
@@ -96,10 +117,8 @@ class ResultReader:
     ) -> AsyncIterator[asyncio.Queue[ResultEvent]]:
         """Follow one job's results from entry ``after`` on; yields the queue they arrive in."""
         key = keys.results(model, job_id).encode()
-        if key in self._followers:
-            raise RuntimeError(f"job {job_id} is already followed in this process")
         follower = _Follower(asyncio.Queue(), after)
-        self._followers[key] = follower
+        self._followers.setdefault(key, []).append(follower)
         # The caller need not wait for the reader to take the key in: events are read
         # from ``after`` on whenever that happens, so none can be missed.
         wake = asyncio.create_task(self._wake(key))
@@ -107,7 +126,10 @@ class ResultReader:
             yield follower.queue
         finally:
             wake.cancel()
-            del self._followers[key]
+            followers = self._followers[key]
+            followers.remove(follower)
+            if not followers:
+                del self._followers[key]
 
     async def events(
         self, model: str, job_id: str, after: bytes = b"0-0"
@@ -152,7 +174,10 @@ class ResultReader:
     async def _read_once(self) -> None:
         if self._client_id is None:
             self._client_id = int(await self._blocking.client_id())
-        streams = {key: f.last_id for key, f in self._followers.items()}
+        streams = {
+            key: fs[0].last_id if len(fs) == 1 else min((f.last_id for f in fs), key=entry_order)
+            for key, fs in self._followers.items()
+        }
         self._reading = frozenset(streams)
         self._blocked = True
         try:
@@ -160,9 +185,18 @@ class ResultReader:
         finally:
             self._blocked = False
         for key, entries in reply or []:
-            follower = self._followers.get(key)
-            if follower is None:
+            followers = self._followers.get(key)
+            if not followers:
+                continue
+            if len(followers) == 1:  # the usual case: no id comparisons
+                follower = followers[0]
+                for entry_id, fields in entries:
+                    follower.last_id = entry_id
+                    follower.queue.put_nowait(ResultEvent.parse(entry_id, fields))
                 continue
             for entry_id, fields in entries:
-                follower.last_id = entry_id
-                follower.queue.put_nowait(ResultEvent.parse(entry_id, fields))
+                event, order = ResultEvent.parse(entry_id, fields), entry_order(entry_id)
+                for follower in followers:
+                    if order > entry_order(follower.last_id):
+                        follower.last_id = entry_id
+                        follower.queue.put_nowait(event)

@@ -160,6 +160,32 @@ class Settings(BaseSettings):
     engine_connect_timeout_s: float = Field(default=5.0, gt=0)
     engine_read_timeout_s: float = Field(default=300.0, gt=0)
 
+    # Guarantees (workers/lease.py, workers/deadlines.py, workers/runner.py).
+    # A running job's ready entry is leased to its worker: the worker renews every
+    # lease_renew_ms; an entry idle for lease_ms is reclaimed by another worker.
+    lease_ms: int = Field(default=15_000, ge=100)
+    lease_renew_ms: int = Field(default=3_000, ge=20)
+    # Attempts of a job whose worker died before its first token; then dead letter.
+    job_max_attempts: int = Field(default=3, ge=1)
+    # Calls of the engine per attempt when it fails before the first token (5xx, refused,
+    # silent): retried after retry_backoff_ms x 2^(n-1).
+    engine_max_tries: int = Field(default=3, ge=1)
+    retry_backoff_ms: float = Field(default=250.0, ge=0)
+    # A streamed engine response silent this long is a hang (a non-streamed one gets
+    # engine_read_timeout_s, as its body comes only at the end).
+    engine_stream_idle_timeout_s: float = Field(default=60.0, gt=0)
+    # Band -> seconds a job may wait in the queue before it ends "expired" (no entry: never;
+    # the defaults name the default bands and are ignored for bands that do not exist).
+    queue_deadline_s: dict[str, float] = Field(
+        default_factory=lambda: {"interactive": 600.0, "default": 3600.0}
+    )
+    deadline_sweep_s: float = Field(default=1.0, gt=0)
+    # A streaming client that leaves after output began may resume (Last-Event-ID) this
+    # long before its job is cancelled.
+    stream_resume_grace_s: float = Field(default=2.0, ge=0)
+    # Port of the worker's Prometheus metrics (None: not served).
+    worker_metrics_port: int | None = Field(default=None, ge=0, le=65535)
+
     batch: BatchSettings = Field(default_factory=BatchSettings)
 
     @model_validator(mode="after")
@@ -173,6 +199,22 @@ class Settings(BaseSettings):
             for band in key.bands or ():
                 if band not in self.bands:
                     raise ValueError(f"api key of user {key.user!r} names unknown band {band!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_guarantees(self) -> Settings:
+        named = "queue_deadline_s" in self.model_fields_set
+        for band, limit in self.queue_deadline_s.items():
+            if limit <= 0 or (named and band not in self.bands):
+                raise ValueError(
+                    f"queue_deadline_s names band {band!r}: it must be one of the bands "
+                    f"({', '.join(self.bands)}) with a positive number of seconds"
+                )
+        if self.lease_renew_ms * 2 > self.lease_ms:
+            raise ValueError(
+                f"lease_renew_ms ({self.lease_renew_ms}) must be at most half of lease_ms "
+                f"({self.lease_ms}), or a live worker could lose its jobs between renewals"
+            )
         return self
 
     @classmethod

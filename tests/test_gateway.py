@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -195,8 +196,9 @@ def openai_client(gateway: str) -> Iterator[openai.OpenAI]:
 
 
 async def read_all(response: httpx.Response) -> bytes:
+    """The body without its SSE ``id:`` lines (tests/test_resume.py checks those)."""
     async with asyncio.timeout(WAIT_S):
-        return await response.aread()
+        return re.sub(rb"(?m)^id: [^\n]*\n", b"", await response.aread())
 
 
 async def job_status(http: httpx.AsyncClient, job_id: str, headers: dict[str, str]) -> str:

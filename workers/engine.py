@@ -5,6 +5,15 @@ event boundaries and only looks inside the few events that accounting needs
 (the usage chunk and the one with a finish reason), found with a byte search,
 so a token costs no JSON parsing here. ``data: [DONE]`` is dropped: the
 gateway ends every stream itself, after the job's end is recorded.
+
+Every way an engine can fail becomes an ``EngineError``: an error status (its
+reason passed on), no connection, silence past the timeout (a hang), a stream
+that ends without ``[DONE]`` (cut off), an error event inside the stream, and
+malformed events. The last is checked by counting event boundaries, which costs
+no parsing: raw newlines cannot occur inside JSON, so each ``\\n\\n`` ends an
+event, and a well-formed one is ``data: {...}`` or ``data: [DONE]``. Only a
+piece that fails the count (an SSE comment, ``data:`` without the space) is
+looked at event by event.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from workers.errors import EngineError
 _DONE = b"data: [DONE]\n\n"
 _FINISH = re.compile(rb'"finish_reason":"([A-Za-z_]+)"')
 _USAGE_MARK = b'"usage":{'
+_ERROR_EVENTS = (b'data: {"error"', b'data: {"object":"error"')
 
 
 @dataclass
@@ -29,14 +39,22 @@ class Accounting:
 
     usage: dict[str, int] | None = None
     finish_reason: str | None = None
+    done: bool = False  # the stream's [DONE] arrived: the response is whole
 
     def scan(self, events: bytes, keep_usage: bool) -> bytes:
         """Note usage and finish reason; return the events to forward."""
+        if not _well_formed(events):
+            events = _checked(events)
+        if _ERROR_EVENTS[0] in events or _ERROR_EVENTS[1] in events:
+            raise _error_event(events)
         if _FINISH.search(events):
             self.finish_reason = _FINISH.findall(events)[-1].decode()
         if _USAGE_MARK in events:
             events = self._take_usage(events, keep_usage)
-        return events.replace(_DONE, b"") if _DONE in events else events
+        if _DONE in events:
+            self.done = True
+            return events.replace(_DONE, b"")
+        return events
 
     def _take_usage(self, events: bytes, keep_usage: bool) -> bytes:
         kept = []
@@ -58,12 +76,72 @@ class Accounting:
         self.finish_reason = choices[0].get("finish_reason")
 
 
-async def stream_events(
-    client: httpx.AsyncClient, url: str, payload: bytes, accounting: Accounting, keep_usage: bool
-) -> AsyncIterator[bytes]:
-    """Yield complete SSE events as they arrive (several per item when they came together)."""
+def _well_formed(events: bytes) -> bool:
+    """The fast check: every event is ``data: {...}`` or ``data: [DONE]``."""
+    n = events.count(b"\n\n")  # events always end with one: the reader cuts there
+    return (
+        events.startswith(b"data: ")
+        and events.count(b"\n\ndata: ") == n - 1
+        and events.count(b"}\n\n") + events.count(_DONE) == n
+    )
+
+
+def _checked(events: bytes) -> bytes:
+    """The slow check: drop SSE comments, keep ``data:`` events holding a JSON object."""
+    kept = []
+    for event in events.split(b"\n\n")[:-1]:
+        if event.startswith(b":"):
+            continue  # a comment (keep-alive): the gateway sends its own
+        data = event.removeprefix(b"data:").lstrip(b" ")
+        if data == event or not _json_object(data):
+            shown = event[:80].decode(errors="replace")
+            raise EngineError(
+                f"the engine sent a malformed stream event: {shown!r}", code="engine_bad_chunk"
+            )
+        kept.append(b"data: " + data + b"\n\n")
+    return b"".join(kept)
+
+
+def _json_object(data: bytes) -> bool:
+    if data == b"[DONE]":
+        return True
     try:
-        async with client.stream("POST", url, content=payload, headers=_HEADERS) as response:
+        return isinstance(orjson.loads(data), dict)
+    except orjson.JSONDecodeError:
+        return False
+
+
+def _error_event(events: bytes) -> EngineError:
+    """An error the engine reported inside an open stream (vLLM does, e.g. on overload)."""
+    for event in events.split(b"\n\n"):
+        if event.startswith(_ERROR_EVENTS):
+            parsed = orjson.loads(event[6:])
+            error = parsed.get("error", parsed)
+            message = error.get("message") if isinstance(error, dict) else None
+            return EngineError(
+                f"the engine failed mid-stream: {message or 'no reason given'}",
+                code="engine_stream_error",
+            )
+    raise AssertionError("called without an error event")
+
+
+async def stream_events(
+    client: httpx.AsyncClient,
+    url: str,
+    payload: bytes,
+    accounting: Accounting,
+    *,
+    keep_usage: bool,
+    timeout: httpx.Timeout,
+) -> AsyncIterator[bytes]:
+    """Yield complete SSE events as they arrive (several per item when they came together).
+
+    ``timeout.read`` bounds the silence between two pieces: the engine's hang.
+    """
+    try:
+        async with client.stream(
+            "POST", url, content=payload, headers=_HEADERS, timeout=timeout
+        ) as response:
             if response.status_code != 200:
                 raise EngineError.from_response(response.status_code, await response.aread())
             tail = b""
@@ -75,16 +153,14 @@ async def stream_events(
                 events, tail = accounting.scan(tail[: cut + 2], keep_usage), tail[cut + 2 :]
                 if events:
                     yield events
-    except httpx.TimeoutException as exc:
-        raise EngineError(
-            f"the engine did not answer in time at {url}: {type(exc).__name__}",
-            status=504,
-            code="engine_timeout",
-        ) from exc
     except httpx.HTTPError as exc:
+        raise _transport_error(exc, url, timeout) from exc
+    if not accounting.done:
         raise EngineError(
-            f"the engine connection failed at {url}: {exc!r}", code="engine_unreachable"
-        ) from exc
+            f"the engine's stream from {url} ended before the response was complete",
+            code="engine_stream_cut",
+            retryable=True,
+        )
 
 
 async def complete(
@@ -93,21 +169,29 @@ async def complete(
     """Send a non-streamed request; returns the engine's JSON body."""
     try:
         response = await client.post(url, content=payload, headers=_HEADERS)
-    except httpx.TimeoutException as exc:
-        raise EngineError(
-            f"the engine did not answer in time at {url}", status=504, code="engine_timeout"
-        ) from exc
     except httpx.HTTPError as exc:
-        raise EngineError(
-            f"the engine connection failed at {url}: {exc!r}", code="engine_unreachable"
-        ) from exc
+        raise _transport_error(exc, url, client.timeout) from exc
     if response.status_code != 200:
         raise EngineError.from_response(response.status_code, response.content)
     try:
         accounting.scan_body(response.content)
     except (orjson.JSONDecodeError, AttributeError) as exc:
-        raise EngineError(f"the engine sent a body that is not a JSON object from {url}") from exc
+        raise EngineError(
+            f"the engine sent a body that is not a JSON object from {url}", code="engine_bad_body"
+        ) from exc
     return response.content
+
+
+def _transport_error(exc: httpx.HTTPError, url: str, timeout: httpx.Timeout) -> EngineError:
+    """No connection, silence, or a connection that broke: all worth another call."""
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        message, code = f"the engine at {url} could not be reached: {exc!r}", "engine_unreachable"
+    elif isinstance(exc, httpx.TimeoutException):
+        message = f"the engine at {url} sent nothing for {timeout.read}s: {type(exc).__name__}"
+        return EngineError(message, status=504, code="engine_timeout", retryable=True)
+    else:
+        message, code = f"the engine connection broke at {url}: {exc!r}", "engine_stream_cut"
+    return EngineError(message, code=code, retryable=True)
 
 
 _HEADERS = {"content-type": "application/json", "accept": "text/event-stream, application/json"}

@@ -4,7 +4,10 @@
     └── EngineError      the engine answered with an error, broke off, or timed out
 
 An ``EngineError`` carries what the client will see (the engine's own reason
-where it gave one) and the HTTP status to report it with.
+where it gave one), the HTTP status to report it with, and whether calling the
+engine again could help (``retryable``: overload, unreachable, silent, cut off).
+Whether it is *safe* to call again is the runner's call: only while no output
+of the job was written.
 """
 
 from __future__ import annotations
@@ -17,11 +20,19 @@ class WorkerError(Exception):
 
 
 class EngineError(WorkerError):
-    def __init__(self, message: str, *, status: int = 502, code: str = "engine_error") -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 502,
+        code: str = "engine_error",
+        retryable: bool = False,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.code = code
+        self.retryable = retryable
 
     @classmethod
     def from_response(cls, status: int, body: bytes) -> EngineError:
@@ -35,10 +46,12 @@ class EngineError(WorkerError):
         except orjson.JSONDecodeError:
             pass
         # A 4xx is the request's fault and keeps its status; anything else is a bad gateway.
+        # An overloaded or failing engine (5xx, 429) may well answer the next call.
         return cls(
             f"the engine rejected the request ({status}): {reason}",
             status=status if 400 <= status < 500 else 502,
             code=f"engine_http_{status}",
+            retryable=status >= 500 or status == 429,
         )
 
     def to_error(self) -> dict[str, object]:

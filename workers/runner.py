@@ -5,18 +5,30 @@ records the outcome after the job's last chunk. Cancellation arrives as
 ``asyncio.CancelledError`` (the service cancels the task): the ``async with``
 around the engine request closes the connection, which aborts the request at
 the engine.
+
+An engine call that fails in a way another call may fix (``EngineError.retryable``:
+5xx, no connection, silence, a cut stream) is made again, up to
+``engine_max_tries`` calls with exponential backoff, but only while none of the
+job's output was handed to the writer: after that a second call would send the
+client text it has already seen, so the job ends failed with the engine's reason.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
+from dataclasses import dataclass
 
 import httpx
 
-from broker import Claimed, JobState, Outcome
+from broker import Claimed, JobState, Outcome, Settings
+from workers import metrics
 from workers.engine import Accounting, complete, stream_events
 from workers.errors import EngineError
 from workers.writer import ResultWriter
+
+log = logging.getLogger(__name__)
 
 
 def with_priority(payload: bytes, priority: int | None) -> bytes:
@@ -31,45 +43,82 @@ def with_priority(payload: bytes, priority: int | None) -> bytes:
     return b"{" + member + (b"," if payload.strip() != b"{}" else b"") + payload.lstrip()[1:]
 
 
+def backoff_s(settings: Settings, attempt: int) -> float:
+    """The pause before attempt ``attempt + 1`` (exponential, capped at 30 s)."""
+    return float(min(settings.retry_backoff_ms * 2 ** (attempt - 1), 30_000.0) / 1000)
+
+
+@dataclass
+class _Progress:
+    first_ms: int | None = None  # set when the first output went to the writer
+
+    @property
+    def wrote(self) -> bool:
+        return self.first_ms is not None
+
+
 class JobRunner:
-    def __init__(self, writer: ResultWriter, http: httpx.AsyncClient) -> None:
+    def __init__(self, writer: ResultWriter, http: httpx.AsyncClient, settings: Settings) -> None:
         self._writer = writer
         self._http = http
+        self._settings = settings
+        self._stream_timeout = httpx.Timeout(
+            settings.engine_stream_idle_timeout_s, connect=settings.engine_connect_timeout_s
+        )
+        self.retries = 0  # engine calls made again
 
     async def run(self, job: Claimed) -> Outcome:
         """Execute the job at its endpoint; engine failures become a failed outcome."""
-        accounting = Accounting()
         url = job.endpoint + job.kind.path
         payload = with_priority(job.payload, job.engine_priority)
-        try:
-            if job.stream:
-                first_ms = await self._stream(job, url, payload, accounting)
-            else:
-                first_ms = await self._plain(job, url, payload, accounting)
-        except EngineError as exc:
-            return Outcome(JobState.FAILED, error=exc.to_error())
-        return Outcome(
-            JobState.COMPLETED,
-            usage=accounting.usage,
-            finish_reason=accounting.finish_reason,
-            first_token_ms=first_ms,
-        )
+        progress = _Progress()
+        tries = self._settings.engine_max_tries
+        for attempt in range(1, tries + 1):
+            accounting = Accounting()
+            try:
+                await self._call(job, url, payload, accounting, progress)
+            except EngineError as exc:
+                if progress.wrote or not exc.retryable or attempt == tries:
+                    return Outcome(JobState.FAILED, error=exc.to_error())
+                log.info("job %s: %s; calling the engine again", job.job_id, exc.code)
+                self.retries += 1
+                metrics.ENGINE_RETRIES.inc()
+                await asyncio.sleep(backoff_s(self._settings, attempt))
+                continue
+            return Outcome(
+                JobState.COMPLETED,
+                usage=accounting.usage,
+                finish_reason=accounting.finish_reason,
+                first_token_ms=progress.first_ms,
+            )
+        raise AssertionError("unreachable: the last try returns")
+
+    async def _call(
+        self, job: Claimed, url: str, payload: bytes, accounting: Accounting, progress: _Progress
+    ) -> None:
+        if job.stream:
+            await self._stream(job, url, payload, accounting, progress)
+        else:
+            await self._plain(job, url, payload, accounting, progress)
 
     async def _stream(
-        self, job: Claimed, url: str, payload: bytes, accounting: Accounting
-    ) -> int | None:
-        first_ms: int | None = None
-        keep_usage = job.stream_flag == "2"
-        async for events in stream_events(self._http, url, payload, accounting, keep_usage):
-            if first_ms is None:
-                first_ms = int(time.time() * 1000)
+        self, job: Claimed, url: str, payload: bytes, accounting: Accounting, progress: _Progress
+    ) -> None:
+        keep_usage, timeout = job.stream_flag == "2", self._stream_timeout
+        events_of = stream_events(
+            self._http, url, payload, accounting, keep_usage=keep_usage, timeout=timeout
+        )
+        async for events in events_of:
+            if progress.first_ms is None:
+                progress.first_ms = int(time.time() * 1000)
                 self._writer.chunk(job, events, first=True)
             else:
                 self._writer.chunk(job, events)
-        return first_ms
 
-    async def _plain(self, job: Claimed, url: str, payload: bytes, accounting: Accounting) -> int:
+    async def _plain(
+        self, job: Claimed, url: str, payload: bytes, accounting: Accounting, progress: _Progress
+    ) -> None:
         self._writer.mark_started(job)  # written with the next flush, once the request is out
         body = await complete(self._http, url, payload, accounting)
+        progress.first_ms = int(time.time() * 1000)
         self._writer.body(job, body)
-        return int(time.time() * 1000)

@@ -1,13 +1,16 @@
 """The worker service: claim dispatched jobs and run many of them at once.
 
-Lifecycle (one ``run`` per process): start the result writer and the cancel
-listener, claim ready entries while fewer than ``concurrency`` jobs run, and on
-``stop`` claim nothing more, give running jobs ``drain_timeout_s`` to finish,
-fail the rest ("worker shut down") and flush the writer before returning.
+Lifecycle (one ``run`` per process): start the result writer, the cancel
+listener, the lease keeper and the deadline sweeper, claim ready entries while
+fewer than ``concurrency`` jobs run, and on ``stop`` claim nothing more (and
+reclaim nothing more), give running jobs ``drain_timeout_s`` to finish while
+their leases are still renewed, fail the rest ("worker shut down") and flush
+the writer before returning.
 
 A claimed entry stays pending in the consumer group until its job is terminal
 (``complete.lua`` acknowledges it), so a job is never lost between the read
-and the end.
+and the end; if this process dies, another worker takes the entry over once
+its lease lapses (``workers.lease``; ownership in ``broker.execution``).
 """
 
 from __future__ import annotations
@@ -18,15 +21,20 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 import httpx
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from broker import Claimed, ExecutionStore, JobState, ModelConfig, Outcome, Settings
+from broker.execution import Reclaim, Reclaimed
+from workers import metrics
 from workers.cancel import CancelListener
-from workers.runner import JobRunner
+from workers.deadlines import DeadlineSweeper
+from workers.lease import LeaseKeeper
+from workers.runner import JobRunner, backoff_s
 from workers.writer import ResultWriter
 
 log = logging.getLogger(__name__)
@@ -55,29 +63,51 @@ class Worker:
         self._writer = ResultWriter(self._store, settings.stream_linger_ms)
         self._cancels = CancelListener(redis, self._store.cancel_channels(self._models))
         self._running: dict[str, asyncio.Task[None]] = {}
-        self._cancelled: set[str] = set()  # jobs whose owner cancelled them (not shutdown)
+        self._jobs: dict[str, Claimed] = {}  # the ready entries this worker holds
+        # Jobs to write nothing more for: cancelled by their owner (cancel.lua ended them),
+        # or lost with the lease (another worker owns them now). Not shutdown.
+        self._dropped: set[str] = set()
+        self._finishing: set[str] = set()  # outcome handed to the writer (its ack may be out)
+        self._stopping = False
         self._slot_freed = asyncio.Event()
         self.name = worker_name()
+        self._lease = LeaseKeeper(self._store, settings, self.name, self._models)
+        self._sweeper = DeadlineSweeper(self._store, settings, self.name, self._models)
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._store.ensure_groups(self._models)
         await self._store.load_scripts()
+        metrics.serve(self._settings.worker_metrics_port)
         timeout = httpx.Timeout(
             self._settings.engine_read_timeout_s, connect=self._settings.engine_connect_timeout_s
         )
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=self._concurrency)
         async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
-            runner = JobRunner(self._writer, http)
-            writer = asyncio.create_task(self._writer.run(), name="result-writer")
-            cancels = asyncio.create_task(self._cancels.run(self._cancel_job), name="cancels")
+            runner = JobRunner(self._writer, http, self._settings)
+            background = [
+                asyncio.create_task(self._writer.run(), name="result-writer"),
+                asyncio.create_task(self._cancels.run(self._cancel_job), name="cancels"),
+                asyncio.create_task(self._keep_leases(runner), name="leases"),
+                asyncio.create_task(self._sweeper.run(), name="deadlines"),
+            ]
             try:
                 await self._claim_loop(runner, stop)
+                self._stopping = True
                 await self._drain()
             finally:
-                for task in (writer, cancels):
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+                for task in background:
+                    await _stop(task)
+
+    def _keep_leases(self, runner: JobRunner) -> Coroutine[Any, Any, None]:
+        async def on_reclaimed(taken: Reclaimed) -> None:
+            self._take_over(runner, taken)
+
+        return self._lease.run(
+            lambda: self._jobs,
+            lambda: 0 if self._stopping else self._concurrency - len(self._running),
+            self._lose,
+            on_reclaimed,
+        )
 
     async def _claim_loop(self, runner: JobRunner, stop: asyncio.Event) -> None:
         backoff = 0.05
@@ -98,13 +128,46 @@ class Worker:
                 backoff = min(backoff * 2, 2.0)
                 continue
             for entry in claimed:
-                task = asyncio.create_task(self._run_claimed(runner, entry))
-                self._running[entry.job_id] = task
-                task.add_done_callback(lambda _t, job_id=entry.job_id: self._release(job_id))
+                self._spawn(entry, self._run_claimed(runner, entry))
+
+    def _spawn(self, job: Claimed, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._running[job.job_id] = task
+        self._jobs[job.job_id] = job
+        task.add_done_callback(lambda _t, job_id=job.job_id: self._release(job_id))
 
     def _release(self, job_id: str) -> None:
         self._running.pop(job_id, None)
+        self._jobs.pop(job_id, None)
+        self._dropped.discard(job_id)
+        self._finishing.discard(job_id)
         self._slot_freed.set()
+
+    def _take_over(self, runner: JobRunner, taken: Reclaimed) -> None:
+        """Run, or end, a job taken over from a dead worker (see ``reclaim.lua``)."""
+        metrics.RECLAIMS.labels(taken.decision.value).inc()
+        job = taken.job
+        if job.job_id in self._running:  # our own, after renewals failed for a lease
+            log.warning("job %s: reclaimed its own entry; it runs already", job.job_id)
+            return
+        log.warning("job %s: taken over from a dead worker (%s)", job.job_id, taken.decision)
+        if taken.decision is Reclaim.RETRY:
+            self._spawn(job, self._retry(runner, job, taken.attempts))
+        else:
+            self._spawn(job, self._end_reclaimed(job, taken))
+
+    async def _retry(self, runner: JobRunner, job: Claimed, attempts: int) -> None:
+        await asyncio.sleep(backoff_s(self._settings, max(attempts, 1)))
+        await self._run_claimed(runner, job)
+
+    async def _end_reclaimed(self, job: Claimed, taken: Reclaimed) -> None:
+        if taken.decision is Reclaim.DEAD:
+            metrics.DEAD_LETTERS.inc()
+            outcome = Outcome(JobState.FAILED, error=_dead_letter(taken.attempts), dead_letter=True)
+        else:
+            outcome = Outcome(JobState.FAILED, error=_WORKER_LOST)
+        self._finishing.add(job.job_id)
+        await self._writer.finish(job, outcome)
 
     async def _run_claimed(self, runner: JobRunner, job: Claimed) -> None:
         # The engine call starts at once; start.lua runs alongside it (one round trip
@@ -114,7 +177,6 @@ class Worker:
             attempt = await self._store.start(job, self.name)
         except BaseException:  # Redis failed, or the job was cancelled meanwhile
             run.cancel()  # either way the entry stays pending or is acked: nothing is lost
-            self._cancelled.discard(job.job_id)
             self._writer.discard(job.job_id)
             raise
         if attempt is None:  # cancelled while it waited in the ready stream
@@ -125,20 +187,31 @@ class Worker:
         try:
             outcome = await run
         except asyncio.CancelledError:
-            if job.job_id in self._cancelled:  # cancel.lua has ended the job already
-                self._cancelled.discard(job.job_id)
+            if job.job_id in self._dropped:  # ended by cancel.lua, or another worker's now
                 self._writer.discard(job.job_id)
                 raise
             outcome = Outcome(JobState.FAILED, error=_SHUTDOWN_ERROR)
         except Exception as exc:  # a bug must not leave the job running forever
             log.exception("job %s crashed the runner", job.job_id)
             outcome = Outcome(JobState.FAILED, error=_internal_error(exc))
+        self._finishing.add(job.job_id)
         await self._writer.finish(job, outcome)
 
     async def _cancel_job(self, job_id: str) -> None:
+        self._drop(job_id)
+
+    def _lose(self, job_id: str) -> None:
+        """The lease on the job's entry is gone: drop the job, unless it is ending (then
+        its entry was acknowledged just before the renewal, and complete.lua checks)."""
+        if job_id not in self._finishing:
+            log.warning("job %s: this worker lost its lease; dropping it", job_id)
+            self._drop(job_id)
+
+    def _drop(self, job_id: str) -> None:
+        """Stop the job and write nothing more for it (it ended, or is not ours now)."""
         task = self._running.get(job_id)
         if task is not None:
-            self._cancelled.add(job_id)
+            self._dropped.add(job_id)
             task.cancel()
 
     async def _drain(self) -> None:
@@ -152,6 +225,17 @@ class Worker:
         await self._writer.drain()
 
 
+async def _stop(task: asyncio.Task[None]) -> None:
+    """Cancel a background task and wait for its end. A cancel can be swallowed by a
+    library awaited at that moment (redis-py does, in some connection states), so it
+    is repeated until the task ends."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait([task], timeout=0.5)
+    with contextlib.suppress(asyncio.CancelledError):
+        task.result()
+
+
 async def _wait(event: asyncio.Event, timeout_s: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(event.wait(), timeout_s)
@@ -163,6 +247,26 @@ _SHUTDOWN_ERROR: dict[str, object] = {
     "code": "worker_shutdown",
     "status": 503,
 }
+
+
+_WORKER_LOST: dict[str, object] = {
+    "message": "the worker running the request stopped after part of the answer was sent; "
+    "it is not retried, so that no text is repeated: please send the request again",
+    "type": "server_error",
+    "code": "worker_lost",
+    "status": 502,
+}
+
+
+def _dead_letter(attempts: int) -> dict[str, object]:
+    return {
+        "message": f"the request was started {attempts} times and each time its worker "
+        "stopped before any answer: it is held back as a dead letter (see "
+        "GET /v1/admin/dead-letters); check its input before sending it again",
+        "type": "server_error",
+        "code": "dead_letter",
+        "status": 500,
+    }
 
 
 def _internal_error(exc: Exception) -> dict[str, object]:

@@ -8,17 +8,25 @@
 -- KEYS[5] unstarted hash fq:{m}:unstarted
 -- KEYS[6] band backlog   fq:{m}:bk:{band} of the job's band
 -- KEYS[7] user counts    fq:{m}:users
+-- KEYS[8] dead letters   fq:{m}:dead (zset: job id -> when)
 -- ARGV[1] terminal state (completed|failed)   ARGV[2] ready consumer group
 -- ARGV[3] ttl seconds of the job and its results   ARGV[4] wake channel
 -- ARGV[5] error JSON or ''   ARGV[6] usage JSON or ''   ARGV[7] finish reason or ''
 -- ARGV[8] first-token time in ms or ''
 -- ARGV[9] cost of a prompt token   ARGV[10] cost of an output token   ARGV[11] the job's user
+-- ARGV[12] the worker ending the job ('' from a caller that is no worker: no check)
+-- ARGV[13] the job id when it ends as a dead letter (recorded in KEYS[8]), else ''
+-- A worker may end only a job it runs: one whose lease lapsed (a long pause) and that
+-- another worker reclaimed is left alone, entry included (it is the other worker's now).
 -- A job charged by its estimated cost at dispatch (token-fair) has the charge corrected to
 -- its reported usage, if its user is still backlogged (an idle user's score is gone).
 -- Returns 1 when this call ended the job, 0 when it had already ended (e.g. cancelled);
 -- the ready entry is acknowledged and deleted either way (it holds the payload).
-local f = redis.call('HMGET', KEYS[1], 'st', 're', 'ep')
+local f = redis.call('HMGET', KEYS[1], 'st', 're', 'ep', 'wk')
 local st, entry, endpoint = f[1], f[2], f[3]
+if ARGV[12] ~= '' and f[4] and f[4] ~= ARGV[12] then
+  return 0
+end
 if entry then
   redis.call('XACK', KEYS[3], ARGV[2], entry)
   redis.call('XDEL', KEYS[3], entry)
@@ -43,6 +51,10 @@ if ARGV[6] ~= '' then
 end
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'fin', ARGV[7]) end
 if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'tf', ARGV[8]) end
+if ARGV[13] ~= '' then
+  redis.call('ZADD', KEYS[8], now_ms, ARGV[13])
+  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now_ms - ARGV[3] * 1000)  -- their jobs expired
+end
 redis.call('XADD', KEYS[2], '*', 'end', ARGV[1], 'e', ARGV[5])
 -- Batch API: a batch line ('kt') is kept until its batch has collected the result.
 local ttl = redis.call('HGET', KEYS[1], 'kt') or ARGV[3]

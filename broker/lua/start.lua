@@ -2,7 +2,7 @@
 -- The worker may already be calling the engine (the ready entry holds the payload); this
 -- records that it runs the job, or tells it to abort because the job ended meanwhile.
 -- KEYS[1] job hash   fq:{m}:job:{id}
--- ARGV[1] worker name
+-- ARGV[1] worker name (kept in 'wk': 'w' is the key's fairness weight, from enqueue.lua)
 -- Returns {1, attempts} when the job is now running under this worker, or {0, state}
 -- when it is no longer startable (ended already, or gone: state '') and the worker must
 -- drop it.
@@ -13,5 +13,5 @@ end
 local t = redis.call('TIME')
 local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
 local attempts = redis.call('HINCRBY', KEYS[1], 'att', 1)
-redis.call('HSET', KEYS[1], 'st', 'running', 'tr', now_ms, 'w', ARGV[1])
+redis.call('HSET', KEYS[1], 'st', 'running', 'tr', now_ms, 'wk', ARGV[1])
 return {1, attempts}

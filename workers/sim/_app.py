@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request, Response
 
 from workers.sim._engine import Engine, engine_running
 from workers.sim._errors import EngineStopped, RequestError
+from workers.sim._faults import FaultBook
 from workers.sim._metrics import CONTENT_TYPE_LATEST, SimMetrics
 from workers.sim._parsing import GenRequest, parse_request
 from workers.sim._profile import SimProfile
@@ -66,6 +67,7 @@ class _Routes:
         self.registry.watch(self.engine)
         digest = hashlib.sha256(",".join(models).encode()).hexdigest()[:8]
         self.fingerprint = f"vllm-{VLLM_VERSION}-{digest}"
+        self.faults = FaultBook()
 
     async def chat_completions(self, request: Request) -> Response:
         return await self._generate(request, chat=True)
@@ -89,6 +91,9 @@ class _Routes:
             req = parse_request(
                 await request.body(), chat=chat, models=self.models, profile=self.profile
             )
+            fault = self.faults.active(req.fault, req.id)
+            if fault is not None and fault.kind == "status":
+                return _error(fault.status, "InternalServerError", fault.message)
             seq = self.engine.submit(
                 req.model,
                 req.prompt_tokens,
@@ -103,8 +108,10 @@ class _Routes:
             return _error(503, "ServiceUnavailableError", str(exc))
         meta = self._meta(req)
         if req.stream:
-            return SseResponse(self.engine, seq, meta, chat=chat, include_usage=req.include_usage)
-        return JsonCompletionResponse(self.engine, seq, meta, chat=chat)
+            return SseResponse(
+                self.engine, seq, meta, chat=chat, include_usage=req.include_usage, fault=fault
+            )
+        return JsonCompletionResponse(self.engine, seq, meta, chat=chat, fault=fault)
 
     def _meta(self, req: GenRequest) -> ResponseMeta:
         return ResponseMeta(

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from workers.sim._errors import RequestError
+from workers.sim._faults import Fault, parse_fault
 from workers.sim._profile import SimProfile
 
 CHARS_PER_TOKEN = 4  # a rough English average; the simulator has no tokenizer
@@ -35,6 +36,7 @@ class GenRequest:
     stream: bool
     include_usage: bool
     priority: int
+    fault: Fault | None = None
 
 
 def parse_request(raw: bytes, *, chat: bool, models: list[str], profile: SimProfile) -> GenRequest:
@@ -59,6 +61,7 @@ def parse_request(raw: bytes, *, chat: bool, models: list[str], profile: SimProf
         stream=stream,
         include_usage=include_usage,
         priority=priority,
+        fault=parse_fault(body, profile.fault),
     )
 
 

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from workers.sim._errors import ProfileError
+from workers.sim._faults import Fault
 
 DEFAULT_PROFILE = "default"
 _SHIPPED_SUFFIX = ".yaml"
@@ -36,6 +37,7 @@ class SimProfile(BaseModel):
     block_size: int = Field(default=16, ge=1)
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     default_output_tokens: int = Field(default=64, ge=1)
+    fault: Fault | None = None  # injected into every request that asks for none (_faults)
 
     @property
     def num_kv_blocks(self) -> int:

@@ -10,13 +10,16 @@ task-group or thread hop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from workers.sim._engine import Engine, SimSequence
+from workers.sim._faults import Fault, error_event, malformed_event
 from workers.sim._scheduler import SeqStatus
 from workers.sim._wire import (
+    DONE,
     ResponseMeta,
     StreamFrames,
     chat_response,
@@ -35,6 +38,7 @@ class _EngineResponse(Response):
         self._engine = engine
         self._seq = seq
         self._meta = meta
+        self._gone = asyncio.Event()  # the client disconnected
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watcher = asyncio.create_task(self._abort_on_disconnect(receive))
@@ -53,6 +57,7 @@ class _EngineResponse(Response):
         # The body was read already, so the server's next message is the disconnect.
         while (await receive())["type"] != "http.disconnect":
             pass
+        self._gone.set()
         self._engine.abort(self._seq)
 
 
@@ -67,14 +72,19 @@ class SseResponse(_EngineResponse):
         *,
         chat: bool,
         include_usage: bool,
+        fault: Fault | None = None,
     ) -> None:
         super().__init__(engine, seq, meta)
         self._frames = StreamFrames(meta, chat=chat)
         self._include_usage = include_usage
+        self._fault = fault
 
     async def _respond(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
         seq, sent = self._seq, 0
+        fault = self._fault
+        if fault is not None and fault.after_tokens == 0 and not await self._misbehave(send):
+            return
         while True:
             await seq.wakeup.wait()  # set after every token and on finish or abort
             seq.wakeup.clear()
@@ -82,6 +92,12 @@ class SseResponse(_EngineResponse):
                 # Shutdown or a gone client: end without [DONE], as a dying pod would.
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return
+            if self._fault is not None and seq.generated >= self._fault.after_tokens > sent:
+                body = self._frames.tokens(sent, self._fault.after_tokens, last=False)
+                sent = self._fault.after_tokens
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+                if not await self._misbehave(send):
+                    return
             finished = seq.status is SeqStatus.FINISHED
             # Tokens that piled up while this client was slow go out in one write.
             body = self._frames.tokens(sent, seq.generated, last=finished)
@@ -93,16 +109,41 @@ class SseResponse(_EngineResponse):
             if body:
                 await send({"type": "http.response.body", "body": body, "more_body": True})
 
+    async def _misbehave(self, send: Send) -> bool:
+        """Act out the fault; False when the response is over."""
+        fault = self._fault
+        assert fault is not None
+        if fault.kind == "hang":
+            await _hang(self._gone, fault.hang_s)
+            return True
+        if fault.kind == "malformed":
+            await send({"type": "http.response.body", "body": malformed_event(), "more_body": True})
+            return True
+        end = error_event(fault) + DONE if fault.kind == "error_event" else b""  # else: cut
+        await send({"type": "http.response.body", "body": end, "more_body": False})
+        return False
+
 
 class JsonCompletionResponse(_EngineResponse):
     """The whole completion object once the sequence finishes."""
 
-    def __init__(self, engine: Engine, seq: SimSequence, meta: ResponseMeta, *, chat: bool) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        seq: SimSequence,
+        meta: ResponseMeta,
+        *,
+        chat: bool,
+        fault: Fault | None = None,
+    ) -> None:
         super().__init__(engine, seq, meta)
         self._chat = chat
+        self._fault = fault
 
     async def _respond(self, send: Send) -> None:
         seq = self._seq
+        if self._fault is not None and self._fault.kind == "hang":
+            await _hang(self._gone, self._fault.hang_s)
         while not seq.done:
             await seq.wakeup.wait()  # set only when it ends: nothing to do per token
             seq.wakeup.clear()
@@ -119,3 +160,9 @@ class JsonCompletionResponse(_EngineResponse):
         ]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+async def _hang(gone: asyncio.Event, hang_s: float) -> None:
+    """Send nothing for ``hang_s``, or until the client leaves (the engine goes on)."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(gone.wait(), hang_s)

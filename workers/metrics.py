@@ -1,0 +1,32 @@
+"""The worker's Prometheus metrics (served on ``worker_metrics_port`` when it is set).
+
+Labels are enums only (the reclaim decision), never ids or users: the detail of
+a job travels in its error, not in a metric.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, start_http_server
+
+DEAD_LETTERS = Counter(
+    "fairq_worker_dead_letters_total",
+    "Jobs ended as dead letters: started job_max_attempts times, each time losing its worker",
+)
+RECLAIMS = Counter(
+    "fairq_worker_reclaims_total",
+    "Ready entries taken over from a dead worker, by what became of the job",
+    ["decision"],
+)
+ENGINE_RETRIES = Counter(
+    "fairq_worker_engine_retries_total",
+    "Engine calls made again after a failure before the job's first output",
+)
+EXPIRED = Counter(
+    "fairq_worker_expired_total", "Queued jobs ended as expired (past their band's deadline)"
+)
+
+
+def serve(port: int | None) -> None:
+    """Serve the default registry on 0.0.0.0:``port`` from a daemon thread (None: don't)."""
+    if port is not None:
+        start_http_server(port)
