@@ -20,6 +20,9 @@ data they read (a job id popped from a queue).
     fq:{m}:out:{id}          stream   the job's result chunks, then an end entry
     fq:{m}:wake              channel  "something changed": new job, freed capacity
     fq:{m}:cancel            channel  job ids cancelled while at a worker
+    fq:{m}:status            string   the dispatcher's status snapshot (JSON, short TTL)
+    fq:{m}:lat               stream   recent ended jobs' queue wait and time to first token
+                                      (capped; read by the status snapshot's history)
 """
 
 from __future__ import annotations
@@ -104,3 +107,21 @@ def wake_channel(model: str) -> str:
 
 def cancel_channel(model: str) -> str:
     return f"{_tag(model)}:cancel"
+
+
+def job_pattern(model: str) -> str:
+    """SCAN pattern matching every job hash of a model (operator tools only: it scans)."""
+    return job_prefix(model) + "*"
+
+
+# The status snapshot lives a few publish intervals: a dead dispatcher's view soon vanishes.
+STATUS_TTL_S = 10
+LATENCY_MAXLEN = 2000  # ended jobs kept in ``latencies`` (approximate trimming)
+
+
+def status(model: str) -> str:
+    return f"{_tag(model)}:status"
+
+
+def latencies(model: str) -> str:
+    return f"{_tag(model)}:lat"

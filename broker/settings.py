@@ -138,6 +138,13 @@ class Settings(BaseSettings):
     engine_connect_timeout_s: float = Field(default=5.0, gt=0)
     engine_read_timeout_s: float = Field(default=300.0, gt=0)
 
+    # Prometheus /metrics of the dispatcher and the worker (the gateway serves it on its
+    # own HTTP port); 0: no metrics server.
+    metrics_port: int = Field(default=9464, ge=0, le=65535)
+    metrics_host: str = "0.0.0.0"  # a pod's metrics must be reachable from Prometheus
+    status_interval_s: float = Field(default=1.0, gt=0)  # dispatcher status snapshot period
+    status_top_users: int = Field(default=10, ge=0)  # per-user series and status rows, per band
+
     @model_validator(mode="after")
     def _check_references(self) -> Settings:
         if len(set(self.bands)) != len(self.bands) or not self.bands:

@@ -33,7 +33,7 @@ import httpx
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from broker import DispatchStore, Grant, ModelConfig, ModelSnapshot, Newcomer, Settings
+from broker import DispatchStore, Grant, ModelConfig, ModelSnapshot, Newcomer, Settings, telemetry
 from dispatcher.admission import (
     ADMISSION,
     AdmissionConfig,
@@ -41,10 +41,11 @@ from dispatcher.admission import (
     EndpointState,
     choose_endpoint,
     plan_grant,
+    refusals,
 )
 from dispatcher.endpoints import RateMeter, SentLog, endpoint_states
 from dispatcher.fairness import policy
-from dispatcher.scraper import Scraper
+from dispatcher.scraper import EndpointView, Scraper
 from dispatcher.wake import WakeListener
 
 log = logging.getLogger(__name__)
@@ -157,6 +158,9 @@ class Dispatcher:
             states = self._states(model, snap)
             decision = choose_endpoint(admission, states, top.band, config)
             if decision is None:
+                telemetry.refused(
+                    model.name, top.band, refusals(admission, states, top.band, config)
+                )
                 break
             picks = fair.plan(top.band, top.users, top.join, min(decision.room, _MAX_PICKS))
             # The script re-checks this bound against Redis's own count: a plan from a
@@ -169,6 +173,7 @@ class Dispatcher:
             )  # fmt: skip
             self._sent.record(decision.endpoint, len(dispatched), now)
             self._rates[model.name].record(len(dispatched), now)
+            telemetry.DISPATCHED.labels(model.name, top.band).inc(len(dispatched))
             total += len(dispatched)
             empty_rounds = 0 if dispatched else empty_rounds + 1
         self._views[model.name] = snap
@@ -202,6 +207,20 @@ class Dispatcher:
         if await self._store.grant(model.name, grant, snap.sequence, int(ttl_s * 1000)):
             self._grants[model.name] = _Written(grant, snap.sequence, now)
 
+    @property
+    def models(self) -> tuple[ModelConfig, ...]:
+        return self._models
+
+    def endpoint_states(self, model: ModelConfig, snap: ModelSnapshot) -> list[EndpointState]:
+        """What admission knows about each endpoint of the model now (for status)."""
+        return self._states(model, snap)
+
+    def engine_view(self, model: ModelConfig, endpoint: str) -> EndpointView | None:
+        """The scraper's latest view of an endpoint; None where the model is not scraped."""
+        if model.admission_policy != "metrics" or self._scraper is None:
+            return None
+        return self._scraper.view(endpoint)
+
     def _states(self, model: ModelConfig, snap: ModelSnapshot) -> list[EndpointState]:
         views = None
         if model.admission_policy == "metrics" and self._scraper is not None:
@@ -213,8 +232,4 @@ class Dispatcher:
 
 
 def _admission_config(model: ModelConfig, bands: Sequence[str]) -> AdmissionConfig:
-    return AdmissionConfig(
-        targets={band: model.queue_target(band) for band in bands},
-        tpot_ceiling_s=model.tpot_ceiling_ms / 1000,
-        inflight_cap=model.inflight_cap,
-    )
+    return AdmissionConfig.of(model, bands)

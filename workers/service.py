@@ -18,7 +18,7 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import httpx
 from redis.asyncio import Redis
@@ -27,6 +27,7 @@ from redis.exceptions import RedisError
 from broker import Claimed, ExecutionStore, JobState, ModelConfig, Outcome, Settings
 from workers.cancel import CancelListener
 from workers.runner import JobRunner
+from workers.telemetry import WorkerTelemetry
 from workers.writer import ResultWriter
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,12 @@ class Worker:
         self._cancelled: set[str] = set()  # jobs whose owner cancelled them (not shutdown)
         self._slot_freed = asyncio.Event()
         self.name = worker_name()
+        self.telemetry = WorkerTelemetry()
+
+    @property
+    def running(self) -> Collection[str]:
+        """Ids of the jobs this worker runs now."""
+        return self._running.keys()
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._store.ensure_groups(self._models)
@@ -133,7 +140,8 @@ class Worker:
         except Exception as exc:  # a bug must not leave the job running forever
             log.exception("job %s crashed the runner", job.job_id)
             outcome = Outcome(JobState.FAILED, error=_internal_error(exc))
-        await self._writer.finish(job, outcome)
+        if await self._writer.finish(job, outcome):
+            self.telemetry.ended(job, outcome)
 
     async def _cancel_job(self, job_id: str) -> None:
         task = self._running.get(job_id)
