@@ -78,18 +78,31 @@ def _endpoints(model: dict[str, Any]) -> Table:
     table = Table(title="endpoints", title_justify="left", expand=True)
     for name in ("endpoint", "health", "waiting", "running", "KV", "TPOT ms", "in flight"):
         table.add_column(name, justify="left" if name in ("endpoint", "health") else "right")
-    table.add_column("admission: room (limit) per band")
+    table.add_column("admission: room per band (limit)")
     for ep in model["endpoints"]:
         kv = ep.get("kv_usage")
-        admission = ep.get("admission") or {}
         table.add_row(
             ep["url"], _health(ep), _num(ep.get("waiting")), _num(ep.get("running")),
             "-" if kv is None else f"{kv * 100:.0f}%", _num(ep.get("tpot_ms"), 1),
-            _num(ep.get("inflight")),
-            ", ".join(f"{b} {admission[b]['room']} ({admission[b]['limit']})"
-                      for b in bands if b in admission) or "-",
+            _num(ep.get("inflight")), _admission(ep.get("admission") or {}, bands),
         )  # fmt: skip
     return table
+
+
+def _admission(admission: dict[str, Any], bands: list[str]) -> str:
+    """``interactive=3 default=3 batch=1 (queue_target)``; a limit per band where they differ."""
+    shown = [b for b in bands if b in admission]
+    limits = {admission[b]["limit"] for b in shown}
+    if len(limits) == 1:
+        rooms = " ".join(f"{b}={admission[b]['room']}" for b in shown)
+        return f"{rooms} ({limits.pop()})"
+    return " ".join(f"{b}={admission[b]['room']} ({admission[b]['limit']})" for b in shown) or "-"
+
+
+def _console() -> Console:
+    """A terminal's width, or a wide one when piped (ids and URLs are not cut)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
 
 
 def _bands(model: dict[str, Any]) -> Table:
@@ -149,7 +162,7 @@ def status(as_json: bool) -> None:
     if as_json:
         click.echo(_dumps(body))
     else:
-        Console().print(render_status(body))
+        _console().print(render_status(body))
 
 
 @click.command()
@@ -218,12 +231,13 @@ def jobs(
     if as_json:
         click.echo(_dumps(rows))
     else:
-        Console().print(_jobs_table(rows, len(found)))
+        _console().print(_jobs_table(rows, len(found)))
 
 
 def _jobs_table(rows: list[dict[str, Any]], total: int) -> Table:
     table = Table(title=f"{len(rows)} of {total} jobs", title_justify="left")
-    for column in ("id", "model", "status", "band", "user", "created", "endpoint"):
+    table.add_column("id", no_wrap=True)
+    for column in ("model", "status", "band", "user", "created", "endpoint"):
         table.add_column(column)
     for row in rows:
         created = row["created_at_ms"]
