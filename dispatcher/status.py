@@ -151,6 +151,7 @@ def _engine_row(state: EndpointState, view: EndpointView | None, now: float) -> 
         "fresh": state.fresh,
         "queue_estimate": state.queue_estimate,
     }
+    row["scraped"] = view is not None
     if view is None:  # admission by static cap: the engine is not scraped
         return row
     sample = view.sample

@@ -70,6 +70,8 @@ def _health(ep: dict[str, Any]) -> Text:
         return Text("unknown", style="yellow")
     if not ep["healthy"]:
         return Text("unhealthy", style="red")
+    if ep.get("scraped") is False:
+        return Text("not scraped")
     return Text("stale", style="yellow") if ep.get("fresh") is False else Text("ok", style="green")
 
 
