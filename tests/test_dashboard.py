@@ -86,11 +86,14 @@ class _Load:
 async def _until(page: Page, expression: str, what: str) -> object:
     deadline = time.monotonic() + _WAIT_S
     while time.monotonic() < deadline:
-        result = await page.evaluate(expression)
+        try:
+            result = await page.evaluate(expression)
+        except RuntimeError:  # a navigation replaced the document meanwhile
+            result = None
         if result:
             return result
         await asyncio.sleep(0.2)
-    state = await page.evaluate("document.getElementById('state').textContent")
+    state = await page.evaluate("document.getElementById('state')?.textContent")
     raise AssertionError(f"not seen within {_WAIT_S:g} s: {what} (page says {state!r})")
 
 
@@ -140,7 +143,7 @@ async def test_the_dashboard_loads_shows_both_models_and_updates(
             await page.goto(f"{stack.gateway_url}/dashboard?as=alice#key=fq-demo-alice")
             await _until(
                 page,
-                "document.getElementById('state').textContent.startsWith('403')",
+                "(document.getElementById('state')?.textContent || '').startsWith('403')",
                 "the 403 of a non-admin key",
             )
             assert await page.evaluate(f"{_CARDS}.length") == 0
