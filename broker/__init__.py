@@ -32,6 +32,7 @@ from broker.errors import (
 )
 from broker.execution import Claimed, ExecutionStore, Outcome
 from broker.jobs import JobRecord, JobState, RequestKind
+from broker.ownership import OwnershipStore
 from broker.queue import JobQueue, Submission
 from broker.redis_conn import connect, connect_blocking
 from broker.results import ResultEvent, ResultReader
@@ -76,6 +77,7 @@ __all__ = [
     "Newcomer",
     "NotFound",
     "Outcome",
+    "OwnershipStore",
     "Pick",
     "Principal",
     "QueueFull",

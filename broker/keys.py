@@ -18,6 +18,8 @@ data they read (a job id popped from a queue).
     fq:{m}:users             hash     user -> jobs dispatched and not yet terminal
     fq:{m}:queued            hash     band -> jobs queued
     fq:{m}:out:{id}          stream   the job's result chunks, then an end entry
+    fq:{m}:owner             string   the dispatcher that owns the model (a lease, PX)
+    fq:dispatchers           zset     live dispatchers, score = when their heartbeat lapses (ms)
     fq:{m}:wake              channel  "something changed": new job, freed capacity
     fq:{m}:cancel            channel  job ids cancelled while at a worker
     fq:{m}:status            string   the dispatcher's status snapshot (JSON, short TTL)
@@ -28,6 +30,9 @@ data they read (a job id popped from a queue).
 from __future__ import annotations
 
 READY_GROUP = "workers"
+
+
+DISPATCHERS = "fq:dispatchers"  # not per model: read and written one command at a time
 
 
 def _tag(model: str) -> str:
@@ -99,6 +104,10 @@ def queued_counts(model: str) -> str:
 
 def results(model: str, job_id: str) -> str:
     return f"{_tag(model)}:out:{job_id}"
+
+
+def owner(model: str) -> str:
+    return f"{_tag(model)}:owner"
 
 
 def wake_channel(model: str) -> str:

@@ -28,6 +28,7 @@ class Scripts:
     cancel: AsyncScript
     first: AsyncScript
     grant: AsyncScript
+    lease: AsyncScript
 
     @classmethod
     def bind(cls, redis: Redis) -> Scripts:

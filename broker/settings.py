@@ -126,6 +126,8 @@ class Settings(BaseSettings):
     ready_stream_maxlen: int = Field(default=100_000, ge=1000)
 
     dispatcher_idle_tick_s: float = Field(default=1.0, gt=0)
+    # A dispatcher owns each of its models for this long unless it renews (every third).
+    dispatcher_lease_ms: int = Field(default=3000, ge=100)
     # How long an express grant lasts (refreshed at half that while idle); 0: none.
     express_grant_ttl_s: float = Field(default=2.0, ge=0)
     scrape_interval_s: float = Field(default=0.2, gt=0)

@@ -73,6 +73,7 @@ class Scraper:
         # One scrape per endpoint at a time: an older answer landing after a newer
         # one would move the sample backwards and read as a counter reset.
         self._locks = {endpoint: asyncio.Lock() for endpoint in self._endpoints}
+        self._loops: dict[str, asyncio.Task[None]] | None = None  # while ``run`` runs
 
     def view(self, endpoint: str) -> EndpointView:
         """The latest view; KeyError for an endpoint the scraper was not given."""
@@ -80,9 +81,36 @@ class Scraper:
 
     async def run(self) -> None:
         """Scrape every endpoint every ``interval_s`` until cancelled; failures never raise."""
-        async with asyncio.TaskGroup() as tasks:
+        self._loops = {}
+        try:
             for endpoint in self._endpoints:
-                tasks.create_task(self._loop(endpoint), name=f"scrape {endpoint}")
+                self._start(endpoint)
+            await asyncio.Future()  # until cancelled
+        finally:
+            loops, self._loops = self._loops, None
+            for task in loops.values():
+                task.cancel()
+            await asyncio.gather(*loops.values(), return_exceptions=True)
+
+    def watch(self, endpoints: Sequence[str]) -> None:
+        """Scrape exactly ``endpoints`` from now on: views of the ones kept stay, new ones
+        start unknown (so unhealthy until their first good scrape), dropped ones stop."""
+        wanted = tuple(dict.fromkeys(endpoints))
+        for endpoint in set(self._endpoints) - set(wanted):
+            if self._loops is not None and endpoint in self._loops:
+                self._loops.pop(endpoint).cancel()
+            del self._views[endpoint], self._locks[endpoint]
+        for endpoint in wanted:
+            if endpoint not in self._views:
+                self._views[endpoint] = EndpointView()
+                self._locks[endpoint] = asyncio.Lock()
+                self._start(endpoint)
+        self._endpoints = wanted
+
+    def _start(self, endpoint: str) -> None:
+        if self._loops is not None:
+            task = asyncio.create_task(self._loop(endpoint), name=f"scrape {endpoint}")
+            self._loops[endpoint] = task
 
     async def scrape_once(self) -> None:
         """One round over all endpoints, concurrently; returns when every attempt ended."""

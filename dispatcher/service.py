@@ -2,11 +2,12 @@
 while there is backlog and the model's endpoints have room.
 
 Lifecycle (one ``run`` per process): subscribe to the models' wake channels,
-run one loop per model, return when ``stop`` is set. A loop dispatches until
-the backlog is empty or every endpoint is full, then sleeps until a wake
-message (a new job, a job that ended) or the idle tick, whichever comes first:
-it reacts to a new job without polling delay, and the tick bounds the damage of
-a wake message lost while the subscription reconnects.
+hold leases on a fair share of the models (``dispatcher.ownership``; any number
+of replicas may run), run one loop per owned model, return when ``stop`` is set.
+A loop dispatches until the backlog is empty or every endpoint is full, then
+sleeps until a wake message (a new job, a job that ended) or the idle tick,
+whichever comes first: it reacts to a new job without polling delay, and the
+tick bounds the damage of a wake message lost while the subscription reconnects.
 
 Each dispatch returns the model's state after it; when the only news since is
 users who became backlogged (named by their wake messages), the next round
@@ -25,6 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import secrets
+import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,7 +37,16 @@ import httpx
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from broker import DispatchStore, Grant, ModelConfig, ModelSnapshot, Newcomer, Settings, telemetry
+from broker import (
+    DispatchStore,
+    Grant,
+    ModelConfig,
+    ModelSnapshot,
+    Newcomer,
+    OwnershipStore,
+    Settings,
+    telemetry,
+)
 from dispatcher.admission import (
     ADMISSION,
     AdmissionConfig,
@@ -45,6 +58,7 @@ from dispatcher.admission import (
 )
 from dispatcher.endpoints import RateMeter, SentLog, endpoint_states
 from dispatcher.fairness import policy
+from dispatcher.ownership import Ownership
 from dispatcher.scraper import EndpointView, Scraper
 from dispatcher.wake import WakeListener
 
@@ -77,21 +91,57 @@ class Dispatcher:
         self._views: dict[str, ModelSnapshot] = {}  # model -> state after its last dispatch
         self._grants: dict[str, _Written] = {}
         self.dispatched = 0  # jobs moved to ready streams by this process
+        self.name = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.owned: frozenset[str] = frozenset()  # models this replica holds the lease of
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Dispatch the models this replica owns (``dispatcher.ownership``) until ``stop``."""
         for model in self._models:
             await self._store.ensure_ready_group(model.name)
         wake = WakeListener(self._redis, [m.name for m in self._models], self._express_sent)
         timeout = httpx.Timeout(self._settings.scrape_timeout_s)
         async with httpx.AsyncClient(timeout=timeout) as http, asyncio.TaskGroup() as tasks:
             self._scraper = self._make_scraper(http, wake)
-            background = [tasks.create_task(wake.run())]
+            loops: dict[str, asyncio.Task[None]] = {}
+
+            def own(owned: frozenset[str]) -> None:
+                self._own(owned, loops, wake, stop, tasks)
+
+            ownership = Ownership(
+                OwnershipStore(self._redis), [m.name for m in self._models], self.name,
+                self._settings.dispatcher_lease_ms, own,
+            )  # fmt: skip
+            background = [tasks.create_task(wake.run()), tasks.create_task(ownership.run())]
             if self._scraper is not None:
                 background.append(tasks.create_task(self._scraper.run()))
-            loops = [tasks.create_task(self._model_loop(m, wake, stop)) for m in self._models]
             await stop.wait()
-            for task in [*background, *loops]:
+            for task in background:
                 task.cancel()
+
+    def _own(
+        self,
+        owned: frozenset[str],
+        loops: dict[str, asyncio.Task[None]],
+        wake: WakeListener,
+        stop: asyncio.Event,
+        tasks: asyncio.TaskGroup,
+    ) -> None:
+        """Start a loop for every model newly owned and stop the loops of models lost."""
+        self.owned = owned
+        for name in set(loops) - owned:
+            loops.pop(name).cancel()
+            self._views.pop(name, None)
+            self._grants.pop(name, None)
+        for model in self._models:
+            if model.name in owned and model.name not in loops:
+                wake.mark_stale(model.name)
+                loops[model.name] = tasks.create_task(self._model_loop(model, wake, stop))
+        if self._scraper is not None:
+            self._scraper.watch(
+                [ep for m in self._models if m.name in owned and m.admission_policy == "metrics"
+                 for ep in m.endpoints]
+            )  # fmt: skip
+        log.info("dispatcher %s owns models: %s", self.name, ", ".join(sorted(owned)) or "none")
 
     def _make_scraper(self, http: httpx.AsyncClient, wake: WakeListener) -> Scraper | None:
         """One scraper for every endpoint of the models admitted by metrics; a finished
@@ -103,6 +153,7 @@ class Dispatcher:
                     owners.setdefault(endpoint, []).append(m.name)
         if not owners:
             return None
+        # It starts with no endpoints: ``_own`` has it watch those of the models owned.
 
         def on_update(endpoint: str) -> None:
             for name in owners[endpoint]:
@@ -110,7 +161,7 @@ class Dispatcher:
 
         s = self._settings
         return Scraper(
-            list(owners), http, interval_s=s.scrape_interval_s, timeout_s=s.scrape_timeout_s,
+            [], http, interval_s=s.scrape_interval_s, timeout_s=s.scrape_timeout_s,
             unhealthy_after=s.unhealthy_after_failures, on_update=on_update,
         )  # fmt: skip
 
@@ -146,7 +197,9 @@ class Dispatcher:
         fair = policy(model.policy)
         admission = ADMISSION[model.admission_policy]
         config = _admission_config(model, self._settings.bands)
-        depth = max(model.inflight_cap, *config.targets.values())
+        # A plan never has more picks than this, so the lowest `depth` users are enough:
+        # reading more would make a round cost O(backlogged users).
+        depth = min(max(model.inflight_cap, *config.targets.values()), _MAX_PICKS)
         cached = self._views.pop(model.name, None)
         if cached is not None and newcomers is not None:
             snap = cached.with_newcomers(self._settings.bands, newcomers)
@@ -196,8 +249,11 @@ class Dispatcher:
         ttl_s = self._settings.express_grant_ttl_s
         if ttl_s <= 0:
             return
-        states = self._states(model, snap)
-        grant = plan_grant(admission, states, self._settings.bands, config)
+        # Express is for bands more urgent than any backlog: a job of a backlogged band
+        # (or a less urgent one) waits its turn anyway, so its credits would go unused.
+        bands = self._settings.bands
+        usable = bands if snap.empty else bands[: bands.index(snap.backlogs[0].band)]
+        grant = plan_grant(admission, self._states(model, snap), usable, config) if usable else None
         now = time.monotonic()
         last = self._grants.get(model.name)
         if last is not None and last.grant == grant:

@@ -1,6 +1,7 @@
 """The dispatcher's status: a snapshot per model into Redis, and its Prometheus series.
 
-Every ``status_interval_s`` the publisher reads each model's queues from Redis
+Every ``status_interval_s`` the publisher reads the queues of each model this
+replica owns (the lease holder: ``dispatcher.ownership``) from Redis
 (``broker.status.read_queues``: bounded, whatever the backlog), puts them together
 with what only this process knows -- the scraper's view of each engine and the
 admission decision per endpoint and band -- and writes the result as the model's
@@ -17,8 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 import statistics
 import time
 from collections import deque
@@ -95,12 +94,15 @@ class StatusPublisher:
         self._dispatcher = dispatcher
         self._history = {m.name: _History() for m in dispatcher.models}
         self.latest: dict[str, ModelStatus] = {}
-        self.name = f"{socket.gethostname()}-{os.getpid()}"
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Publish every model's snapshot every ``status_interval_s`` until ``stop``."""
+        """Publish the snapshot of every model this replica owns every ``status_interval_s``
+        until ``stop``."""
         while not stop.is_set():
-            for model in self._dispatcher.models:
+            owned = self._dispatcher.owned  # the lease holder of a model publishes its status
+            for name in set(self.latest) - owned:
+                del self.latest[name]
+            for model in (m for m in self._dispatcher.models if m.name in owned):
                 try:
                     await self.publish(model)
                 except RedisError as exc:
@@ -119,7 +121,8 @@ class StatusPublisher:
         self.latest[model.name] = ModelStatus(queues, endpoints)
         snapshot = Snapshot(
             model.name, now_ms, "dispatcher", queues.public(), endpoints,
-            [list(p) for p in history.points], model.policy, model.admission_policy, self.name,
+            [list(p) for p in history.points], model.policy, model.admission_policy,
+            self._dispatcher.name,
         )  # fmt: skip
         await publish_status(self._redis, snapshot)
         return snapshot

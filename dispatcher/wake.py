@@ -23,6 +23,8 @@ from broker import Newcomer, express_endpoint, keys, parse_wake
 
 log = logging.getLogger(__name__)
 
+_MAX_HINTS = 1000  # newcomers kept per model between two rounds
+
 
 @dataclass
 class _ModelWake:
@@ -86,8 +88,11 @@ class WakeListener:
                     self._on_express(wake.model, endpoint)
                 if newcomer is None:
                     wake.stale = wake.stale or message["data"] != b"q"
-                else:
+                elif len(wake.newcomers) < _MAX_HINTS:
                     wake.newcomers.append(newcomer)
+                else:  # nobody takes them (a model this replica does not own): forget
+                    wake.newcomers.clear()
+                    wake.stale = True
                 wake.event.set()
         finally:
             await pubsub.aclose()

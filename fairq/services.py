@@ -24,7 +24,10 @@ async def run_dispatcher(settings: Settings, stop: asyncio.Event) -> None:
         publisher = StatusPublisher(settings, redis, dispatcher)
         REGISTRY.register(DispatcherCollector(publisher))
         telemetry.serve_metrics(settings)
-        log.info("dispatcher serving models: %s", ", ".join(m.name for m in settings.models))
+        log.info(
+            "dispatcher %s sharing models: %s",
+            dispatcher.name, ", ".join(m.name for m in settings.models),
+        )  # fmt: skip
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(dispatcher.run(stop))
             tasks.create_task(publisher.run(stop))
