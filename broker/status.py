@@ -157,7 +157,7 @@ class Snapshot:
     source: str  # "dispatcher" (published) or "redis" (queues only: no dispatcher seen)
     queues: dict[str, object]
     endpoints: list[dict[str, object]] = field(default_factory=list)
-    history: list[dict[str, object]] = field(default_factory=list)
+    history: list[list[float | None]] = field(default_factory=list)  # see dispatcher.status
     policy: str = ""
     admission: str = ""
     dispatcher: str | None = None

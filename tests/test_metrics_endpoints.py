@@ -96,8 +96,9 @@ def _by_model(status: dict[str, object]) -> dict[str, dict[str, object]]:
     return {m["model"]: m for m in status["models"]}  # type: ignore[attr-defined, index]
 
 
-def _cancel_a_queued_job(stack: Stack) -> None:
-    body = {"model": "demo-code", "stream": True, "max_tokens": 5,
+def _cancel_a_job(stack: Stack) -> None:
+    """Cancel a job queued (or running: it is long enough never to finish first)."""
+    body = {"model": "demo-code", "stream": True, "max_tokens": 4000,
             "messages": [{"role": "user", "content": "cancel me"}]}  # fmt: skip
     url = f"{stack.gateway_url}/v1/chat/completions"
     with (
@@ -129,7 +130,7 @@ def test_each_component_exports_its_series_and_status_shows_the_backlog(stack: S
     interactive = next(b for b in code["bands"] if b["band"] == "interactive")  # type: ignore[attr-defined]
     assert interactive["queued"] > 0
     assert "alice" in {u["user"] for u in interactive["top_users"]}
-    _cancel_a_queued_job(stack)
+    _cancel_a_job(stack)
     for thread in threads:
         thread.join(_WAIT_S)
 
