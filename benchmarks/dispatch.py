@@ -84,7 +84,7 @@ def run_case(users: int, models: int, jobs: int) -> dict[str, object]:
         cfg = Path(tmp, "fairq.yaml")
         cfg.write_text(yaml.safe_dump(config(models)))
         env = {**os.environ, "FAIRQ_CONFIG": str(cfg), "FAIRQ_REDIS_URL": server.url,
-               "FAIRQ_LOG_LEVEL": "WARNING"}  # fmt: skip
+               "FAIRQ_LOG_LEVEL": "WARNING", "FAIRQ_METRICS_PORT": "0"}  # fmt: skip
         settings = Settings(redis_url=server.url, **config(models))  # type: ignore[arg-type]
         asyncio.run(fill(settings, jobs, users, models))
         r = redis.Redis.from_url(server.url)

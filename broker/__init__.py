@@ -5,7 +5,7 @@ enqueue/cancel/status, result streams, the Python client and the HTTP gateway.
 ``dispatcher`` and ``workers`` import only the names listed here.
 """
 
-from broker import keys
+from broker import keys, telemetry
 from broker.auth import KeyRing, Principal, hash_key
 from broker.client import AsyncClient, Client
 from broker.dispatching import (
@@ -38,11 +38,23 @@ from broker.redis_conn import connect, connect_blocking
 from broker.results import ResultEvent, ResultReader
 from broker.serving import QuietSignalServer, quiet_config
 from broker.settings import ApiKeyConfig, ModelConfig, Settings, load_settings
+from broker.status import (
+    BandQueue,
+    Latency,
+    ModelQueues,
+    Snapshot,
+    add_latency,
+    publish_status,
+    read_latencies,
+    read_queues,
+    read_status,
+)
 
 __all__ = [
     "ApiKeyConfig",
     "AsyncClient",
     "BandBacklog",
+    "BandQueue",
     "BodyTooLarge",
     "BrokerUnavailable",
     "Claimed",
@@ -58,7 +70,9 @@ __all__ = [
     "JobRecord",
     "JobState",
     "KeyRing",
+    "Latency",
     "ModelConfig",
+    "ModelQueues",
     "ModelSnapshot",
     "Newcomer",
     "NotFound",
@@ -72,9 +86,11 @@ __all__ = [
     "ResultEvent",
     "ResultReader",
     "Settings",
+    "Snapshot",
     "Submission",
     "Unauthorized",
     "UnknownModel",
+    "add_latency",
     "connect",
     "connect_blocking",
     "express_endpoint",
@@ -82,5 +98,10 @@ __all__ = [
     "keys",
     "load_settings",
     "parse_wake",
+    "publish_status",
     "quiet_config",
+    "read_latencies",
+    "read_queues",
+    "read_status",
+    "telemetry",
 ]

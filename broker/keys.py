@@ -24,6 +24,9 @@ data they read (a job id popped from a queue).
     fq:{m}:cancel            channel  job ids cancelled while at a worker
     fq:{m}:dead              zset     dead-lettered job ids, score = when (ms)
     fq:{m}:sweep             string   TTL'd lock: the worker sweeping deadlines now
+    fq:{m}:status            string   the dispatcher's status snapshot (JSON, short TTL)
+    fq:{m}:lat               stream   recent ended jobs' queue wait and time to first token
+                                      (capped; read by the status snapshot's history)
 
 The Batch API (``broker/batch``); a file's and a batch's keys share its id as hash tag:
 
@@ -146,6 +149,24 @@ def dead_letters(model: str) -> str:
 
 def sweep_lock(model: str) -> str:
     return f"{_tag(model)}:sweep"
+
+
+def job_pattern(model: str) -> str:
+    """SCAN pattern matching every job hash of a model (operator tools only: it scans)."""
+    return job_prefix(model) + "*"
+
+
+# The status snapshot lives a few publish intervals: a dead dispatcher's view soon vanishes.
+STATUS_TTL_S = 10
+LATENCY_MAXLEN = 2000  # ended jobs kept in ``latencies`` (approximate trimming)
+
+
+def status(model: str) -> str:
+    return f"{_tag(model)}:status"
+
+
+def latencies(model: str) -> str:
+    return f"{_tag(model)}:lat"
 
 
 def file_meta(file_id: str) -> str:

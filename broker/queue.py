@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from broker import keys
+from broker import keys, telemetry
 from broker.errors import BrokerUnavailable, NotFound, QueueFull
 from broker.jobs import JobRecord, JobState, RequestKind, model_of, new_job_id
 from broker.position import QueuePosition
@@ -37,6 +37,9 @@ class Submission:
     weight: float = 1.0  # the key's fairness weight
 
 
+_ROUTES = {1: "queued", 2: "express"}  # enqueue.lua's reply -> how the job went on
+
+
 class JobQueue:
     def __init__(self, redis: Redis, settings: Settings) -> None:
         self._redis = redis
@@ -54,7 +57,10 @@ class JobQueue:
             )
         except RedisError as exc:
             raise BrokerUnavailable(f"could not queue the request: {exc}") from exc
+        if reply[0] in _ROUTES:
+            telemetry.JOBS_SUBMITTED.labels(sub.model, sub.band, _ROUTES[reply[0]]).inc()
         if reply[0] == 0:
+            telemetry.JOBS_REFUSED.labels(sub.model, sub.band, "queue_full").inc()
             raise QueueFull(
                 f"you already have {reply[1]} queued requests for model {sub.model!r} "
                 f"(the limit is {self._settings.max_queued_per_user}); "
@@ -134,6 +140,8 @@ class JobQueue:
         if not job.state.terminal:
             await self._end_early(job, state)
             job = await self.get(job_id, owner)
+            if job.state is state:  # this call ended it (not a completion that won the race)
+                telemetry.JOBS_ENDED.labels(job.model, job.band, state.value).inc()
         return job
 
     async def _end_early(self, job: JobRecord, state: JobState) -> None:

@@ -183,9 +183,13 @@ class Settings(BaseSettings):
     # A streaming client that leaves after output began may resume (Last-Event-ID) this
     # long before its job is cancelled.
     stream_resume_grace_s: float = Field(default=2.0, ge=0)
-    # Port of the worker's Prometheus metrics (None: not served).
-    worker_metrics_port: int | None = Field(default=None, ge=0, le=65535)
 
+    # Prometheus /metrics of the dispatcher and the worker (the gateway serves it on its
+    # own HTTP port); 0: no metrics server.
+    metrics_port: int = Field(default=9464, ge=0, le=65535)
+    metrics_host: str = "0.0.0.0"  # a pod's metrics must be reachable from Prometheus
+    status_interval_s: float = Field(default=1.0, gt=0)  # dispatcher status snapshot period
+    status_top_users: int = Field(default=10, ge=0)  # per-user series and status rows, per band
     batch: BatchSettings = Field(default_factory=BatchSettings)
 
     @model_validator(mode="after")

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from broker import Grant
+from broker import Grant, ModelConfig
 
 
 class Limit(enum.StrEnum):
@@ -68,6 +68,14 @@ class AdmissionConfig:
     targets: Mapping[str, int]  # band -> engine queue target
     tpot_ceiling_s: float
     inflight_cap: int  # the fallback without fresh metrics (and the whole rule of `static`)
+
+    @classmethod
+    def of(cls, model: ModelConfig, bands: Sequence[str]) -> AdmissionConfig:
+        return cls(
+            targets={band: model.queue_target(band) for band in bands},
+            tpot_ceiling_s=model.tpot_ceiling_ms / 1000,
+            inflight_cap=model.inflight_cap,
+        )
 
 
 @dataclass(frozen=True)

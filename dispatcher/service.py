@@ -45,6 +45,7 @@ from broker import (
     Newcomer,
     OwnershipStore,
     Settings,
+    telemetry,
 )
 from dispatcher.admission import (
     ADMISSION,
@@ -53,11 +54,12 @@ from dispatcher.admission import (
     EndpointState,
     choose_endpoint,
     plan_grant,
+    refusals,
 )
 from dispatcher.endpoints import RateMeter, SentLog, endpoint_states
 from dispatcher.fairness import policy
 from dispatcher.ownership import Ownership
-from dispatcher.scraper import Scraper
+from dispatcher.scraper import EndpointView, Scraper
 from dispatcher.wake import WakeListener
 
 log = logging.getLogger(__name__)
@@ -90,6 +92,7 @@ class Dispatcher:
         self._grants: dict[str, _Written] = {}
         self.dispatched = 0  # jobs moved to ready streams by this process
         self.name = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.owned: frozenset[str] = frozenset()  # models this replica holds the lease of
 
     async def run(self, stop: asyncio.Event) -> None:
         """Dispatch the models this replica owns (``dispatcher.ownership``) until ``stop``."""
@@ -124,6 +127,7 @@ class Dispatcher:
         tasks: asyncio.TaskGroup,
     ) -> None:
         """Start a loop for every model newly owned and stop the loops of models lost."""
+        self.owned = owned
         for name in set(loops) - owned:
             loops.pop(name).cancel()
             self._views.pop(name, None)
@@ -207,6 +211,9 @@ class Dispatcher:
             states = self._states(model, snap)
             decision = choose_endpoint(admission, states, top.band, config)
             if decision is None:
+                telemetry.refused(
+                    model.name, top.band, refusals(admission, states, top.band, config)
+                )
                 break
             picks = fair.plan(top.band, top.users, top.join, min(decision.room, _MAX_PICKS))
             # The script re-checks this bound against Redis's own count: a plan from a
@@ -219,6 +226,7 @@ class Dispatcher:
             )  # fmt: skip
             self._sent.record(decision.endpoint, len(dispatched), now)
             self._rates[model.name].record(len(dispatched), now)
+            telemetry.DISPATCHED.labels(model.name, top.band).inc(len(dispatched))
             total += len(dispatched)
             empty_rounds = 0 if dispatched else empty_rounds + 1
         self._views[model.name] = snap
@@ -255,6 +263,20 @@ class Dispatcher:
         if await self._store.grant(model.name, grant, snap.sequence, int(ttl_s * 1000)):
             self._grants[model.name] = _Written(grant, snap.sequence, now)
 
+    @property
+    def models(self) -> tuple[ModelConfig, ...]:
+        return self._models
+
+    def endpoint_states(self, model: ModelConfig, snap: ModelSnapshot) -> list[EndpointState]:
+        """What admission knows about each endpoint of the model now (for status)."""
+        return self._states(model, snap)
+
+    def engine_view(self, model: ModelConfig, endpoint: str) -> EndpointView | None:
+        """The scraper's latest view of an endpoint; None where the model is not scraped."""
+        if model.admission_policy != "metrics" or self._scraper is None:
+            return None
+        return self._scraper.view(endpoint)
+
     def _states(self, model: ModelConfig, snap: ModelSnapshot) -> list[EndpointState]:
         views = None
         if model.admission_policy == "metrics" and self._scraper is not None:
@@ -266,8 +288,4 @@ class Dispatcher:
 
 
 def _admission_config(model: ModelConfig, bands: Sequence[str]) -> AdmissionConfig:
-    return AdmissionConfig(
-        targets={band: model.queue_target(band) for band in bands},
-        tpot_ceiling_s=model.tpot_ceiling_ms / 1000,
-        inflight_cap=model.inflight_cap,
-    )
+    return AdmissionConfig.of(model, bands)

@@ -21,6 +21,7 @@ from fairq.batch_cli import batch
 from fairq.k8s_cli import k8s
 from fairq.localredis import free_port
 from fairq.stack import DEMO_KEYS, DEMO_MODELS, Stack, demo_config
+from fairq.status_cli import job, jobs, status, top
 
 
 def _settings() -> Settings:
@@ -134,6 +135,8 @@ def bench() -> None:
 
 
 main.add_command(k8s)
+for _command in (status, top, jobs, job):
+    main.add_command(_command)
 
 
 @main.command()
@@ -179,5 +182,9 @@ def _print_welcome(stack: Stack) -> None:
         f'-H \'Content-Type: application/json\' -d \'{{"model": "{DEMO_MODELS[0]}", '
         f'"stream": true, "messages": [{{"role": "user", "content": "Hello"}}]}}\''
     )
+    click.echo(f"dashboard: {stack.gateway_url}/dashboard#key=fq-demo-admin  (`fairq status`)")
+    metrics = [f"{stack.gateway_url}/metrics"]
+    metrics += [stack.metrics_url(name) for name in stack.metrics_ports]
+    click.echo(f"metrics: {'  '.join(metrics)}")
     click.echo("Ctrl-C stops everything.", nl=True)
     sys.stdout.flush()

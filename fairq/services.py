@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
-from broker import Settings, connect, connect_blocking
+from prometheus_client import REGISTRY
+
+from broker import Settings, connect, connect_blocking, telemetry
 from dispatcher.service import Dispatcher
+from dispatcher.status import DispatcherCollector, StatusPublisher
 from workers.service import Worker
+from workers.telemetry import WorkerCollector
 
 log = logging.getLogger("fairq")
 
@@ -16,11 +21,16 @@ async def run_dispatcher(settings: Settings, stop: asyncio.Event) -> None:
     redis = connect(settings)
     try:
         dispatcher = Dispatcher(settings, redis)
+        publisher = StatusPublisher(settings, redis, dispatcher)
+        REGISTRY.register(DispatcherCollector(publisher))
+        telemetry.serve_metrics(settings)
         log.info(
             "dispatcher %s sharing models: %s",
             dispatcher.name, ", ".join(m.name for m in settings.models),
         )  # fmt: skip
-        await dispatcher.run(stop)
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(dispatcher.run(stop))
+            tasks.create_task(publisher.run(stop))
     finally:
         await redis.aclose()
 
@@ -30,10 +40,19 @@ async def run_worker(settings: Settings, stop: asyncio.Event, concurrency: int |
     blocking = connect_blocking(settings, block_s=1.0)
     try:
         worker = Worker(settings, redis, blocking, concurrency=concurrency)
-        log.info(
-            "worker %s serving models: %s", worker.name, ", ".join(m.name for m in settings.models)
-        )
-        await worker.run(stop)
+        models = [m.name for m in settings.models]
+        running = concurrency or settings.worker_concurrency
+        REGISTRY.register(WorkerCollector(models, lambda: worker.running, running))
+        telemetry.serve_metrics(settings)
+        log.info("worker %s serving models: %s", worker.name, ", ".join(models))
+        timings = asyncio.create_task(worker.telemetry.loop(redis))
+        try:
+            await worker.run(stop)
+        finally:
+            timings.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await timings
+        await worker.telemetry.observe(redis)  # the jobs that ended while draining
     finally:
         await blocking.aclose()
         await redis.aclose()

@@ -25,7 +25,7 @@ import httpx
 import yaml
 
 from broker import hash_key
-from fairq.localredis import LocalRedis
+from fairq.localredis import LocalRedis, free_port
 
 DEMO_MODELS = ("demo-chat", "demo-code")
 DEMO_KEYS = {  # key -> (user, tenant): printed by `fairq up`, for local use only
@@ -69,6 +69,7 @@ class Stack:
     gateway: bool = True
     env: dict[str, str] = field(default_factory=dict)  # extra, e.g. FAIRQ_WORKER_CONCURRENCY
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    metrics_ports: dict[str, int] = field(default_factory=dict)  # process -> its /metrics port
     _redis: LocalRedis | None = None
     _dir: tempfile.TemporaryDirectory[str] | None = None
 
@@ -103,9 +104,9 @@ class Stack:
         for port in self.sims:
             self._wait_http(f"http://127.0.0.1:{port}/health", timeout_s)
         for i in range(self.dispatchers):
-            self._spawn(f"dispatcher-{i}", ["dispatcher"])
+            self._spawn(f"dispatcher-{i}", ["dispatcher"], self._metrics_env(f"dispatcher-{i}"))
         for i in range(self.workers):
-            self._spawn(f"worker-{i}", ["worker"])
+            self._spawn(f"worker-{i}", ["worker"], self._metrics_env(f"worker-{i}"))
         for i in range(self.batch_workers if self.gateway else 0):
             self._spawn(f"batch-worker-{i}", ["batch-worker"])
         if self.gateway:
@@ -117,10 +118,21 @@ class Stack:
         profile = self.sim_profiles.get(port)
         return args if profile is None else [*args, "--profile", profile]
 
-    def _spawn(self, name: str, args: list[str]) -> None:
+    def _metrics_env(self, name: str) -> dict[str, str]:
+        """Each process its own free /metrics port on loopback (``FAIRQ_METRICS_PORT=0``
+        in ``env`` turns them off)."""
+        if self.env.get("FAIRQ_METRICS_PORT") == "0":
+            return {}
+        port = self.metrics_ports[name] = free_port()
+        return {"FAIRQ_METRICS_PORT": str(port), "FAIRQ_METRICS_HOST": "127.0.0.1"}
+
+    def metrics_url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.metrics_ports[name]}/metrics"
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
         self.processes[name] = subprocess.Popen(
             [sys.executable, "-m", "fairq", *args],
-            env=self.env,
+            env={**self.env, **(env or {})},
             preexec_fn=_die_with_parent,  # noqa: PLW1509 - only ctypes prctl, no locks taken
         )
 

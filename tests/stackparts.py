@@ -174,13 +174,14 @@ class WorkerProcesses:
         path = Path(self._dir.name) / "fairq.yaml"
         path.write_text(yaml.safe_dump(settings_config))
         self._env = {**os.environ, "FAIRQ_CONFIG": str(path), "FAIRQ_REDIS_URL": redis_url,
-                     "FAIRQ_LOG_LEVEL": "WARNING"}  # fmt: skip
+                     "FAIRQ_LOG_LEVEL": "WARNING", "FAIRQ_METRICS_PORT": "0"}  # fmt: skip
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def spawn(self, metrics_port: int | None = None) -> subprocess.Popen[bytes]:
         env = dict(self._env)
         if metrics_port is not None:
-            env["FAIRQ_WORKER_METRICS_PORT"] = str(metrics_port)
+            env["FAIRQ_METRICS_PORT"] = str(metrics_port)
+            env["FAIRQ_METRICS_HOST"] = "127.0.0.1"
         return self.run(["worker"], env)
 
     def spawn_gateway(self, port: int) -> subprocess.Popen[bytes]:

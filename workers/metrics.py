@@ -1,4 +1,5 @@
-"""The worker's Prometheus metrics (served on ``worker_metrics_port`` when it is set).
+"""The worker's guarantee metrics, in the default registry that ``broker.telemetry``
+serves on ``metrics_port`` with the rest of the worker's series.
 
 Labels are enums only (the reclaim decision), never ids or users: the detail of
 a job travels in its error, not in a metric.
@@ -6,7 +7,7 @@ a job travels in its error, not in a metric.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, start_http_server
+from prometheus_client import Counter
 
 DEAD_LETTERS = Counter(
     "fairq_worker_dead_letters_total",
@@ -24,9 +25,3 @@ ENGINE_RETRIES = Counter(
 EXPIRED = Counter(
     "fairq_worker_expired_total", "Queued jobs ended as expired (past their band's deadline)"
 )
-
-
-def serve(port: int | None) -> None:
-    """Serve the default registry on 0.0.0.0:``port`` from a daemon thread (None: don't)."""
-    if port is not None:
-        start_http_server(port)

@@ -21,7 +21,7 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Coroutine, Sequence
+from collections.abc import Collection, Coroutine, Sequence
 from typing import Any
 
 import httpx
@@ -35,6 +35,7 @@ from workers.cancel import CancelListener
 from workers.deadlines import DeadlineSweeper
 from workers.lease import LeaseKeeper
 from workers.runner import JobRunner, backoff_s
+from workers.telemetry import WorkerTelemetry
 from workers.writer import ResultWriter
 
 log = logging.getLogger(__name__)
@@ -73,11 +74,16 @@ class Worker:
         self.name = worker_name()
         self._lease = LeaseKeeper(self._store, settings, self.name, self._models)
         self._sweeper = DeadlineSweeper(self._store, settings, self.name, self._models)
+        self.telemetry = WorkerTelemetry()
+
+    @property
+    def running(self) -> Collection[str]:
+        """Ids of the jobs this worker runs now."""
+        return self._running.keys()
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._store.ensure_groups(self._models)
         await self._store.load_scripts()
-        metrics.serve(self._settings.worker_metrics_port)
         timeout = httpx.Timeout(
             self._settings.engine_read_timeout_s, connect=self._settings.engine_connect_timeout_s
         )
@@ -195,7 +201,8 @@ class Worker:
             log.exception("job %s crashed the runner", job.job_id)
             outcome = Outcome(JobState.FAILED, error=_internal_error(exc))
         self._finishing.add(job.job_id)
-        await self._writer.finish(job, outcome)
+        if await self._writer.finish(job, outcome):
+            self.telemetry.ended(job, outcome)
 
     async def _cancel_job(self, job_id: str) -> None:
         self._drop(job_id)

@@ -10,6 +10,7 @@
     jobs         GET and DELETE /v1/jobs/{id}
     models       GET /v1/models
     health       /healthz, /readyz
+    admin        /metrics, /admin/status (admin keys), /dashboard (static page)
     errors       OpenAI-shaped error bodies for everything, including 404/405/500
     server       serve(): uvicorn in the foreground, clean exit on SIGINT/SIGTERM
 

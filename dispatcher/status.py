@@ -1,0 +1,243 @@
+"""The dispatcher's status: a snapshot per model into Redis, and its Prometheus series.
+
+Every ``status_interval_s`` the publisher reads the queues of each model this
+replica owns (the lease holder: ``dispatcher.ownership``) from Redis
+(``broker.status.read_queues``: bounded, whatever the backlog), puts them together
+with what only this process knows -- the scraper's view of each engine and the
+admission decision per endpoint and band -- and writes the result as the model's
+status snapshot (``fq:{m}:status``, short TTL). The same latest view feeds the
+Prometheus collector, so a scrape of ``/metrics`` never touches Redis.
+
+The history (for the dashboard's chart) is built here from the workers' latency
+stream: one point every ``HISTORY_STEP_S`` with the queue depth and the median and
+95th percentile of the time to first token of the jobs that ended in that step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import statistics
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from broker import (
+    Latency,
+    ModelConfig,
+    ModelQueues,
+    ModelSnapshot,
+    Settings,
+    Snapshot,
+    publish_status,
+    read_latencies,
+    read_queues,
+)
+from dispatcher.admission import ADMISSION, AdmissionConfig, EndpointState
+from dispatcher.scraper import EndpointView
+from dispatcher.service import Dispatcher
+
+log = logging.getLogger(__name__)
+
+HISTORY_STEP_S = 2.0
+HISTORY_POINTS = 150  # five minutes
+
+
+@dataclass
+class _History:
+    """Points [t_ms, queued, ttft_p50_ms, ttft_p95_ms, wait_p50_ms, ended] of one model."""
+
+    points: deque[list[float | None]] = field(default_factory=lambda: deque(maxlen=HISTORY_POINTS))
+    pending: list[Latency] = field(default_factory=list)
+    step_end: float = 0.0  # monotonic end of the step being filled
+    after: bytes | None = None  # the last latency entry read
+
+    def add(self, now: float, now_ms: int, queued: int, latencies: list[Latency]) -> None:
+        self.pending += latencies
+        if now < self.step_end:
+            return
+        ttfts = sorted(x.ttft_ms for x in self.pending if x.ttft_ms is not None)
+        waits = [x.wait_ms for x in self.pending if x.wait_ms is not None]
+        self.points.append(
+            [now_ms, queued, _quantile(ttfts, 0.5), _quantile(ttfts, 0.95),
+             statistics.median(waits) if waits else None, len(self.pending)]
+        )  # fmt: skip
+        self.pending = []
+        self.step_end = now + HISTORY_STEP_S
+
+
+def _quantile(ordered: Sequence[int], q: float) -> float | None:
+    if not ordered:
+        return None
+    return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """The latest view of one model, as published."""
+
+    queues: ModelQueues
+    endpoints: list[dict[str, object]]
+
+
+class StatusPublisher:
+    def __init__(self, settings: Settings, redis: Redis, dispatcher: Dispatcher) -> None:
+        self._settings = settings
+        self._redis = redis
+        self._dispatcher = dispatcher
+        self._history = {m.name: _History() for m in dispatcher.models}
+        self.latest: dict[str, ModelStatus] = {}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Publish the snapshot of every model this replica owns every ``status_interval_s``
+        until ``stop``."""
+        while not stop.is_set():
+            owned = self._dispatcher.owned  # the lease holder of a model publishes its status
+            for name in set(self.latest) - owned:
+                del self.latest[name]
+            for model in (m for m in self._dispatcher.models if m.name in owned):
+                try:
+                    await self.publish(model)
+                except RedisError as exc:
+                    log.warning("status of model %s not published (%s)", model.name, exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._settings.status_interval_s)
+
+    async def publish(self, model: ModelConfig) -> Snapshot:
+        s = self._settings
+        queues = await read_queues(self._redis, model.name, s.bands, s.status_top_users)
+        history = self._history[model.name]
+        latencies, history.after = await read_latencies(self._redis, model.name, history.after)
+        now_ms = int(time.time() * 1000)
+        history.add(time.monotonic(), now_ms, sum(b.queued for b in queues.bands), latencies)
+        endpoints = self._endpoints(model, queues)
+        self.latest[model.name] = ModelStatus(queues, endpoints)
+        snapshot = Snapshot(
+            model.name, now_ms, "dispatcher", queues.public(), endpoints,
+            [list(p) for p in history.points], model.policy, model.admission_policy,
+            self._dispatcher.name,
+        )  # fmt: skip
+        await publish_status(self._redis, snapshot)
+        return snapshot
+
+    def _endpoints(self, model: ModelConfig, queues: ModelQueues) -> list[dict[str, object]]:
+        snap = ModelSnapshot([], queues.inflight, queues.unstarted)
+        states = self._dispatcher.endpoint_states(model, snap)
+        policy = ADMISSION[model.admission_policy]
+        config = AdmissionConfig.of(model, self._settings.bands)
+        now = time.monotonic()
+        rows = []
+        for state in states:
+            row = _engine_row(state, self._dispatcher.engine_view(model, state.endpoint), now)
+            row["admission"] = {
+                band: {"room": d.room, "limit": d.limit.value}
+                for band in self._settings.bands
+                for d in [policy.decide(state, band, config)]
+            }
+            rows.append(row)
+        return rows
+
+
+def _engine_row(state: EndpointState, view: EndpointView | None, now: float) -> dict[str, object]:
+    row: dict[str, object] = {
+        "url": state.endpoint,
+        "inflight": state.inflight,
+        "unstarted": state.unstarted,
+        "healthy": state.healthy,
+        "fresh": state.fresh,
+        "queue_estimate": state.queue_estimate,
+    }
+    row["scraped"] = view is not None
+    if view is None:  # admission by static cap: the engine is not scraped
+        return row
+    sample = view.sample
+    row.update(
+        waiting=sample.waiting if sample else None,
+        running=sample.running if sample else None,
+        kv_usage=sample.kv_usage if sample else None,
+        tpot_ms=None if view.tpot_s is None else round(view.tpot_s * 1000, 2),
+        metrics_age_s=None if view.scraped_at is None else round(now - view.scraped_at, 3),
+        error=view.error,
+    )
+    return row
+
+
+# -- Prometheus ---------------------------------------------------------------------
+
+_ENGINE_GAUGES = (  # row field -> (series, help)
+    ("waiting", "fairq_engine_waiting", "Requests waiting in the engine at the last scrape"),
+    ("running", "fairq_engine_running", "Requests running in the engine at the last scrape"),
+    ("kv_usage", "fairq_engine_kv_cache_usage", "Engine KV-cache usage (0..1), last scrape"),
+    ("metrics_age_s", "fairq_engine_metrics_age_seconds", "Age of the engine's last good scrape"),
+    ("inflight", "fairq_engine_inflight", "fairq jobs dispatched to the endpoint, not ended"),
+    ("queue_estimate", "fairq_engine_queue_estimate", "Admission's estimate of the engine queue"),
+)
+
+
+class DispatcherCollector(Collector):
+    """Prometheus series from the publisher's latest view (no Redis at scrape time)."""
+
+    def __init__(self, publisher: StatusPublisher) -> None:
+        self._publisher = publisher
+
+    def collect(self) -> Iterator[Metric]:
+        latest = dict(self._publisher.latest)
+        yield from _queue_families(latest)
+        yield from _engine_families(latest)
+
+
+def _queue_families(latest: dict[str, ModelStatus]) -> Iterator[Metric]:
+    depth = GaugeMetricFamily("fairq_queue_depth", "Jobs queued", labels=["model", "band"])
+    users = GaugeMetricFamily(
+        "fairq_queue_backlogged_users", "Users with queued jobs", labels=["model", "band"]
+    )
+    top = GaugeMetricFamily(
+        "fairq_queue_user_depth",
+        "Jobs queued by the users with the most (top status_top_users per band)",
+        labels=["model", "band", "user"],
+    )
+    rate = GaugeMetricFamily(
+        "fairq_dispatch_rate", "Jobs dispatched per second, recent window", labels=["model"]
+    )
+    for model, status in latest.items():
+        for b in status.queues.bands:
+            depth.add_metric([model, b.band], b.queued)
+            users.add_metric([model, b.band], b.backlogged_users)
+            for user, queued in b.top_users:
+                top.add_metric([model, b.band, user], queued)
+        if status.queues.dispatch_rate is not None:
+            rate.add_metric([model], status.queues.dispatch_rate)
+    yield from (depth, users, top, rate)
+
+
+def _engine_families(latest: dict[str, ModelStatus]) -> Iterator[Metric]:
+    labels = ["model", "endpoint"]
+    gauges = {f: GaugeMetricFamily(name, text, labels=labels) for f, name, text in _ENGINE_GAUGES}
+    healthy = GaugeMetricFamily("fairq_engine_healthy", "1: scrapes succeed", labels=labels)
+    tpot = GaugeMetricFamily(
+        "fairq_engine_tpot_seconds", "Recent time per output token of the engine", labels=labels
+    )
+    room = GaugeMetricFamily(
+        "fairq_admission_room",
+        "Jobs admission would send the endpoint now, by band and the limit that binds",
+        labels=["model", "endpoint", "band", "limit"],
+    )
+    for model, status in latest.items():
+        for row in status.endpoints:
+            url = str(row["url"])
+            for f, family in gauges.items():
+                if isinstance(row.get(f), int | float):
+                    family.add_metric([model, url], float(row[f]))  # type: ignore[arg-type]
+            healthy.add_metric([model, url], 1.0 if row.get("healthy") else 0.0)
+            if isinstance(row.get("tpot_ms"), float):
+                tpot.add_metric([model, url], float(row["tpot_ms"]) / 1000)  # type: ignore[arg-type]
+            for band, decision in row["admission"].items():  # type: ignore[attr-defined]
+                room.add_metric([model, url, band, decision["limit"]], decision["room"])
+    yield from (*gauges.values(), healthy, tpot, room)
