@@ -111,8 +111,8 @@ class Worker:
         # less before the first token) and may tell us the job ended meanwhile.
         run = asyncio.ensure_future(runner.run(job))
         try:
-            attempt = await self._store.start(job, self.name)
-        except BaseException:  # Redis failed, or the job was cancelled meanwhile
+            attempt = await self._start(job)
+        except BaseException:  # the job was cancelled meanwhile (or the worker stops)
             run.cancel()  # either way the entry stays pending or is acked: nothing is lost
             self._cancelled.discard(job.job_id)
             self._writer.discard(job.job_id)
@@ -134,6 +134,20 @@ class Worker:
             log.exception("job %s crashed the runner", job.job_id)
             outcome = Outcome(JobState.FAILED, error=_internal_error(exc))
         await self._writer.finish(job, outcome)
+
+    async def _start(self, job: Claimed) -> int | None:
+        """start.lua, retried while Redis is unreachable (a restart): a job given up here
+        would stay ``dispatched`` with its entry pending and nobody running it. A retry
+        after a lost reply is safe: start.lua answers its own worker as it did before."""
+        backoff = 0.05
+        while True:
+            try:
+                return await self._store.start(job, self.name)
+            except RedisError as exc:
+                log.warning("starting job %s failed (%s); retrying in %.2fs", job.job_id,
+                            exc, backoff)  # fmt: skip
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
 
     async def _cancel_job(self, job_id: str) -> None:
         task = self._running.get(job_id)
