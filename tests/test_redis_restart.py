@@ -17,11 +17,13 @@ hang; and new jobs after the restart complete.
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import pytest
@@ -36,6 +38,7 @@ AUTH = {"Authorization": "Bearer fq-demo-alice"}
 TERMINAL = {"completed", "failed", "cancelled", "expired"}
 FSYNC_WINDOW_S = 1.0
 MARGIN_S = 1.0  # the box is shared: an fsync may come late
+STREAM_DEADLINE_S = 12.0  # a stream of 12 tokens that has not ended by then hangs
 
 
 @dataclass
@@ -95,7 +98,12 @@ def _stream_one(client: httpx.Client, url: str, model: str, sent: Sent) -> None:
                 return
             sent.job_id = response.headers["x-fairq-job-id"]
             sent.acked_at = time.monotonic()
-            text = "".join(response.iter_text())
+            text = ""
+            for part in response.iter_text():  # a keep-alive comes every 15 s at least
+                text += part
+                if time.monotonic() - sent.acked_at > STREAM_DEADLINE_S:
+                    sent.outcome = "hung"
+                    return
         sent.outcome = "error-event" if '"error"' in text else "done"
         assert text.endswith("data: [DONE]\n\n"), text[-200:]
     except httpx.TransportError:
@@ -197,18 +205,61 @@ def test_a_clean_redis_restart_under_load_loses_no_acknowledged_job(
     assert stack.dead() is None
 
 
-def test_a_redis_crash_under_load_loses_at_most_the_fsync_window(
-    stack: Stack, redis_server: LocalRedis
-) -> None:
-    load, killed_at = _restart_under_load(stack, redis_server, kill=True, before_s=4.0)
-    acked = [s for s in load.sent if s.job_id is not None]
-    states = _states(stack.gateway_url, [s.job_id for s in acked], timeout_s=20.0)  # type: ignore[misc]
+def test_a_killed_redis_loses_no_acknowledged_job(stack: Stack, redis_server: LocalRedis) -> None:
+    # Redis writes the AOF before it replies; only the fsync is once a second. A killed
+    # process therefore loses nothing it acknowledged (the kernel still has the file).
+    load, _ = _restart_under_load(stack, redis_server, kill=True, before_s=2.0)
+    acked = [s.job_id for s in load.sent if s.job_id is not None]
+    states = _states(stack.gateway_url, acked, timeout_s=20.0)
     _report("SIGKILL", load, states)
-    old = [s for s in acked if s.acked_at is not None
-           and s.acked_at < killed_at - FSYNC_WINDOW_S - MARGIN_S]  # fmt: skip
-    assert len(old) > 10
-    assert {s.job_id: states[s.job_id] for s in old if states[s.job_id] not in TERMINAL} == {}
-    # A younger job may be lost with the window, but none that Redis kept is left hanging.
-    assert {j: s for j, s in states.items() if s not in TERMINAL | {"lost"}} == {}
+    assert len(acked) > 20
+    assert Counter(states.values()) == {"completed": len(acked)}
     _after_restart_jobs_complete(stack)
     assert stack.dead() is None
+
+
+def _crash_losing_the_tail(server: LocalRedis, tmp_path: Path) -> float:
+    """A power loss: Redis comes back with its files as they were a fsync window ago.
+
+    The copy of the AOF is taken while Redis writes, so its last command may be cut
+    short, as after a real crash (Redis loads a truncated AOF up to its last whole command).
+    """
+    assert server.data_dir is not None
+    snapshot = tmp_path / "aof"
+    shutil.copytree(server.data_dir, snapshot)
+    copied_at = time.monotonic()
+    time.sleep(FSYNC_WINDOW_S)
+    server.halt(kill=True)
+    shutil.rmtree(server.data_dir)
+    shutil.copytree(snapshot, server.data_dir)
+    server.start()
+    return copied_at
+
+
+def test_a_machine_crash_loses_at_most_the_fsync_window(
+    stack: Stack, redis_server: LocalRedis, tmp_path: Path
+) -> None:
+    load = Load(stack.gateway_url)
+    load.start()
+    time.sleep(3.0)
+    copied_at = _crash_losing_the_tail(redis_server, tmp_path)
+    time.sleep(2.0)
+    load.stop()
+    acked = [s for s in load.sent if s.job_id is not None]
+    states = _states(stack.gateway_url, [s.job_id for s in acked], timeout_s=20.0)  # type: ignore[misc]
+    _report("power loss", load, states)
+    old = [s for s in acked if s.acked_at is not None and s.acked_at < copied_at - MARGIN_S]
+    assert len(old) > 10
+    assert {s.job_id: states[s.job_id] for s in old if states[s.job_id] == "lost"} == {}
+    # A job lost with the window ends a client still waiting with an error: no hang.
+    lost = [s for s in acked if states[s.job_id] == "lost"]  # type: ignore[index]
+    assert lost, "the crash lost nothing: the test did not test the window"
+    assert {s.job_id: s.outcome for s in lost if s.outcome not in {"done", "error-event"}} == {}
+    _after_restart_jobs_complete(stack)
+    assert stack.dead() is None
+    stuck = {j: s for j, s in states.items() if s not in TERMINAL | {"lost"}}
+    stuck |= {s.job_id: f"client {s.outcome}" for s in acked if s.outcome == "hung"}
+    if stuck:
+        # A job that ended in the lost second is back to "running" in Redis, and its worker
+        # has moved on: only the reclaim of a worker's lapsed lease (issue 5, item 1) ends it.
+        pytest.xfail(f"jobs left running by the lost second, awaiting worker reclaim: {stuck}")
