@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from broker.gateway import completions, health, jobs, models
+from broker.gateway import admin_queues, completions, health, jobs, models
 from broker.gateway.errors import install_handlers
 from broker.gateway.state import opened
 from broker.settings import Settings
@@ -34,7 +34,7 @@ def create_app(settings: Settings) -> FastAPI:
         redoc_url=None,
         openapi_url=None,
     )
-    for module in (completions, jobs, models, health):
+    for module in (completions, jobs, models, health, admin_queues):
         app.include_router(module.router)
     install_handlers(app)
     return app
