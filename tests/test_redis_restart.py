@@ -145,7 +145,11 @@ def _states(url: str, job_ids: list[str], timeout_s: float) -> dict[str, str]:
 
 def _down_requests(url: str) -> list[int]:
     """Requests made while Redis is down: each must answer, and with 503."""
-    body = {"model": DEMO_MODELS[0], "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+    body = {
+        "model": DEMO_MODELS[0],
+        "max_tokens": 2,
+        "messages": [{"role": "user", "content": "x"}],
+    }
     statuses = []
     with httpx.Client(timeout=15.0) as client:
         for method, path, payload in (

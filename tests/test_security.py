@@ -93,9 +93,10 @@ async def _queue(redis_url: str, user: str, band: str, n: int) -> None:
 
     client = Redis.from_url(redis_url)
     queue = JobQueue(client, Settings(redis_url=redis_url, **CONFIG))  # type: ignore[arg-type]
+    sub = Submission(model=MODEL, owner=user, user=user, tenant=user, band=band,
+                     kind=RequestKind.CHAT, stream_flag="1", payload=b"{}")  # fmt: skip
     for _ in range(n):
-        await queue.submit(Submission(model=MODEL, owner=user, user=user, tenant=user, band=band,
-                                      kind=RequestKind.CHAT, stream_flag="1", payload=b"{}"))  # fmt: skip
+        await queue.submit(sub)
     await client.aclose()
 
 
@@ -188,12 +189,13 @@ def test_every_process_authenticates_to_redis_through_the_url(
 def _failing_requests(stack: Stack, prompt: str) -> None:
     """Requests that fail in each layer, each carrying the key and the prompt."""
     with httpx.Client(base_url=stack.gateway_url, timeout=20) as client:
+        messages = [{"role": "user", "content": prompt}]
         bad = [
-            {"model": DEMO_MODELS[0], "max_tokens": -1, "messages": [{"role": "user", "content": prompt}]},
-            {"model": "no-such-model", "messages": [{"role": "user", "content": prompt}]},
-            {"model": DEMO_MODELS[0], "max_tokens": 999999,  # the engine refuses it (too long)
-             "messages": [{"role": "user", "content": prompt}]},
-        ]  # fmt: skip
+            {"model": DEMO_MODELS[0], "max_tokens": -1, "messages": messages},
+            {"model": "no-such-model", "messages": messages},
+            # the engine refuses it (too long): the worker and the gateway report it
+            {"model": DEMO_MODELS[0], "max_tokens": 999999, "messages": messages},
+        ]
         for body in bad:
             response = client.post("/v1/chat/completions", json=body,
                                    headers={"Authorization": "Bearer fq-demo-bob"})  # fmt: skip
@@ -210,10 +212,13 @@ def test_every_process_talks_tls_to_redis_through_a_rediss_url(tmp_path: Path) -
         url = f"rediss://:pw-tls@127.0.0.1:{port}/0?ssl_ca_certs={ca}"
         with redis.Redis.from_url(url) as client:
             assert client.ping()
-        for wrong in (f"redis://:pw-tls@127.0.0.1:{port}/0",  # the port speaks only TLS
-                      f"rediss://:pw-tls@127.0.0.1:{port}/0"):  # and the certificate is checked
-            with redis.Redis.from_url(wrong, socket_timeout=2) as client:
-                with pytest.raises(redis.ConnectionError):
-                    client.ping()
+        # The port speaks only TLS, and the certificate is checked (no CA given: refused).
+        for wrong in (
+            f"redis://:pw-tls@127.0.0.1:{port}/0",
+            f"rediss://:pw-tls@127.0.0.1:{port}/0",
+        ):
+            client = redis.Redis.from_url(wrong, socket_timeout=2)
+            with client, pytest.raises(redis.ConnectionError):
+                client.ping()
         with _stack(url) as stack:
             _run_one_job(stack, "fq-demo-alice", "hello over TLS")

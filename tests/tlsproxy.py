@@ -28,32 +28,47 @@ def _name(common: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
 
 
+def _builder(subject: str, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey
+             ) -> x509.CertificateBuilder:  # fmt: skip
+    now = datetime.datetime.now(datetime.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(_name(subject))
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+    )
+
+
+_CA_USAGE = x509.KeyUsage(
+    digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+    key_encipherment=False, data_encipherment=False, key_agreement=False,
+    encipher_only=False, decipher_only=False,
+)  # fmt: skip
+
+
 def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
     """A CA and a server certificate for 127.0.0.1; returns (ca.pem, cert.pem, key.pem)."""
-    now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca = (
-        x509.CertificateBuilder().subject_name(_name("fairq test CA")).issuer_name(_name("fairq test CA"))
-        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(hours=1))
+        _builder("fairq test CA", _name("fairq test CA"), ca_key.public_key())
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                       content_commitment=False, key_encipherment=False, data_encipherment=False,
-                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .add_extension(_CA_USAGE, critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
         .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
+    )
     key = ec.generate_private_key(ec.SECP256R1())
+    loopback = x509.IPAddress(ipaddress.ip_address("127.0.0.1"))
     cert = (
-        x509.CertificateBuilder().subject_name(_name("127.0.0.1")).issuer_name(ca.subject)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                       critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-                       critical=False)
+        _builder("127.0.0.1", ca.subject, key.public_key())
+        .add_extension(x509.SubjectAlternativeName([loopback]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
+        )
         .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
+    )
     paths = directory / "ca.pem", directory / "cert.pem", directory / "key.pem"
     paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))

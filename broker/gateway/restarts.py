@@ -15,6 +15,7 @@ loses nothing, and the check then finds every job.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping
 
@@ -56,10 +57,8 @@ class RestartWatch:
 
     async def run(self) -> None:
         while True:
-            try:
+            with contextlib.suppress(RedisError):  # Redis is down: read again when it is back
                 await self.check()
-            except RedisError:
-                pass  # Redis is down: the run id is read again when it is back
             await asyncio.sleep(self._interval_s)
 
     async def check(self) -> int:
