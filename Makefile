@@ -26,6 +26,7 @@ lint: install
 
 bench: install
 	$(BIN)/python -m benchmarks.latency
+	$(BIN)/python -m benchmarks.dispatch
 	$(BIN)/fairq bench fairness
 
 clean:

@@ -45,9 +45,10 @@ class RequestKind(enum.StrEnum):
         return "/v1/chat/completions" if self is RequestKind.CHAT else "/v1/completions"
 
 
-def new_job_id(model: str) -> str:
+def new_job_id(model: str, suffix: str | None = None) -> str:
+    """A job id of ``model``: random, or ``suffix`` (unique per model) for a deterministic one."""
     encoded = base64.urlsafe_b64encode(model.encode()).rstrip(b"=").decode()
-    return f"{encoded}.{secrets.token_hex(10)}"
+    return f"{encoded}.{suffix or secrets.token_hex(10)}"
 
 
 def model_of(job_id: str) -> str | None:

@@ -22,6 +22,20 @@ data they read (a job id popped from a queue).
     fq:dispatchers           zset     live dispatchers, score = when their heartbeat lapses (ms)
     fq:{m}:wake              channel  "something changed": new job, freed capacity
     fq:{m}:cancel            channel  job ids cancelled while at a worker
+
+The Batch API (``broker/batch``); a file's and a batch's keys share its id as hash tag:
+
+    fq:file:{id}             hash     a file's metadata (owner, bytes, filename, purpose)
+    fq:file:{id}:data        string   the file's bytes
+    fq:file:{id}:tmp         string   an output file being written (renamed to :data)
+    fq:files:{owner}         zset     the owner's file ids by creation time (ms)
+    fq:batch:{id}            hash     the batch object, its counters and ingest cursor
+    fq:batch:{id}:res        hash     line -> the line's output or error record, until finalize
+    fq:batch:{id}:pending    zset     "job id\ncustom_id" of queued/running lines, score = line
+    fq:batch:{id}:cids       hash     custom_id -> line (duplicate check, during ingest)
+    fq:batch:{id}:lease      string   the RQ job that may advance the batch now (SET NX PX)
+    fq:batches:{owner}       zset     the owner's batch ids by creation time (ms)
+    fq:batches:active        set      batches not yet in a terminal state (batch workers sweep)
 """
 
 from __future__ import annotations
@@ -113,3 +127,47 @@ def wake_channel(model: str) -> str:
 
 def cancel_channel(model: str) -> str:
     return f"{_tag(model)}:cancel"
+
+
+def file_meta(file_id: str) -> str:
+    return f"fq:file:{{{file_id}}}"
+
+
+def file_data(file_id: str) -> str:
+    return f"fq:file:{{{file_id}}}:data"
+
+
+def file_tmp(file_id: str) -> str:
+    return f"fq:file:{{{file_id}}}:tmp"
+
+
+def owner_files(owner: str) -> str:
+    return f"fq:files:{{{owner}}}"
+
+
+def batch(batch_id: str) -> str:
+    return f"fq:batch:{{{batch_id}}}"
+
+
+def batch_results(batch_id: str) -> str:
+    return f"{batch(batch_id)}:res"
+
+
+def batch_pending(batch_id: str) -> str:
+    return f"{batch(batch_id)}:pending"
+
+
+def batch_custom_ids(batch_id: str) -> str:
+    return f"{batch(batch_id)}:cids"
+
+
+def batch_lease(batch_id: str) -> str:
+    return f"{batch(batch_id)}:lease"
+
+
+def owner_batches(owner: str) -> str:
+    return f"fq:batches:{{{owner}}}"
+
+
+ACTIVE_BATCHES = "fq:batches:active"
+BATCH_QUEUE = "fairq-batch"  # the RQ queue of batch work

@@ -49,7 +49,8 @@ class JobQueue:
         job_id = sub.job_id or new_job_id(sub.model)
         try:
             reply = await self._scripts.enqueue(
-                keys=self._enqueue_keys(sub, job_id), args=self._enqueue_args(sub, job_id)
+                keys=self._enqueue_keys(sub, job_id),
+                args=self._enqueue_args(sub, job_id, self._settings.max_queued_per_user),
             )
         except RedisError as exc:
             raise BrokerUnavailable(f"could not queue the request: {exc}") from exc
@@ -61,6 +62,14 @@ class JobQueue:
                 retry_after_s=self._settings.queue_full_retry_after_s,
             )
         return job_id
+
+    def enqueue_call(
+        self, sub: Submission, job_id: str, max_queued: int, keep_s: int | None = None
+    ) -> tuple[list[str], list[str | bytes | float | int]]:
+        """KEYS and ARGV of ``enqueue.lua`` for one job, for callers that pipeline many
+        (the batch ingest). ``keep_s`` keeps the ended job that long, not ``result_ttl_s``.
+        """
+        return self._enqueue_keys(sub, job_id), self._enqueue_args(sub, job_id, max_queued, keep_s)
 
     @staticmethod
     def _enqueue_keys(sub: Submission, job_id: str) -> list[str]:
@@ -77,17 +86,19 @@ class JobQueue:
             keys.user_counts(m),
         ]
 
-    def _enqueue_args(self, sub: Submission, job_id: str) -> list[str | bytes | float | int]:
+    def _enqueue_args(
+        self, sub: Submission, job_id: str, max_queued: int, keep_s: int | None = None
+    ) -> list[str | bytes | float | int]:
         s = self._settings
         model = s.model(sub.model)
         engine_priority = model is not None and model.engine_priority
         return [
             job_id, sub.user, sub.tenant, sub.band, sub.kind.value, sub.stream_flag,
-            sub.payload, s.max_queued_per_user, keys.wake_channel(sub.model),
+            sub.payload, max_queued, keys.wake_channel(sub.model),
             keys.join_field(sub.band), sub.owner, sub.cost, sub.weight,
             keys.tenant_field(sub.band, sub.tenant), s.ready_stream_maxlen,
             int(engine_priority), s.bands.index(sub.band) + 1, len(s.bands),
-            *s.bands, *(keys.grant_field(b) for b in s.bands),
+            *s.bands, *(keys.grant_field(b) for b in s.bands), keep_s or "",
         ]  # fmt: skip
 
     async def get(self, job_id: str, owner: str | None) -> JobRecord:
@@ -126,31 +137,34 @@ class JobQueue:
         return job
 
     async def _end_early(self, job: JobRecord, state: JobState) -> None:
-        m = job.model
+        call_keys, args = cancel_call(
+            job.model, job.id, band=job.band, user=job.user, state=state,
+            ttl_s=self._settings.result_ttl_s,
+        )  # fmt: skip
         try:
-            await self._scripts.cancel(
-                keys=[
-                    keys.job(m, job.id),
-                    keys.results(m, job.id),
-                    keys.ready(m),
-                    keys.inflight(m),
-                    keys.queue(m, job.band, job.user),
-                    keys.backlog(m, job.band),
-                    keys.unstarted(m),
-                    keys.user_counts(m),
-                    keys.queued_counts(m),
-                    keys.meta(m),
-                ],
-                args=[
-                    job.id,
-                    keys.READY_GROUP,
-                    self._settings.result_ttl_s,
-                    keys.wake_channel(m),
-                    keys.cancel_channel(m),
-                    job.user,
-                    state.value,
-                    job.band,
-                ],
-            )
+            await self._scripts.cancel(keys=call_keys, args=args)
         except RedisError as exc:
             raise BrokerUnavailable(f"could not cancel job {job.id!r}: {exc}") from exc
+
+
+def cancel_call(
+    m: str, job_id: str, *, band: str, user: str, state: JobState, ttl_s: int
+) -> tuple[list[str], list[object]]:
+    """KEYS and ARGV of ``cancel.lua`` for one job (also pipelined by batch cancels)."""
+    call_keys = [
+        keys.job(m, job_id),
+        keys.results(m, job_id),
+        keys.ready(m),
+        keys.inflight(m),
+        keys.queue(m, band, user),
+        keys.backlog(m, band),
+        keys.unstarted(m),
+        keys.user_counts(m),
+        keys.queued_counts(m),
+        keys.meta(m),
+    ]
+    args: list[object] = [
+        job_id, keys.READY_GROUP, ttl_s, keys.wake_channel(m), keys.cancel_channel(m),
+        user, state.value, band,
+    ]  # fmt: skip
+    return call_keys, args

@@ -105,6 +105,26 @@ class ApiKeyConfig(_Frozen):
         return value
 
 
+class BatchSettings(_Frozen):
+    """The Batch API (``broker/batch``): files, batches and the RQ batch workers."""
+
+    # 200 MB, OpenAI's own limit. Files live in Redis: each costs about its size in memory.
+    max_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1024)
+    max_lines: int = Field(default=50_000, ge=1)  # per batch file, OpenAI's limit
+    # Batch lines are queued in band "batch" under this cap, not max_queued_per_user:
+    # a 50,000-line batch must not be refused by the interactive cap (and cannot reach it).
+    max_queued_lines_per_user: int = Field(default=1_000_000, ge=1)
+    # A finished batch line's job record and result are kept this long (instead of
+    # result_ttl_s) so that the batch can collect them even after a long batch-worker outage.
+    line_keep_s: int = Field(default=3 * 86400, ge=60)
+    completion_windows: dict[str, int] = Field(default_factory=lambda: {"24h": 86400})
+    ingest_chunk_lines: int = Field(default=500, ge=1)
+    harvest_window: int = Field(default=512, ge=1)  # lowest pending lines checked per pass
+    sweep_interval_s: int = Field(default=1, ge=1)  # how often a batch worker advances batches
+    lease_s: int = Field(default=15, ge=2)  # a dead batch worker's batch is retaken after this
+    read_block_bytes: int = Field(default=1 << 20, ge=1024)
+
+
 class Settings(BaseSettings):
     """All of fairq's configuration; units are in the names."""
 
@@ -139,6 +159,8 @@ class Settings(BaseSettings):
     stream_linger_ms: float = Field(default=2.0, ge=0)
     engine_connect_timeout_s: float = Field(default=5.0, gt=0)
     engine_read_timeout_s: float = Field(default=300.0, gt=0)
+
+    batch: BatchSettings = Field(default_factory=BatchSettings)
 
     @model_validator(mode="after")
     def _check_references(self) -> Settings:

@@ -193,7 +193,9 @@ class Dispatcher:
         fair = policy(model.policy)
         admission = ADMISSION[model.admission_policy]
         config = _admission_config(model, self._settings.bands)
-        depth = max(model.inflight_cap, *config.targets.values())
+        # A plan never has more picks than this, so the lowest `depth` users are enough:
+        # reading more would make a round cost O(backlogged users).
+        depth = min(max(model.inflight_cap, *config.targets.values()), _MAX_PICKS)
         cached = self._views.pop(model.name, None)
         if cached is not None and newcomers is not None:
             snap = cached.with_newcomers(self._settings.bands, newcomers)
@@ -239,8 +241,11 @@ class Dispatcher:
         ttl_s = self._settings.express_grant_ttl_s
         if ttl_s <= 0:
             return
-        states = self._states(model, snap)
-        grant = plan_grant(admission, states, self._settings.bands, config)
+        # Express is for bands more urgent than any backlog: a job of a backlogged band
+        # (or a less urgent one) waits its turn anyway, so its credits would go unused.
+        bands = self._settings.bands
+        usable = bands if snap.empty else bands[: bands.index(snap.backlogs[0].band)]
+        grant = plan_grant(admission, self._states(model, snap), usable, config) if usable else None
         now = time.monotonic()
         last = self._grants.get(model.name)
         if last is not None and last.grant == grant:

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from broker import Settings, hash_key, load_settings
 from fairq import runtime
+from fairq.batch_cli import batch
 from fairq.k8s_cli import k8s
 from fairq.localredis import free_port
 from fairq.stack import DEMO_KEYS, DEMO_MODELS, Stack, demo_config
@@ -71,6 +72,19 @@ def worker(concurrency: int | None) -> None:
     settings = _settings()
     runtime.setup_logging()
     runtime.run_until_signalled(lambda stop: run_worker(settings, stop, concurrency))
+
+
+@main.command(name="batch-worker")
+def batch_worker() -> None:
+    """Run an RQ batch worker (queue fairq-batch): ingest, progress, finalize, expire."""
+    from broker.batch.worker import run_batch_worker
+
+    settings = _settings()
+    runtime.setup_logging()
+    run_batch_worker(settings)
+
+
+main.add_command(batch)
 
 
 @main.command()

@@ -1,7 +1,7 @@
 """The local stack of ``fairq up``: every component as its own process.
 
 Starts a private Redis (unless a URL is given), the engine simulators, a
-dispatcher, workers and the gateway, each a child process running the same
+dispatcher, workers, a batch worker (RQ) and the gateway, each a child process running the same
 ``fairq`` command a production pod runs. Children die with the parent (Linux
 PR_SET_PDEATHSIG), and ``stop`` ends them all, so nothing is left behind.
 Tests and benchmarks use the same class; a stack of simulators alone (no
@@ -65,6 +65,7 @@ class Stack:
     redis_url: str | None = None
     workers: int = 1
     dispatchers: int = 1
+    batch_workers: int = 1  # RQ batch workers (the Batch API); only with the gateway
     gateway: bool = True
     env: dict[str, str] = field(default_factory=dict)  # extra, e.g. FAIRQ_WORKER_CONCURRENCY
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -105,6 +106,8 @@ class Stack:
             self._spawn(f"dispatcher-{i}", ["dispatcher"])
         for i in range(self.workers):
             self._spawn(f"worker-{i}", ["worker"])
+        for i in range(self.batch_workers if self.gateway else 0):
+            self._spawn(f"batch-worker-{i}", ["batch-worker"])
         if self.gateway:
             self._spawn("api", ["api", "--host", "127.0.0.1", "--port", str(self.gateway_port)])
             self._wait_http(f"{self.gateway_url}/readyz", timeout_s)

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from broker.gateway import admin_queues, completions, health, jobs, models
+from broker.gateway import admin_queues, batches, completions, files, health, jobs, models
 from broker.gateway.errors import install_handlers
 from broker.gateway.openapi import install_openapi
 from broker.gateway.state import opened
@@ -36,7 +36,7 @@ def create_app(settings: Settings) -> FastAPI:
         redoc_url=None,
         openapi_url="/openapi.json",
     )
-    for module in (completions, jobs, models, health, admin_queues):
+    for module in (completions, jobs, models, health, files, batches, admin_queues):
         app.include_router(module.router)
     install_handlers(app)
     install_openapi(app, settings)

@@ -49,7 +49,9 @@ local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
 redis.call('HSET', KEYS[1], 'st', ARGV[7], 'te', now_ms)
 redis.call('HDEL', KEYS[1], 'p')
 redis.call('XADD', KEYS[2], '*', 'end', ARGV[7], 'e', '')
-redis.call('EXPIRE', KEYS[2], ARGV[3])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
+-- Batch API: a batch line ('kt') is kept until its batch has collected the result.
+local ttl = redis.call('HGET', KEYS[1], 'kt') or ARGV[3]
+redis.call('EXPIRE', KEYS[2], ttl)
+redis.call('EXPIRE', KEYS[1], ttl)
 redis.call('PUBLISH', ARGV[4], 'e')
 return st

@@ -44,8 +44,10 @@ end
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'fin', ARGV[7]) end
 if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'tf', ARGV[8]) end
 redis.call('XADD', KEYS[2], '*', 'end', ARGV[1], 'e', ARGV[5])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
+-- Batch API: a batch line ('kt') is kept until its batch has collected the result.
+local ttl = redis.call('HGET', KEYS[1], 'kt') or ARGV[3]
+redis.call('EXPIRE', KEYS[2], ttl)
+redis.call('EXPIRE', KEYS[1], ttl)
 if endpoint then
   redis.call('HINCRBY', KEYS[4], endpoint, -1)
   if redis.call('HINCRBY', KEYS[7], ARGV[11], -1) <= 0 then

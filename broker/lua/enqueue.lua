@@ -21,6 +21,8 @@
 -- ARGV[17] the band's number b (1 = most urgent)   ARGV[18] B, the number of bands
 -- ARGV[19 .. 18+B] band names in priority order
 -- ARGV[19+B .. 18+2B] their express credit fields in meta ("xn:{band}")
+-- ARGV[19+2B] optional: seconds to keep the ended job (a batch line, until its batch
+--   collects it; complete.lua and cancel.lua honour the job's 'kt')
 -- The grant lives in meta: 'xep' endpoint, 'xexp' expiry (ms), 'xs' sequence (bumped by
 -- every express send, so the dispatcher's next grant is refused if computed before it).
 -- Returns {1, queue entry id} when queued, {2, ready entry id} when sent express,
@@ -57,6 +59,8 @@ end
 local endpoint = express_endpoint()
 redis.call('HSET', KEYS[1], 'u', ARGV[2], 'tn', ARGV[3], 'b', ARGV[4], 'k', ARGV[5],
   's', ARGV[6], 'tq', now_ms, 'o', ARGV[11], 'ce', ARGV[12], 'w', ARGV[13], 'tnf', ARGV[14])
+local keep = ARGV[19 + 2 * bands]
+if keep and keep ~= '' then redis.call('HSET', KEYS[1], 'kt', keep) end
 
 -- The ready entry and counts mirror dispatch.lua's to_ready: change both together.
 if endpoint then

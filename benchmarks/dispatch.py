@@ -1,0 +1,142 @@
+"""Dispatch throughput: jobs per second that one dispatcher process moves into ready streams.
+
+The engines admit freely (static admission, a huge in-flight cap) and no worker
+runs, so the dispatcher alone is measured. For each case (users x models) the
+jobs are queued first, then a ``fairq dispatcher`` process starts; the rate is
+the jobs dispatched over the span between the first and the last ready-stream
+entry (Redis stamps each entry id with its time), so process start-up and the
+lease hand-shake are not counted. Also reported: the dispatcher's and Redis's
+CPU over the run, which tell which side bounds the rate.
+
+Run with ``python -m benchmarks.dispatch`` (part of ``make bench``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+import psutil
+import redis
+import yaml
+
+from benchmarks.stats import machine, markdown_table
+from broker import JobQueue, RequestKind, Settings, Submission, connect, keys
+from fairq.localredis import LocalRedis
+
+CASES = ((10, 1), (10_000, 1), (10, 100), (10_000, 100))  # (users, models)
+PAYLOAD = b'{"model":"m","messages":[{"role":"user","content":"hello"}],"max_tokens":8}'
+
+
+def config(models: int) -> dict[str, object]:
+    model = {"endpoints": ["http://127.0.0.1:9"], "admission": "static", "inflight_cap": 10**6}
+    return {
+        "models": [{"name": f"m{i}", **model} for i in range(models)],
+        "max_queued_per_user": 1_000_000,
+    }
+
+
+async def fill(settings: Settings, jobs: int, users: int, models: int) -> None:
+    """Queue ``jobs`` jobs, spread evenly over the users and the models."""
+    client = connect(settings)
+    queue = JobQueue(client, settings)
+    try:
+        for start in range(0, jobs, 500):
+            await asyncio.gather(*(
+                queue.submit(Submission(
+                    model=f"m{i % models}", owner=f"u{i % users}", user=f"u{i % users}",
+                    tenant="t", band="default", kind=RequestKind.CHAT, stream_flag="1",
+                    payload=PAYLOAD,
+                ))
+                for i in range(start, min(start + 500, jobs))
+            ))  # fmt: skip
+    finally:
+        await client.aclose()
+
+
+def dispatched(r: redis.Redis, models: int) -> tuple[int, float]:
+    """Jobs in the ready streams, and the ms between the first and the last entry."""
+    count, first, last = 0, float("inf"), 0.0
+    for i in range(models):
+        stream = keys.ready(f"m{i}")
+        count += r.xlen(stream)
+        head, tail = r.xrange(stream, count=1), r.xrevrange(stream, count=1)
+        if head:
+            first = min(first, int(head[0][0].split(b"-")[0]))
+            last = max(last, int(tail[0][0].split(b"-")[0]))
+    return count, last - first
+
+
+def redis_cpu_s(r: redis.Redis) -> float:
+    info = r.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def run_case(users: int, models: int, jobs: int) -> dict[str, object]:
+    with LocalRedis() as server, tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp, "fairq.yaml")
+        cfg.write_text(yaml.safe_dump(config(models)))
+        env = {**os.environ, "FAIRQ_CONFIG": str(cfg), "FAIRQ_REDIS_URL": server.url,
+               "FAIRQ_LOG_LEVEL": "WARNING"}  # fmt: skip
+        settings = Settings(redis_url=server.url, **config(models))  # type: ignore[arg-type]
+        asyncio.run(fill(settings, jobs, users, models))
+        r = redis.Redis.from_url(server.url)
+        redis_before = redis_cpu_s(r)
+        proc = subprocess.Popen([sys.executable, "-m", "fairq", "dispatcher"], env=env)
+        try:
+            deadline = time.monotonic() + 300
+            while dispatched(r, models)[0] < jobs and time.monotonic() < deadline:
+                time.sleep(0.2)
+            count, span_ms = dispatched(r, models)
+            times = psutil.Process(proc.pid).cpu_times()
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+        redis_s = redis_cpu_s(r) - redis_before
+        r.close()
+    if count < jobs:
+        raise RuntimeError(f"only {count} of {jobs} jobs were dispatched within 300 s")
+    rate = count / max(span_ms / 1000, 1e-3)
+    return {"users": users, "models": models, "jobs": count, "jobs_per_s": rate,
+            "dispatcher_cpu_s": times.user + times.system, "redis_cpu_s": redis_s}  # fmt: skip
+
+
+def render(result: dict[str, object]) -> str:
+    rows = [[c["users"], c["models"], c["jobs"], round(c["jobs_per_s"]),
+             c["dispatcher_cpu_s"], c["redis_cpu_s"]] for c in result["cases"]]  # type: ignore[attr-defined]  # fmt: skip
+    table = markdown_table(
+        ["users", "models", "jobs", "jobs/s", "dispatcher CPU s", "Redis CPU s"], rows
+    )
+    m = result["machine"]
+    return (
+        f"{table}\n\nslowdown at 10,000 users vs 10: {result['user_slowdown']}; "
+        f"one dispatcher process, Redis on the same machine, {m['cores']} cores."  # type: ignore[index]
+    )
+
+
+@click.command()
+@click.option("--jobs", default=20_000, show_default=True, help="jobs per case")
+@click.option("--out", default="bench-out", show_default=True, type=click.Path())
+def main(jobs: int, out: str) -> None:
+    cases = [run_case(users, models, jobs) for users, models in CASES]
+    rate = {(c["users"], c["models"]): c["jobs_per_s"] for c in cases}
+    slowdown = {
+        f"{models} model(s)": round(rate[(10, models)] / rate[(10_000, models)], 2)  # type: ignore[operator]
+        for models in (1, 100)
+    }
+    result = {"benchmark": "dispatch", "machine": machine(), "cases": cases,
+              "user_slowdown": slowdown}  # fmt: skip
+    Path(out).mkdir(parents=True, exist_ok=True)
+    Path(out, "dispatch.json").write_text(json.dumps(result, indent=2))
+    click.echo(render(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""Batches: the OpenAI batch object as a Redis hash, its status moves and its listing.
+
+Status moves are one script (``batch_status.lua``) that checks the current status,
+so a gateway's cancel and a batch worker's progress can never both win::
+
+    validating ─┬─▶ in_progress ─▶ finalizing ─▶ completed
+                └─▶ failed (the file is not JSONL at all, or has no valid line)
+    validating / in_progress ─▶ cancelling ─▶ cancelled
+    validating / in_progress ─(window passed: flag 'expiring')─▶ expired
+
+The hash keeps OpenAI's field names; internal fields: ``owner``, ``tenant``,
+``weight``, ``models`` (the key's entitlement), ``off``/``line``/``queued`` (the
+ingest cursor: byte offset, lines read, lines queued), ``expiring``, ``xs``
+(expiry scheduled with RQ).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+
+from broker import keys
+from broker.auth import Principal
+from broker.batch.errors import NotCancellable
+from broker.errors import NotFound
+from broker.scripts import source
+
+TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
+_TIMES = (
+    "in_progress_at",
+    "finalizing_at",
+    "completed_at",
+    "failed_at",
+    "expired_at",
+    "cancelling_at",
+    "cancelled_at",
+)
+
+
+def new_batch_id() -> str:
+    return f"batch_{secrets.token_hex(12)}"
+
+
+def _int(h: dict[bytes, bytes], field: bytes) -> int | None:
+    value = h.get(field)
+    return int(value) if value else None
+
+
+def _json(h: dict[bytes, bytes], field: bytes) -> Any:
+    value = h.get(field)
+    return orjson.loads(value) if value else None
+
+
+@dataclass(frozen=True)
+class BatchRecord:
+    id: str
+    h: dict[bytes, bytes]
+
+    def s(self, field: str) -> str | None:
+        value = self.h.get(field.encode())
+        return value.decode() if value else None
+
+    def n(self, field: str) -> int:
+        return _int(self.h, field.encode()) or 0
+
+    @property
+    def status(self) -> str:
+        return self.s("status") or ""
+
+    @property
+    def owner(self) -> str:
+        return self.s("owner") or ""
+
+    @property
+    def models(self) -> tuple[str, ...] | None:
+        value = _json(self.h, b"models")
+        return tuple(value) if value is not None else None
+
+    def public(self) -> dict[str, object]:
+        """OpenAI's batch object."""
+        out: dict[str, object] = {
+            "id": self.id,
+            "object": "batch",
+            "endpoint": self.s("endpoint"),
+            "errors": _json(self.h, b"errors"),
+            "input_file_id": self.s("input_file_id"),
+            "completion_window": self.s("completion_window"),
+            "status": self.status,
+            "output_file_id": self.s("output_file_id"),
+            "error_file_id": self.s("error_file_id"),
+            "created_at": self.n("created_at"),
+            "expires_at": _int(self.h, b"expires_at"),
+            "request_counts": {
+                "total": self.n("total") or self.n("line"),
+                "completed": self.n("completed"),
+                "failed": self.n("failed"),
+            },
+            "metadata": _json(self.h, b"metadata"),
+            "model": self.s("model"),
+        }
+        out.update({field: _int(self.h, field.encode()) for field in _TIMES})
+        return out
+
+
+class BatchStore:
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+        self._status: AsyncScript = redis.register_script(source("batch_status"))
+
+    async def create(
+        self,
+        caller: Principal,
+        *,
+        input_file_id: str,
+        endpoint: str,
+        window: str,
+        window_s: int,
+        metadata: dict[str, str] | None,
+    ) -> BatchRecord:
+        batch_id = new_batch_id()
+        now = int(time.time())
+        fields: dict[str, str | int | bytes] = {
+            "status": "validating",
+            "endpoint": endpoint,
+            "input_file_id": input_file_id,
+            "completion_window": window,
+            "created_at": now,
+            "expires_at": now + window_s,
+            "owner": caller.user,
+            "tenant": caller.tenant,
+            "weight": str(caller.weight),
+            "models": orjson.dumps(caller.models),
+            "off": 0,
+            "line": 0,
+            "queued": 0,
+            "completed": 0,
+            "failed": 0,
+        }
+        if metadata:
+            fields["metadata"] = orjson.dumps(metadata)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.hset(keys.batch(batch_id), mapping=fields)  # type: ignore[arg-type]
+            pipe.zadd(keys.owner_batches(caller.user), {batch_id: time.time_ns() // 1000})
+            pipe.sadd(keys.ACTIVE_BATCHES, batch_id)
+            await pipe.execute()
+        return await self.get(batch_id, caller.user)
+
+    async def get(self, batch_id: str, owner: str | None) -> BatchRecord:
+        """The batch; NotFound if there is none or it is someone else's (``owner=None``: any)."""
+        h = await self._redis.hgetall(keys.batch(batch_id))
+        if not h or (owner is not None and h.get(b"owner", b"").decode() != owner):
+            raise NotFound(f"No such Batch object: {batch_id}", code="batch_not_found")
+        return BatchRecord(batch_id, h)
+
+    async def list(
+        self, owner: str, limit: int, after: str | None
+    ) -> tuple[list[BatchRecord], bool]:
+        """A page of the owner's batches, newest first, and whether more follow."""
+        start = 0
+        if after is not None:
+            rank = await self._redis.zrevrank(keys.owner_batches(owner), after)
+            start = 0 if rank is None else int(rank) + 1
+        ids = await self._redis.zrevrange(keys.owner_batches(owner), start, start + limit)
+        records = [await self.get(i.decode(), owner) for i in ids[:limit]]
+        return records, len(ids) > limit
+
+    async def move(
+        self,
+        batch_id: str,
+        to: str,
+        allowed: tuple[str, ...],
+        stamp: str = "",
+        **fields: str | int | bytes,
+    ) -> tuple[bool, str]:
+        """Move the batch to ``to`` if its status is one of ``allowed``: (moved, old status)."""
+        args: list[str | int | bytes] = [to, "," + ",".join(allowed) + ",", stamp]
+        for name, value in fields.items():
+            args += [name, value]
+        moved, status = await self._status(keys=[keys.batch(batch_id)], args=args)
+        return bool(moved), status.decode() if isinstance(status, bytes) else str(status)
+
+    async def cancel(self, batch_id: str, owner: str) -> BatchRecord:
+        """Start cancelling (the batch workers finish it); NotCancellable once it is ending."""
+        await self.get(batch_id, owner)
+        moved, status = await self.move(
+            batch_id, "cancelling", ("validating", "in_progress"), "cancelling_at"
+        )
+        if not moved and status != "cancelling":
+            raise NotCancellable(f"Cannot cancel a batch with status '{status}'.")
+        return await self.get(batch_id, owner)

@@ -1,0 +1,141 @@
+"""A batch worker SIGKILLed during ingest and during finalize: after a restart the batch
+completes with every line exactly once in its files, and every valid line ran once at
+the engine. Real processes, a real Redis; the batch worker is a subprocess of the test."""
+
+from __future__ import annotations
+
+import io
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import orjson
+import pytest
+import redis
+from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
+
+from broker import keys
+from fairq.localredis import free_port
+from fairq.stack import DEMO_MODELS, Stack, demo_config
+
+pytestmark = pytest.mark.integration
+
+MODEL = DEMO_MODELS[0]
+VALID, INVALID = 60, 9_000  # invalid lines are cheap to run and make finalize long
+_DEADLINE_S = 90
+
+
+@pytest.fixture
+def stack(redis_url: str) -> Iterator[Stack]:
+    ports = [free_port(), free_port()]
+    sims = dict(zip(ports, DEMO_MODELS, strict=True))
+    env = {"FAIRQ_BATCH__LEASE_S": "2", "FAIRQ_BATCH__INGEST_CHUNK_LINES": "200"}
+    with Stack(
+        demo_config(ports),
+        gateway_port=free_port(),
+        sims=sims,
+        redis_url=redis_url,
+        batch_workers=0,
+        env=env,
+    ) as running:
+        yield running
+
+
+def start_batch_worker(stack: Stack) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "fairq", "batch-worker"], env=stack.env)
+
+
+def kill(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGKILL)
+    process.wait(10)
+
+
+def engine_requests(stack: Stack) -> float:
+    port = next(p for p, m in stack.sims.items() if m == MODEL)
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "vllm:request_success_total"
+    )
+
+
+def batch_file() -> tuple[bytes, list[str]]:
+    lines, ids = [], []
+    for i in range(VALID + INVALID):
+        custom_id = f"line-{i}"
+        model = MODEL if i % (INVALID // VALID + 1) == 0 else "no-such-model"
+        body = {"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+        lines.append(
+            orjson.dumps(
+                {
+                    "custom_id": custom_id,
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": body,
+                }
+            )
+        )
+        ids.append(custom_id)
+    return b"\n".join(lines), ids
+
+
+def poll_until(r: redis.Redis, batch_id: str, done: object, timeout_s: float = _DEADLINE_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if done(r.hgetall(keys.batch(batch_id))):  # type: ignore[operator]
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"batch {batch_id}: condition not reached in {timeout_s}s")
+
+
+def test_a_batch_worker_killed_in_ingest_and_in_finalize_loses_and_repeats_nothing(
+    stack: Stack, redis_url: str
+) -> None:
+    client = OpenAI(base_url=f"{stack.gateway_url}/v1", api_key="fq-demo-alice", max_retries=0)
+    r = redis.Redis.from_url(redis_url)
+    data, ids = batch_file()
+    valid = sum(1 for i in range(len(ids)) if i % (INVALID // VALID + 1) == 0)
+    before = engine_requests(stack)
+    uploaded = client.files.create(file=("crash.jsonl", io.BytesIO(data)), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+
+    worker = start_batch_worker(stack)
+    poll_until(r, batch.id, lambda h: int(h.get(b"line", 0)) >= 2_000)  # part of the file read
+    kill(worker)
+    status = r.hget(keys.batch(batch.id), "status")
+    assert status == b"validating", "the kill was meant to land during ingest"
+
+    worker = start_batch_worker(stack)
+    poll_until(r, batch.id, lambda h: h.get(b"status") == b"finalizing")
+    kill(worker)
+    assert r.hget(keys.batch(batch.id), "status") == b"finalizing", "meant to land in finalize"
+
+    worker = start_batch_worker(stack)
+    try:
+        poll_until(r, batch.id, lambda h: h.get(b"status") == b"completed")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(10)
+    done = client.batches.retrieve(batch.id)
+    assert done.request_counts is not None
+    assert (
+        done.request_counts.total,
+        done.request_counts.completed,
+        done.request_counts.failed,
+    ) == (len(ids), valid, len(ids) - valid)
+    seen = [
+        orjson.loads(x)["custom_id"]
+        for file_id in (done.output_file_id, done.error_file_id)
+        if file_id
+        for x in client.files.content(file_id).content.splitlines()
+    ]
+    assert len(seen) == len(ids) and sorted(seen) == sorted(ids)  # each exactly once
+    assert engine_requests(stack) - before == valid  # no line ran twice
