@@ -1,12 +1,13 @@
 """The gateway's OpenAPI schema, served at ``/openapi.json``.
 
-The completion routes read their bodies by hand (``broker.requests``: size-capped,
-strictly validated, every other field passed on to the engine), so FastAPI cannot
-see them; this module adds what it cannot: the request bodies, generated from the
-very pydantic models that validate them, with ``model`` limited to the configured
-models; the ``X-Fairq-Band`` header; bearer authentication; and the OpenAI error
-object of every error status. A fuzzer (tests/test_schema.py) generates its
-requests from this document.
+The completion, batch and file routes read their bodies by hand (size-capped,
+validated, every other completion field passed on to the engine), so FastAPI
+cannot see them; this module adds what it cannot: the request bodies (for the
+completions generated from the very pydantic models that validate them, with
+``model`` limited to the configured models; for batches and files from the
+limits their routes enforce); the ``X-Fairq-Band`` header; bearer
+authentication; and the OpenAI error object of every error status. A fuzzer
+(tests/test_schema.py) generates its requests from this document.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from broker.batch import KINDS
+from broker.gateway.batches import METADATA_LIMITS
 from broker.gateway.completions import BAND_HEADER
 from broker.requests import ChatBody, CompletionBody
 from broker.settings import Settings
@@ -76,6 +79,9 @@ def build_schema(app: FastAPI, settings: Settings) -> dict[str, Any]:
     for path, body in _BODIES.items():
         schemas[body.__name__] = _body_schema(body, models, schemas)
         _document_completion(schema["paths"][path]["post"], body.__name__, settings)
+    schemas["BatchBody"] = _batch_schema(settings)
+    _json_body(schema["paths"]["/v1/batches"]["post"], "BatchBody")
+    schema["paths"]["/v1/files"]["post"]["requestBody"] = _UPLOAD
     for path, operations in schema["paths"].items():
         for operation in operations.values():
             if path.startswith("/v1/"):
@@ -94,9 +100,52 @@ def _body_schema(
     return generated
 
 
-def _document_completion(operation: dict[str, Any], body: str, settings: Settings) -> None:
-    ref = {"$ref": _REF.format(model=body)}
+def _batch_schema(settings: Settings) -> dict[str, Any]:
+    pairs, key, value = METADATA_LIMITS
+    return {
+        "type": "object",
+        "required": ["input_file_id", "endpoint", "completion_window"],
+        "properties": {
+            "input_file_id": {"type": "string", "minLength": 1},
+            "endpoint": {"type": "string", "enum": list(KINDS)},
+            "completion_window": {
+                "type": "string",
+                "enum": list(settings.batch.completion_windows),
+            },
+            "metadata": {
+                "type": ["object", "null"],
+                "maxProperties": pairs,
+                "propertyNames": {"maxLength": key},
+                "additionalProperties": {"type": "string", "maxLength": value},
+            },
+        },
+    }
+
+
+_UPLOAD = {
+    "required": True,
+    "content": {
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "required": ["purpose", "file"],
+                "properties": {
+                    "purpose": {"type": "string", "enum": ["batch"]},
+                    "file": {"type": "string", "format": "binary"},
+                },
+            }
+        }
+    },
+}
+
+
+def _json_body(operation: dict[str, Any], name: str) -> None:
+    ref = {"$ref": _REF.format(model=name)}
     operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref}}}
+
+
+def _document_completion(operation: dict[str, Any], body: str, settings: Settings) -> None:
+    _json_body(operation, body)
     operation.setdefault("parameters", []).append({
         "name": BAND_HEADER, "in": "header", "required": False,
         "description": "queue in this priority band instead of the key's default "
