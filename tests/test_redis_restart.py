@@ -27,7 +27,20 @@ from pathlib import Path
 
 import httpx
 import pytest
+from redis.asyncio import Redis
+from servers import uvicorn_thread
 
+from broker import (
+    Claimed,
+    ExecutionStore,
+    JobState,
+    Outcome,
+    RequestKind,
+    Settings,
+    hash_key,
+    keys,
+)
+from broker.gateway import create_app
 from broker.jobs import new_job_id
 from fairq.localredis import LocalRedis, free_port
 from fairq.stack import DEMO_MODELS, Stack, demo_config
@@ -267,3 +280,48 @@ def test_a_machine_crash_loses_at_most_the_fsync_window(
         # A job that ended in the lost second is back to "running" in Redis, and its worker
         # has moved on: only the reclaim of a worker's lapsed lease (issue 5, item 1) ends it.
         pytest.xfail(f"jobs left running by the lost second, awaiting worker reclaim: {stuck}")
+
+
+async def test_a_workers_writes_for_a_job_redis_lost_leave_nothing_forever(
+    aredis: Redis, redis_url: str
+) -> None:
+    # After a power loss a worker may still finish a job Redis no longer knows.
+    settings = Settings(redis_url=redis_url, models=[{"name": "m", "endpoints": ["http://e:1"]}])  # type: ignore[arg-type, list-item]
+    store = ExecutionStore(aredis, settings)
+    await store.load_scripts()
+    job = Claimed(
+        "m", b"1-0", "bQ.lost", b"{}", RequestKind.CHAT, "1", "http://e:1", "default", "u"
+    )
+    pipe = store.pipeline()
+    store.add_chunk(pipe, "m", job.job_id, 1, b"data: {}\n\n")
+    store.add_first(pipe, "m", job.job_id)
+    store.add_complete(pipe, job, Outcome(JobState.COMPLETED))
+    replies = await pipe.execute()
+    assert replies[1:] == [0, 0]  # neither started nor ended anything
+    assert not await aredis.exists(keys.job("m", job.job_id))
+    assert 0 < await aredis.ttl(keys.results("m", job.job_id)) <= settings.result_ttl_s
+
+
+@pytest.mark.timeout(30)  # without the restart watch, the stream would wait forever
+def test_a_client_waiting_on_a_job_redis_lost_gets_an_error_not_a_hang(
+    redis_server: LocalRedis,
+) -> None:
+    settings = Settings(
+        redis_url=redis_server.url,
+        models=[{"name": "m", "endpoints": ["http://e:1"]}],  # type: ignore[list-item]
+        api_keys=[{"sha256": hash_key("k"), "user": "u"}],  # type: ignore[list-item]
+    )
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}
+    headers = {"Authorization": "Bearer k"}
+    with uvicorn_thread(create_app(settings)) as url, httpx.Client(timeout=15) as client:
+        stream = client.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers)
+        with stream as response:
+            assert response.status_code == 200  # queued; nobody serves model m here
+            # Redis comes back with none of its files: everything was lost.
+            redis_server.halt(kill=True)
+            assert redis_server.data_dir is not None
+            shutil.rmtree(redis_server.data_dir)
+            redis_server.data_dir.mkdir()
+            redis_server.start()
+            text = "".join(response.iter_text())
+    assert '"code":"job_lost"' in text and text.endswith("data: [DONE]\n\n")

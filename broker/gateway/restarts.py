@@ -73,7 +73,8 @@ class RestartWatch:
         jobs = [(job_id, model_of(job_id)) for job_id in list(self._followed)]
         async with self._redis.pipeline(transaction=False) as pipe:
             for job_id, model in jobs:
-                pipe.exists(keys.job(model or "", job_id))
+                # Its state, not the key: a worker's late write must not pass for the job.
+                pipe.hexists(keys.job(model or "", job_id), "st")
             found = await pipe.execute()
         lost = 0
         for (job_id, _), exists in zip(jobs, found, strict=True):
