@@ -27,6 +27,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 from redis.asyncio import Redis
 from servers import uvicorn_thread
 
@@ -177,7 +178,7 @@ def _down_requests(url: str) -> list[int]:
 
 
 def _restart_under_load(
-    stack: Stack, server: LocalRedis, *, kill: bool, before_s: float
+    stack: Stack, server: LocalRedis, *, kill: bool, before_s: float, down_s: float = 0.0
 ) -> tuple[Load, float]:
     load = Load(stack.gateway_url)
     load.start()
@@ -185,6 +186,7 @@ def _restart_under_load(
     restarted_at = time.monotonic()
     server.halt(kill=kill)
     assert _down_requests(stack.gateway_url) == [503, 503, 503]
+    time.sleep(down_s)
     server.start()
     time.sleep(2.0)
     load.stop()
@@ -209,7 +211,8 @@ def _after_restart_jobs_complete(stack: Stack) -> None:
 def test_a_clean_redis_restart_under_load_loses_no_acknowledged_job(
     stack: Stack, redis_server: LocalRedis
 ) -> None:
-    load, _ = _restart_under_load(stack, redis_server, kill=False, before_s=2.0)
+    # Down for longer than a dispatcher's lease (3 s): the leases lapse and are taken again.
+    load, _ = _restart_under_load(stack, redis_server, kill=False, before_s=2.0, down_s=3.5)
     acked = [s.job_id for s in load.sent if s.job_id is not None]
     states = _states(stack.gateway_url, acked, timeout_s=20.0)
     _report("SIGTERM", load, states)
@@ -220,6 +223,8 @@ def test_a_clean_redis_restart_under_load_loses_no_acknowledged_job(
     assert all(s.outcome in {"done", "http-503", "transport-error"} for s in load.sent)
     _after_restart_jobs_complete(stack)
     assert stack.dead() is None
+    with redis.Redis.from_url(redis_server.url) as client:
+        assert all(client.exists(keys.owner(m)) for m in DEMO_MODELS)  # owned again
 
 
 def test_a_killed_redis_loses_no_acknowledged_job(stack: Stack, redis_server: LocalRedis) -> None:
