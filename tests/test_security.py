@@ -4,6 +4,8 @@
   Redis password masked.
 * A key cannot raise its own priority: a band it is not entitled to is refused
   (403), an engine ``priority`` in the body is dropped.
+* Every route that takes a job, file or batch id answers 404 to another user's
+  key (and the test fails when a new id route is not tried).
 * Queue inspection is for admin keys only; any other key gets the 404 of an
   unknown URL.
 * Redis AUTH (``redis://:password@``) and TLS (``rediss://``) work through the
@@ -222,3 +224,43 @@ def test_every_process_talks_tls_to_redis_through_a_rediss_url(tmp_path: Path) -
                 client.ping()
         with _stack(url) as stack:
             _run_one_job(stack, "fq-demo-alice", "hello over TLS")
+
+
+@pytest.mark.integration
+async def test_every_route_that_takes_an_id_answers_404_to_another_users_key(
+    gateway: str, http: httpx.AsyncClient, redis_url: str
+) -> None:
+    line = orjson.dumps({"custom_id": "1", "method": "POST", "url": "/v1/chat/completions",
+                         "body": _chat() | {"stream": False}})  # fmt: skip
+    upload = await http.post("/v1/files", headers=ALICE, data={"purpose": "batch"},
+                             files={"file": ("in.jsonl", line + b"\n")})  # fmt: skip
+    file_id = upload.json()["id"]
+    spec = {"input_file_id": file_id, "endpoint": "/v1/chat/completions",
+            "completion_window": "24h"}  # fmt: skip
+    batch_id = (await http.post("/v1/batches", headers=ALICE, json=spec)).json()["id"]
+    async with http.stream("POST", "/v1/chat/completions", json=_chat(), headers=ALICE) as sent:
+        job_id = sent.headers["x-fairq-job-id"]
+        tried = {
+            ("GET", "/v1/jobs/{job_id}"): f"/v1/jobs/{job_id}",
+            ("DELETE", "/v1/jobs/{job_id}"): f"/v1/jobs/{job_id}",
+            ("GET", "/v1/files/{file_id}"): f"/v1/files/{file_id}",
+            ("GET", "/v1/files/{file_id}/content"): f"/v1/files/{file_id}/content",
+            ("DELETE", "/v1/files/{file_id}"): f"/v1/files/{file_id}",
+            ("GET", "/v1/batches/{batch_id}"): f"/v1/batches/{batch_id}",
+            ("POST", "/v1/batches/{batch_id}/cancel"): f"/v1/batches/{batch_id}/cancel",
+        }
+        for (method, _), path in tried.items():
+            response = await http.request(method, path, headers=BOB)
+            assert response.status_code == 404, (method, path, response.text)
+            assert response.json()["error"]["type"] == "invalid_request_error"
+        # Nor can another user start a batch from the file.
+        assert (await http.post("/v1/batches", headers=BOB, json=spec)).status_code == 404
+        # Still there for their owner: bob's attempts changed nothing.
+        for (method, _), path in tried.items():
+            if method == "GET":
+                assert (await http.get(path, headers=ALICE)).status_code == 200, path
+    # Every route of the gateway with an id in its path is tried above (a new one must be too).
+    schema = (await http.get("/openapi.json")).json()
+    id_routes = {(method.upper(), path) for path, ops in schema["paths"].items()
+                 for method in ops if "_id}" in path}  # fmt: skip
+    assert id_routes == set(tried)
