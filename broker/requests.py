@@ -27,14 +27,16 @@ class _Body(BaseModel):
     stream_options: dict[str, Any] | None = None
 
 
-class _Message(BaseModel):
+class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: str
+    # Text, or OpenAI's list of content parts; null for an assistant turn with tool calls.
+    content: str | list[dict[str, Any]] | None = None
 
 
 class ChatBody(_Body):
-    messages: list[_Message] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
 
 

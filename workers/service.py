@@ -180,8 +180,8 @@ class Worker:
         # less before the first token) and may tell us the job ended meanwhile.
         run = asyncio.ensure_future(runner.run(job))
         try:
-            attempt = await self._store.start(job, self.name)
-        except BaseException:  # Redis failed, or the job was cancelled meanwhile
+            attempt = await self._start(job)
+        except BaseException:  # the job was cancelled meanwhile (or the worker stops)
             run.cancel()  # either way the entry stays pending or is acked: nothing is lost
             self._writer.discard(job.job_id)
             raise
@@ -203,6 +203,20 @@ class Worker:
         self._finishing.add(job.job_id)
         if await self._writer.finish(job, outcome):
             self.telemetry.ended(job, outcome)
+
+    async def _start(self, job: Claimed) -> int | None:
+        """start.lua, retried while Redis is unreachable (a restart): a job given up here
+        would stay ``dispatched`` with its entry pending and nobody running it. A retry
+        after a lost reply is safe: start.lua answers its own worker as it did before."""
+        backoff = 0.05
+        while True:
+            try:
+                return await self._store.start(job, self.name)
+            except RedisError as exc:
+                log.warning("starting job %s failed (%s); retrying in %.2fs", job.job_id,
+                            exc, backoff)  # fmt: skip
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
 
     async def _cancel_job(self, job_id: str) -> None:
         self._drop(job_id)

@@ -20,7 +20,7 @@ from broker.gateway.body import read_body
 from broker.gateway.errors import json_response
 from broker.gateway.state import gateway_of
 
-_METADATA_PAIRS, _METADATA_KEY, _METADATA_VALUE = 16, 64, 512
+_METADATA_PAIRS, _METADATA_KEY, _METADATA_VALUE = METADATA_LIMITS = 16, 64, 512
 
 router = APIRouter()
 

@@ -27,6 +27,7 @@ from redis.asyncio import Redis
 from broker.auth import KeyRing
 from broker.errors import FairqError
 from broker.gateway.outcomes import SHUTDOWN
+from broker.gateway.restarts import RestartWatch
 from broker.jobs import JobState
 from broker.queue import JobQueue
 from broker.redis_conn import connect, connect_blocking
@@ -56,9 +57,12 @@ class Gateway:
         self._tasks: set[asyncio.Task[None]] = set()
         self._followed: dict[str, asyncio.Queue[ResultEvent]] = {}  # job id -> its events
         self._released = asyncio.Event()
+        self._restarts = RestartWatch(self.redis, self._followed)
+        self._watch: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self.reader.start()
+        self._watch = asyncio.create_task(self._restarts.run(), name="restart-watch")
 
     def track(self, job_id: str, events: asyncio.Queue[ResultEvent]) -> None:
         self._followed[job_id] = events
@@ -87,6 +91,9 @@ class Gateway:
                     await self._released.wait()
                 if self._tasks:
                     await asyncio.wait(self._tasks)
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
         await self.reader.close()
         await self.redis.aclose()
 

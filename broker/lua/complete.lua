@@ -32,6 +32,9 @@ if entry then
   redis.call('XDEL', KEYS[3], entry)
 end
 if st ~= 'dispatched' and st ~= 'running' then
+  if not st then  -- a job Redis lost in a crash: its chunks, written since, must expire too
+    redis.call('EXPIRE', KEYS[2], ARGV[3])
+  end
   return 0
 end
 local t = redis.call('TIME')

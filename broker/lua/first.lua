@@ -5,7 +5,9 @@
 -- KEYS[2] unstarted hash  fq:{m}:unstarted
 -- ARGV[1] wake channel: the endpoint's queue estimate just fell, so admission may open
 -- Returns 1 when this call took the job off the count, else 0.
-if redis.call('HSETNX', KEYS[1], 'ft', 1) == 0 then
+-- A job Redis no longer has (lost with the last second before a crash) stays gone: HSETNX
+-- would create a record of it with no state and no expiry.
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HSETNX', KEYS[1], 'ft', 1) == 0 then
   return 0
 end
 local endpoint = redis.call('HGET', KEYS[1], 'ep')

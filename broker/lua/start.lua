@@ -7,6 +7,11 @@
 -- when it is no longer startable (ended already, or gone: state '') and the worker must
 -- drop it.
 local st = redis.call('HGET', KEYS[1], 'st')
+if st == 'running' and redis.call('HGET', KEYS[1], 'w') == ARGV[1] then
+  -- A retry by the same worker whose first call ran but whose reply was lost (a Redis
+  -- restart): it still runs the job.
+  return {1, tonumber(redis.call('HGET', KEYS[1], 'att'))}
+end
 if st ~= 'dispatched' then
   return {0, st or ''}
 end
