@@ -49,6 +49,7 @@ from broker.status import (
     read_queues,
     read_status,
 )
+from broker.tasks import stop_task
 
 __all__ = [
     "ApiKeyConfig",
@@ -103,5 +104,6 @@ __all__ = [
     "read_latencies",
     "read_queues",
     "read_status",
+    "stop_task",
     "telemetry",
 ]

@@ -35,6 +35,7 @@ from redis.exceptions import RedisError
 
 from broker import keys
 from broker.jobs import JobState
+from broker.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +106,7 @@ class ResultReader:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None
         await self._blocking.aclose()
 

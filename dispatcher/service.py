@@ -45,6 +45,7 @@ from broker import (
     Newcomer,
     OwnershipStore,
     Settings,
+    stop_task,
     telemetry,
 )
 from dispatcher.admission import (
@@ -115,8 +116,9 @@ class Dispatcher:
             if self._scraper is not None:
                 background.append(tasks.create_task(self._scraper.run()))
             await stop.wait()
-            for task in background:
-                task.cancel()
+            # Ownership first: it gives the leases back, so other replicas take over now.
+            for task in [background[1], background[0], *background[2:], *loops.values()]:
+                await stop_task(task)
 
     def _own(
         self,

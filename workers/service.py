@@ -28,7 +28,7 @@ import httpx
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from broker import Claimed, ExecutionStore, JobState, ModelConfig, Outcome, Settings
+from broker import Claimed, ExecutionStore, JobState, ModelConfig, Outcome, Settings, stop_task
 from broker.execution import Reclaim, Reclaimed
 from workers import metrics
 from workers.cancel import CancelListener
@@ -102,7 +102,7 @@ class Worker:
                 await self._drain()
             finally:
                 for task in background:
-                    await _stop(task)
+                    await stop_task(task)
 
     def _keep_leases(self, runner: JobRunner) -> Coroutine[Any, Any, None]:
         async def on_reclaimed(taken: Reclaimed) -> None:
@@ -244,17 +244,6 @@ class Worker:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
         await self._writer.drain()
-
-
-async def _stop(task: asyncio.Task[None]) -> None:
-    """Cancel a background task and wait for its end. A cancel can be swallowed by a
-    library awaited at that moment (redis-py does, in some connection states), so it
-    is repeated until the task ends."""
-    while not task.done():
-        task.cancel()
-        await asyncio.wait([task], timeout=0.5)
-    with contextlib.suppress(asyncio.CancelledError):
-        task.result()
 
 
 async def _wait(event: asyncio.Event, timeout_s: float) -> None:

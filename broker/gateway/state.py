@@ -33,6 +33,7 @@ from broker.queue import JobQueue
 from broker.redis_conn import connect, connect_blocking
 from broker.results import ResultEvent, ResultReader
 from broker.settings import Settings
+from broker.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +93,7 @@ class Gateway:
                 if self._tasks:
                     await asyncio.wait(self._tasks)
         if self._watch is not None:
-            self._watch.cancel()
-            await asyncio.gather(self._watch, return_exceptions=True)
+            await stop_task(self._watch)
         await self.reader.close()
         await self.redis.aclose()
 
