@@ -66,6 +66,7 @@ from dispatcher.wake import WakeListener
 log = logging.getLogger(__name__)
 
 _MAX_EMPTY_ROUNDS = 3  # picks that found only emptied queues; each one cleans the backlog
+_LAZY_ROUND_S = 0.005  # the delay of a round that only refreshes room while nothing is queued
 _MAX_PICKS = 64  # per script call: a huge room (a static cap of 100,000) is served in rounds
 
 
@@ -173,6 +174,11 @@ class Dispatcher:
         backoff = 0.05
         event = wake.event(model.name)
         while not stop.is_set():
+            if not wake.urgent(model.name) and self._idle(model.name):
+                # Nothing is queued and no job arrived: the round only refreshes room and
+                # the express grant. Let the request that caused this wake-up (an express
+                # send, a first token) have the CPU first, and take any others with it.
+                await asyncio.sleep(_LAZY_ROUND_S)
             event.clear()  # before reading state, so a wake-up during the round is not lost
             try:
                 await self.dispatch_model(model, wake.take(model.name))
@@ -187,6 +193,11 @@ class Dispatcher:
                 await asyncio.wait_for(event.wait(), self._settings.dispatcher_idle_tick_s)
             except TimeoutError:
                 wake.mark_stale(model.name)  # the idle tick always reads afresh
+
+    def _idle(self, model: str) -> bool:
+        """No backlog in the model's last known state."""
+        view = self._views.get(model)
+        return view is not None and view.empty
 
     async def dispatch_model(
         self, model: ModelConfig, newcomers: Sequence[Newcomer] | None = None

@@ -32,6 +32,7 @@ class _ModelWake:
     event: asyncio.Event = field(default_factory=asyncio.Event)
     newcomers: list[Newcomer] = field(default_factory=list)
     stale: bool = True  # nothing is known until the first read
+    urgent: bool = True  # a job was queued (or the state is unknown) since the last round
 
 
 class WakeListener:
@@ -53,6 +54,7 @@ class WakeListener:
         """The newcomers since the last call, or None when a cached view is stale."""
         wake = self._by_model[model]
         newcomers, wake.newcomers = wake.newcomers, []
+        wake.urgent = False
         if wake.stale:
             wake.stale = False
             return None
@@ -60,6 +62,13 @@ class WakeListener:
 
     def mark_stale(self, model: str) -> None:
         self._by_model[model].stale = True
+        self._by_model[model].urgent = True
+
+    def urgent(self, model: str) -> bool:
+        """Whether a job was queued since the last ``take``: the other news (an express
+        send, a job that started or ended, a scrape) only refreshes room and grants,
+        which can wait a moment while nothing is queued."""
+        return self._by_model[model].urgent
 
     async def run(self) -> None:
         backoff = 0.05
@@ -69,7 +78,7 @@ class WakeListener:
             except RedisError as exc:
                 log.warning("wake subscription lost (%s); resubscribing", exc)
                 for wake in self._by_channel.values():
-                    wake.stale = True
+                    wake.stale = wake.urgent = True
                     wake.event.set()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
@@ -86,6 +95,7 @@ class WakeListener:
                 endpoint = express_endpoint(message["data"])
                 if endpoint is not None and self._on_express is not None:
                     self._on_express(wake.model, endpoint)
+                wake.urgent = wake.urgent or newcomer is not None or message["data"] == b"q"
                 if newcomer is None:
                     wake.stale = wake.stale or message["data"] != b"q"
                 elif len(wake.newcomers) < _MAX_HINTS:

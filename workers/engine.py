@@ -19,7 +19,7 @@ looked at event by event.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import httpx
@@ -133,15 +133,20 @@ async def stream_events(
     *,
     keep_usage: bool,
     timeout: httpx.Timeout,
+    on_response: Callable[[], None] | None = None,
 ) -> AsyncIterator[bytes]:
     """Yield complete SSE events as they arrive (several per item when they came together).
 
     ``timeout.read`` bounds the silence between two pieces: the engine's hang.
+    ``on_response`` is called once the engine answered with its headers (it has the
+    request), before the first event.
     """
     try:
         async with client.stream(
             "POST", url, content=payload, headers=_HEADERS, timeout=timeout
         ) as response:
+            if on_response is not None:
+                on_response()
             if response.status_code != 200:
                 raise EngineError.from_response(response.status_code, await response.aread())
             tail = b""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -51,6 +52,7 @@ def backoff_s(settings: Settings, attempt: int) -> float:
 @dataclass
 class _Progress:
     first_ms: int | None = None  # set when the first output went to the writer
+    on_sent: Callable[[], None] | None = None  # see ``JobRunner.run``
 
     @property
     def wrote(self) -> bool:
@@ -67,11 +69,15 @@ class JobRunner:
         )
         self.retries = 0  # engine calls made again
 
-    async def run(self, job: Claimed) -> Outcome:
-        """Execute the job at its endpoint; engine failures become a failed outcome."""
+    async def run(self, job: Claimed, on_sent: Callable[[], None] | None = None) -> Outcome:
+        """Execute the job at its endpoint; engine failures become a failed outcome.
+
+        ``on_sent`` is called when the engine has the request: a streamed request's
+        response headers arrived, or a non-streamed request is about to be sent.
+        """
         url = job.endpoint + job.kind.path
         payload = with_priority(job.payload, job.engine_priority)
-        progress = _Progress()
+        progress = _Progress(on_sent=on_sent)
         tries = self._settings.engine_max_tries
         for attempt in range(1, tries + 1):
             accounting = Accounting()
@@ -106,8 +112,9 @@ class JobRunner:
     ) -> None:
         keep_usage, timeout = job.stream_flag == "2", self._stream_timeout
         events_of = stream_events(
-            self._http, url, payload, accounting, keep_usage=keep_usage, timeout=timeout
-        )
+            self._http, url, payload, accounting, keep_usage=keep_usage, timeout=timeout,
+            on_response=progress.on_sent,
+        )  # fmt: skip
         async for events in events_of:
             if progress.first_ms is None:
                 progress.first_ms = int(time.time() * 1000)
@@ -119,6 +126,8 @@ class JobRunner:
         self, job: Claimed, url: str, payload: bytes, accounting: Accounting, progress: _Progress
     ) -> None:
         self._writer.mark_started(job)  # written with the next flush, once the request is out
+        if progress.on_sent is not None:
+            progress.on_sent()
         body = await complete(self._http, url, payload, accounting)
         progress.first_ms = int(time.time() * 1000)
         self._writer.body(job, body)

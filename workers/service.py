@@ -40,6 +40,8 @@ from workers.writer import ResultWriter
 
 log = logging.getLogger(__name__)
 
+_START_AFTER_SENT_S = 0.05  # the longest start.lua waits for the engine call
+
 _CLAIM_BLOCK_MS = 1000
 
 
@@ -177,9 +179,20 @@ class Worker:
 
     async def _run_claimed(self, runner: JobRunner, job: Claimed) -> None:
         # The engine call starts at once; start.lua runs alongside it (one round trip
-        # less before the first token) and may tell us the job ended meanwhile.
-        run = asyncio.ensure_future(runner.run(job))
+        # less before the first token) and may tell us the job ended meanwhile. It waits
+        # until the engine has the request (briefly at most), so that its round trip does
+        # not delay the request's own write on this busy event loop.
+        sent = asyncio.get_running_loop().create_future()
+
+        def mark_sent(*_: object) -> None:
+            if not sent.done():
+                sent.set_result(None)
+
+        run = asyncio.ensure_future(runner.run(job, mark_sent))
+        run.add_done_callback(mark_sent)
         try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(sent, _START_AFTER_SENT_S)
             attempt = await self._start(job)
         except BaseException:  # the job was cancelled meanwhile (or the worker stops)
             run.cancel()  # either way the entry stays pending or is acked: nothing is lost
@@ -224,7 +237,9 @@ class Worker:
     def _lose(self, job_id: str) -> None:
         """The lease on the job's entry is gone: drop the job, unless it is ending (then
         its entry was acknowledged just before the renewal, and complete.lua checks)."""
-        if job_id not in self._finishing:
+        # A renewal answered after the job ended and left (its entry was acknowledged
+        # meanwhile) is no loss: only a job still running here is dropped.
+        if job_id in self._running and job_id not in self._finishing:
             log.warning("job %s: this worker lost its lease; dropping it", job_id)
             self._drop(job_id)
 
