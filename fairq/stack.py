@@ -71,6 +71,7 @@ class Stack:
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     metrics_ports: dict[str, int] = field(default_factory=dict)  # process -> its /metrics port
     _redis: LocalRedis | None = None
+    _commands: dict[str, tuple[list[str], dict[str, str] | None]] = field(default_factory=dict)
     _dir: tempfile.TemporaryDirectory[str] | None = None
 
     @property
@@ -129,7 +130,19 @@ class Stack:
     def metrics_url(self, name: str) -> str:
         return f"http://127.0.0.1:{self.metrics_ports[name]}/metrics"
 
+    def kill_and_restart(self, name: str, down_s: float = 0.0) -> None:
+        """SIGKILL the child ``name`` (a crash: no cleanup runs), wait ``down_s``, start it
+        again with the same command; the gateway is back once it answers /readyz."""
+        process = self.processes[name]
+        process.kill()
+        process.wait()
+        time.sleep(down_s)
+        self._spawn(name, *self._commands[name])
+        if name == "api":
+            self._wait_http(f"{self.gateway_url}/readyz", 30.0)
+
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+        self._commands[name] = (args, env)
         self.processes[name] = subprocess.Popen(
             [sys.executable, "-m", "fairq", *args],
             env={**self.env, **(env or {})},
