@@ -17,7 +17,7 @@ from broker.batch import KINDS, BatchStore, FileStore
 from broker.errors import InvalidRequest
 from broker.gateway.auth import Caller
 from broker.gateway.body import read_body
-from broker.gateway.errors import json_response
+from broker.gateway.errors import json_response, list_response
 from broker.gateway.state import gateway_of
 
 _METADATA_PAIRS, _METADATA_KEY, _METADATA_VALUE = METADATA_LIMITS = 16, 64, 512
@@ -96,16 +96,7 @@ async def list_batches(
     after: str | None = None,
 ) -> Response:
     records, more = await _store(request).list(caller.user, limit, after)
-    data = [r.public() for r in records]
-    return json_response(
-        {
-            "object": "list",
-            "data": data,
-            "has_more": more,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-        }
-    )
+    return list_response([r.public() for r in records], more)
 
 
 @router.get("/v1/batches/{batch_id}")

@@ -33,6 +33,19 @@ def json_response(
     return Response(orjson.dumps(content), status, headers, media_type="application/json")
 
 
+def list_response(data: list[dict[str, object]], has_more: bool) -> Response:
+    """One page of an OpenAI list (files, batches): the ids around it for ``after``."""
+    return json_response(
+        {
+            "object": "list",
+            "data": data,
+            "has_more": has_more,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+        }
+    )
+
+
 def error_response(exc: FairqError, headers: dict[str, str] | None = None) -> Response:
     headers = dict(headers or {})
     if isinstance(exc, QueueFull):

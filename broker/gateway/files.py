@@ -20,7 +20,7 @@ from starlette.types import Message
 from broker.batch import FileStore
 from broker.errors import BodyTooLarge, InvalidRequest
 from broker.gateway.auth import Caller
-from broker.gateway.errors import json_response
+from broker.gateway.errors import json_response, list_response
 from broker.gateway.state import gateway_of
 
 _FRAMING_BYTES = 64 * 1024  # multipart boundaries and the other fields
@@ -99,16 +99,7 @@ async def list_files(
     records, more = await _store(request).list(
         caller.user, limit, after, purpose, newest_first=order == "desc"
     )
-    data = [r.public() for r in records]
-    return json_response(
-        {
-            "object": "list",
-            "data": data,
-            "has_more": more,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-        }
-    )
+    return list_response([r.public() for r in records], more)
 
 
 @router.get("/v1/files/{file_id}")
