@@ -109,7 +109,8 @@ class Stack:
         for i in range(self.workers):
             self._spawn(f"worker-{i}", ["worker"], self._metrics_env(f"worker-{i}"))
         for i in range(self.batch_workers if self.gateway else 0):
-            self._spawn(f"batch-worker-{i}", ["batch-worker"])
+            name = f"batch-worker-{i}"
+            self._spawn(name, ["batch-worker"], self._metrics_env(name))
         if self.gateway:
             self._spawn("api", ["api", "--host", "127.0.0.1", "--port", str(self.gateway_port)])
             self._wait_http(f"{self.gateway_url}/readyz", timeout_s)

@@ -12,6 +12,7 @@ import openai
 import orjson
 import pytest
 from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
 from servers import uvicorn_thread
 
 from broker import Settings, hash_key
@@ -96,6 +97,26 @@ def test_a_batch_runs_to_completion_through_the_openai_client(stack: Stack) -> N
     assert first["response"]["body"]["choices"][0]["message"]["content"]
     assert first["response"]["request_id"]
     assert batch.id in [b.id for b in client.batches.list()]
+
+
+def test_the_batch_worker_counts_ended_lines_and_batches_on_its_metrics(stack: Stack) -> None:
+    client = client_of(stack)
+    data = b"\n".join(chat_line(f"m-{i}") for i in range(5)) + b"\n"
+    uploaded = client.files.create(file=("m.jsonl", io.BytesIO(data)), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")  # fmt: skip
+    assert wait_for(client, batch.id, ("completed", "failed")).status == "completed"
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(
+            httpx.get(stack.metrics_url("batch-worker-0"), timeout=5).text
+        )
+        for s in family.samples
+    }
+    # This module's batches all ran on this one batch worker: at least this one's 5 lines.
+    lines = samples[("fairq_batch_requests_total", (("model", MODEL), ("state", "completed")))]
+    assert lines >= 5
+    assert samples[("fairq_batches_ended_total", (("status", "completed"),))] >= 1
 
 
 def test_listing_batches_pages_with_limit_and_after(stack: Stack) -> None:

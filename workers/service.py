@@ -134,6 +134,9 @@ class Worker:
                 log.warning("claiming jobs failed (%s); retrying in %.2fs", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
+                if "NOGROUP" in str(exc):  # Redis lost its data: the group must be made again
+                    with contextlib.suppress(RedisError):
+                        await self._store.ensure_groups(self._models)
                 continue
             for entry in claimed:
                 self._spawn(entry, self._run_claimed(runner, entry))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from broker import keys
+from broker import keys, telemetry
 from broker.batch.context import StepContext
 from broker.batch.lines import LineError, error_record, failed_body, response_record
 from broker.jobs import JobState, model_of
@@ -70,14 +70,19 @@ async def harvest(ctx: StepContext, lines: list[PendingLine]) -> int:
     bodies = await _bodies(ctx, [line for line, st, _ in ended if st == b"completed"])
     b = ctx.batch_id
     record_keys = [keys.batch(b), keys.batch_results(b), keys.batch_pending(b)]
+    counters = []
     async with ctx.redis.pipeline(transaction=False) as pipe:
         for line, st, err in ended:
             record = _record(b, line, st, err, bodies.get(line.job_id))
-            counter = "completed" if record[:1] == b"o" else "failed"
+            counters.append("completed" if record[:1] == b"o" else "failed")
             await ctx.record(
-                keys=record_keys, args=[line.number, counter, record, line.member], client=pipe
-            )
-        await pipe.execute()
+                keys=record_keys, args=[line.number, counters[-1], record, line.member],
+                client=pipe,
+            )  # fmt: skip
+        recorded = await pipe.execute()
+    for (line, _, _), counter, first_time in zip(ended, counters, recorded, strict=True):
+        if first_time:  # a line recorded by an earlier pass is not counted again
+            telemetry.batch_request_ended(line.model, counter)
     async with ctx.redis.pipeline(transaction=False) as pipe:
         for line, _, _ in ended:
             pipe.delete(keys.job(line.model, line.job_id), keys.results(line.model, line.job_id))

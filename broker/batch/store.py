@@ -25,7 +25,7 @@ import orjson
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
-from broker import keys
+from broker import keys, telemetry
 from broker.auth import Principal
 from broker.batch.errors import NotCancellable
 from broker.errors import NotFound
@@ -183,6 +183,8 @@ class BatchStore:
         for name, value in fields.items():
             args += [name, value]
         moved, status = await self._status(keys=[keys.batch(batch_id)], args=args)
+        if moved and to in TERMINAL:
+            telemetry.batch_ended(to)
         return bool(moved), status.decode() if isinstance(status, bytes) else str(status)
 
     async def cancel(self, batch_id: str, owner: str) -> BatchRecord:

@@ -20,6 +20,7 @@ from rq.scheduler import RQScheduler
 from broker import keys
 from broker.batch.jobs import sweep
 from broker.settings import Settings
+from broker.telemetry import serve_metrics
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ class BatchWorker(SimpleWorker):
 
 def run_batch_worker(settings: Settings) -> None:
     """Run a batch worker until SIGINT or SIGTERM (RQ's warm shutdown: the step finishes)."""
+    serve_metrics(settings)  # batch lines and batches ended, on metrics_port
     connection = SyncRedis.from_url(settings.require_redis_url())
     worker = BatchWorker(settings, connection)
     log.info("batch worker %s on queue %s", worker.name, keys.BATCH_QUEUE)
