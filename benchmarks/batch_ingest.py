@@ -10,16 +10,14 @@ beyond the line's own bytes. ``python -m benchmarks.batch_ingest``.
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 import click
 import httpx
 import redis
 
 from benchmarks._batch_common import batch_file, create, upload, wait_status
-from benchmarks.stats import machine, markdown_table
+from benchmarks.stats import machine, markdown_table, save
 from fairq.localredis import free_port
 from fairq.stack import DEMO_MODELS, Stack, demo_config
 
@@ -90,10 +88,8 @@ def render(result: dict[str, object]) -> str:
 def main(lines: int, out: str) -> None:
     """Ingest a large batch file: seconds to in_progress and Redis memory per queued line."""
     result = run(lines)
-    Path(out).mkdir(parents=True, exist_ok=True)
-    Path(out, "batch_ingest.json").write_text(json.dumps(result, indent=2))
     text = render(result)
-    Path(out, "batch_ingest.md").write_text(text + "\n")
+    save(out, "batch_ingest", result, text)
     click.echo(text)
 
 

@@ -13,16 +13,14 @@ simulator's timings are estimates of an engine, not a GPU's.
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 import click
 import httpx
 import orjson
 
 from benchmarks._batch_common import batch_file, create, upload, wait_status
-from benchmarks.stats import machine, markdown_table, median, pct
+from benchmarks.stats import machine, markdown_table, median, pct, save
 from fairq.localredis import free_port
 from fairq.stack import DEMO_MODELS, Stack, demo_config
 
@@ -130,10 +128,8 @@ def render(result: dict[str, object]) -> str:
 def main(lines: int, requests: int, tokens: int, batch_tokens: int, out: str) -> None:
     """Interactive TTFT, idle and while a batch runs (p50/p95 and their ratio)."""
     result = run(lines, requests, tokens, batch_tokens)
-    Path(out).mkdir(parents=True, exist_ok=True)
-    Path(out, "batch_ttft.json").write_text(json.dumps(result, indent=2))
     text = render(result)
-    Path(out, "batch_ttft.md").write_text(text + "\n")
+    save(out, "batch_ttft", result, text)
     click.echo(text)
 
 

@@ -14,7 +14,6 @@ Run with ``python -m benchmarks.dispatch`` (part of ``make bench``).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import psutil
 import redis
 import yaml
 
-from benchmarks.stats import machine, markdown_table
+from benchmarks.stats import machine, markdown_table, save
 from broker import JobQueue, RequestKind, Settings, Submission, connect, keys
 from fairq.localredis import LocalRedis
 
@@ -133,9 +132,9 @@ def main(jobs: int, out: str) -> None:
     }
     result = {"benchmark": "dispatch", "machine": machine(), "cases": cases,
               "user_slowdown": slowdown}  # fmt: skip
-    Path(out).mkdir(parents=True, exist_ok=True)
-    Path(out, "dispatch.json").write_text(json.dumps(result, indent=2))
-    click.echo(render(result))
+    text = render(result)
+    save(out, "dispatch", result, text)
+    click.echo(text)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ Run with ``python -m benchmarks.jobrate``.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -37,7 +36,7 @@ import yaml
 from rq import Queue
 
 from benchmarks._rq_job import complete
-from benchmarks.stats import machine, markdown_table
+from benchmarks.stats import machine, markdown_table, save
 from broker import AsyncClient, Settings
 from fairq.localredis import LocalRedis, free_port
 from fairq.stack import DEMO_MODELS, Stack, demo_config
@@ -154,9 +153,9 @@ def render(result: dict[str, Any]) -> str:
 @click.option("--out", default="bench-out", show_default=True, type=click.Path())
 def main(jobs: int, rq_jobs: int, concurrency: int, out: str) -> None:
     result = run(jobs, rq_jobs, concurrency)
-    Path(out).mkdir(parents=True, exist_ok=True)
-    Path(out, "jobrate.json").write_text(json.dumps(result, indent=2))
-    click.echo(render(result))
+    text = render(result)
+    save(out, "jobrate", result, text)
+    click.echo(text)
 
 
 if __name__ == "__main__":

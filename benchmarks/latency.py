@@ -13,17 +13,15 @@ The simulator's timings are estimates of an engine, not a GPU's. Run with
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import click
 import httpx
 import orjson
 import psutil
 
-from benchmarks.stats import machine, markdown_table, median, pct
+from benchmarks.stats import machine, markdown_table, median, pct, save
 from fairq.localredis import free_port
 from fairq.stack import DEMO_MODELS, Stack, demo_config
 
@@ -140,9 +138,9 @@ def render(result: dict[str, object]) -> str:
 @click.option("--out", default="bench-out", show_default=True, type=click.Path())
 def main(requests: int, tokens: int, out: str) -> None:
     result = run(requests, tokens)
-    Path(out).mkdir(parents=True, exist_ok=True)
-    Path(out, "latency.json").write_text(json.dumps(result, indent=2))
-    click.echo(render(result))
+    text = render(result)
+    save(out, "latency", result, text)
+    click.echo(text)
 
 
 if __name__ == "__main__":

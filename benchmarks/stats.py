@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def pct(values: Sequence[float], p: float) -> float:
@@ -38,3 +40,10 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> s
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def save(out: str, name: str, result: dict[str, object], text: str) -> None:
+    """Write a benchmark's figures (``name``.json) and table (``name``.md) to ``out``."""
+    Path(out).mkdir(parents=True, exist_ok=True)
+    Path(out, f"{name}.json").write_text(json.dumps(result, indent=2))
+    Path(out, f"{name}.md").write_text(text + "\n")
