@@ -7,13 +7,27 @@ token (first content chunk) and inter-token delay (gaps between content chunks
 as the client receives them), p50 and p99, the differences, and the CPU the
 worker and gateway spent per 1,000 streamed tokens.
 
+With ``--load 0.5`` the same probes run while a background load keeps the engine at
+half its capacity: first the engine's capacity is measured in the same run (the
+simulator saturated directly with twice as many streams as it batches, each sent again
+as it ends: requests completed per second, ``benchmarks._load.capacity``), then another
+user sends Poisson arrivals of the same shape at ``load`` x that rate through fairq (as
+all traffic would go in production), from a process of its own, while the probes run.
+The engine's running and waiting requests are sampled from its /metrics during the
+probes to show the load it saw.
+
 The simulator's timings are estimates of an engine, not a GPU's. Run with
 ``python -m benchmarks.latency`` (``make bench``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import click
@@ -21,11 +35,13 @@ import httpx
 import orjson
 import psutil
 
+from benchmarks._load import Target, capacity
 from benchmarks.stats import machine, markdown_table, median, pct, save
 from fairq.localredis import free_port
 from fairq.stack import DEMO_MODELS, Stack, demo_config
 
 KEY = "fq-demo-alice"
+BACKGROUND_KEY = "fq-demo-bob"  # the background load is another user's
 
 
 @dataclass
@@ -68,24 +84,91 @@ def cpu_s(pids: list[int]) -> float:
     return total
 
 
-def run(requests: int, tokens: int) -> dict[str, object]:
+@dataclass
+class Load:
+    """The background load of a run under load, and what the engine showed meanwhile."""
+
+    fraction: float
+    tokens: int
+    capacity_rps: float = 0.0
+    background: dict[str, object] = field(default_factory=dict)
+    running: list[float] = field(default_factory=list)  # engine samples during the probes
+    waiting: list[float] = field(default_factory=list)
+
+    def public(self) -> dict[str, object]:
+        return {
+            "fraction_of_capacity": self.fraction, "tokens_per_request": self.tokens,
+            "capacity_rps": self.capacity_rps, "target_rps": self.fraction * self.capacity_rps,
+            "background": self.background, "engine_running_mean": _mean(self.running),
+            "engine_waiting_mean": _mean(self.waiting),
+        }  # fmt: skip
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def sample_engine(client: httpx.Client, sim_url: str, load: Load) -> None:
+    """One reading of the engine's running and waiting requests (its own /metrics)."""
+    for line in client.get(f"{sim_url}/metrics").text.splitlines():
+        if line.startswith("vllm:num_requests_running"):
+            load.running.append(float(line.rsplit(" ", 1)[1]))
+        elif line.startswith("vllm:num_requests_waiting"):
+            load.waiting.append(float(line.rsplit(" ", 1)[1]))
+
+
+@contextmanager
+def background(stack: Stack, load: Load, sim_url: str) -> Iterator[None]:
+    """Measure the engine's capacity, then keep ``load.fraction`` of it coming through
+    fairq from another process for the duration of the block."""
+    direct = Target(f"{sim_url}/v1/chat/completions", DEMO_MODELS[0], load.tokens)
+    load.capacity_rps = asyncio.run(capacity(direct, streams=64, seconds=10))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks._load", "--url",
+         f"{stack.gateway_url}/v1/chat/completions", "--model", DEMO_MODELS[0],
+         "--tokens", str(load.tokens), "--rate", str(load.fraction * load.capacity_rps),
+         "--key", BACKGROUND_KEY],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        time.sleep(3)  # the engine reaches its steady running set
+        yield
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=60)
+        load.background = orjson.loads(out) if out.strip() else {"error": "no report"}
+
+
+def run(requests: int, tokens: int, load: Load | None = None) -> dict[str, object]:
     sim_ports = [free_port(), free_port()]
     stack = Stack(demo_config(sim_ports), gateway_port=free_port(),
                   sims=dict(zip(sim_ports, DEMO_MODELS, strict=True)))  # fmt: skip
+    sim_url = f"http://127.0.0.1:{sim_ports[0]}"
     with stack, httpx.Client(timeout=30) as client:
-        direct = Arm("direct", f"http://127.0.0.1:{sim_ports[0]}/v1/chat/completions", {})
+        direct = Arm("direct", f"{sim_url}/v1/chat/completions", {})
         fairq = Arm("fairq", f"{stack.gateway_url}/v1/chat/completions",
                     {"Authorization": f"Bearer {KEY}"})  # fmt: skip
         for arm in (direct, fairq):  # warm-up: connections, script cache, JIT-free but lazy paths
             for _ in range(5):
                 one_request(client, Arm(arm.name, arm.url, arm.headers), tokens)
         fairq_pids = [p.pid for n, p in stack.processes.items() if n in ("api", "worker-0")]
-        cpu_before = cpu_s(fairq_pids)
-        for _ in range(requests):
-            one_request(client, direct, tokens)
-            one_request(client, fairq, tokens)
-        cpu_fairq = cpu_s(fairq_pids) - cpu_before
-    return report(direct, fairq, cpu_fairq, requests, tokens)
+        with background(stack, load, sim_url) if load else _nothing():
+            cpu_before = cpu_s(fairq_pids)
+            for i in range(requests):
+                one_request(client, direct, tokens)
+                one_request(client, fairq, tokens)
+                if load and i % 10 == 0:
+                    sample_engine(client, sim_url, load)
+            cpu_fairq = cpu_s(fairq_pids) - cpu_before
+    result = report(direct, fairq, cpu_fairq, requests, tokens)
+    if load:
+        result["load"] = load.public()
+    return result
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
 
 
 def summary(arm: Arm) -> dict[str, float]:
@@ -128,18 +211,44 @@ def render(result: dict[str, object]) -> str:
         f"{table}\n\n{result['requests_per_arm']} requests per arm, "
         f"{result['tokens_per_request']} tokens each, one at a time, {m['cores']} cores; "
         f"worker+gateway CPU {result['fairq_cpu_ms_per_1000_tokens']:.0f} ms per 1,000 tokens. "
-        f"{result['note']}."
+        f"{result['note']}.{_render_load(result.get('load'))}"
+    )
+
+
+def _render_load(load: object) -> str:
+    if not isinstance(load, dict):
+        return ""
+    bg = load["background"]
+    return (
+        f"\n\nUnder load: engine capacity {load['capacity_rps']:.1f} requests/s "
+        f"({load['tokens_per_request']}-token streamed requests, measured first, saturated "
+        f"directly); background through fairq at {load['fraction_of_capacity']:.0%} of it: "
+        f"target {load['target_rps']:.1f}/s, sent {bg.get('rate_per_s', float('nan')):.1f}/s, "
+        f"{bg.get('ended_ok')} ended well, {bg.get('failed')} failed; engine running "
+        f"{load['engine_running_mean']:.1f} requests on average (of its batch of 32), "
+        f"waiting {load['engine_waiting_mean']:.1f}."
     )
 
 
 @click.command()
 @click.option("--requests", default=500, show_default=True, help="requests per arm")
 @click.option("--tokens", default=16, show_default=True, help="output tokens per request")
+@click.option(
+    "--load",
+    "fraction",
+    default=0.0,
+    show_default=True,
+    help="background load as a fraction of the engine's measured capacity (0: idle)",
+)
+@click.option(
+    "--load-tokens", default=64, show_default=True, help="output tokens per background request"
+)
 @click.option("--out", default="bench-out", show_default=True, type=click.Path())
-def main(requests: int, tokens: int, out: str) -> None:
-    result = run(requests, tokens)
+def main(requests: int, tokens: int, fraction: float, load_tokens: int, out: str) -> None:
+    load = Load(fraction, load_tokens) if fraction > 0 else None
+    result = run(requests, tokens, load)
     text = render(result)
-    save(out, "latency", result, text)
+    save(out, "latency_load" if load else "latency", result, text)
     click.echo(text)
 
 
