@@ -65,7 +65,8 @@ async def capacity(target: Target, streams: int, seconds: float) -> float:
     async def loop(client: httpx.AsyncClient) -> None:
         nonlocal ended
         while time.monotonic() < stop_at:
-            ended += await one(client, target)
+            ok = await one(client, target)  # not `ended += await ...`: that reads first
+            ended += ok
 
     async with _client(streams) as client:
         await asyncio.gather(*(one(client, target) for _ in range(streams)))  # warm-up
