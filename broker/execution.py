@@ -145,7 +145,8 @@ class ExecutionStore:
         """Record that ``worker`` runs the job; its attempt number, or None (and acked)
         when the job ended meanwhile and must be dropped."""
         reply = await self._scripts.start(
-            keys=[keys.job(claimed.model, claimed.job_id)], args=[worker]
+            keys=[keys.job(claimed.model, claimed.job_id), keys.transit(claimed.model)],
+            args=[worker],
         )
         if reply[0] == 1:
             return int(reply[1])
@@ -175,10 +176,11 @@ class ExecutionStore:
         prompt_cost = config.prompt_token_cost if config else 1.0
         output_cost = config.output_token_cost if config else 1.0
         pipe.evalsha(
-            self._scripts.complete.sha, 8,
+            self._scripts.complete.sha, 9,
             keys.job(model, job.job_id), keys.results(model, job.job_id),
             keys.ready(model), keys.inflight(model), keys.unstarted(model),
             keys.backlog(model, job.band), keys.user_counts(model), keys.dead_letters(model),
+            keys.transit(model),
             outcome.state.value, keys.READY_GROUP, self._settings.result_ttl_s,
             keys.wake_channel(model), _json(outcome.error), _json(outcome.usage),
             outcome.finish_reason or "", outcome.first_token_ms or "",
@@ -213,7 +215,7 @@ class ExecutionStore:
         """Take over up to ``count`` entries whose lease lapsed; each with its fate."""
         s = self._settings
         reply = await self._reclaim(
-            keys=[keys.ready(model), keys.unstarted(model)],
+            keys=[keys.ready(model), keys.unstarted(model), keys.transit(model)],
             args=[
                 keys.READY_GROUP, worker, s.lease_ms, count, keys.job_prefix(model),
                 keys.results_prefix(model), s.job_max_attempts,
