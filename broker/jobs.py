@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import orjson
 
+from broker import keys
+
 
 class JobState(enum.StrEnum):
     QUEUED = "queued"
@@ -66,9 +68,20 @@ def _ms(value: bytes | None) -> int | None:
     return int(value) if value else None
 
 
+def _enqueued_ms(h: dict[bytes, bytes]) -> int | None:
+    """'tq', or for a queued job (which keeps no 'tq') its queue entry's time ('qe' = ms-seq)."""
+    queued = h.get(b"tq") or h.get(b"qe", b"").partition(b"-")[0]
+    return int(queued) if queued else None
+
+
+def owner_of(h: dict[bytes, bytes]) -> str:
+    """The API key's user that owns a job: 'o', kept only where it differs from 'u'."""
+    return (h.get(b"o") or h.get(b"u") or b"").decode()
+
+
 @dataclass(frozen=True)
 class JobRecord:
-    """A job as stored in its hash (fields of ``fq:{m}:job:{id}``)."""
+    """A job as stored in its hash (fields of ``fq:{m}:job:{id}``, see ``broker.keys``)."""
 
     id: str
     model: str
@@ -96,17 +109,18 @@ class JobRecord:
             return value.decode() if value else None
 
         usage, error = h.get(b"usage"), h.get(b"err")
+        band = s(b"b") or ""
         return cls(
             id=job_id,
             model=model,
             state=JobState(h[b"st"].decode()),
             user=s(b"u") or "",
-            tenant=s(b"tn") or "",
-            band=s(b"b") or "",
+            tenant=s(b"tn") or keys.tenant_of_field(band, s(b"tnf") or ""),
+            band=band,
             kind=RequestKind(s(b"k") or "chat"),
             stream=h.get(b"s") in (b"1", b"2"),
             endpoint=s(b"ep"),
-            enqueued_ms=_ms(h.get(b"tq")),
+            enqueued_ms=_enqueued_ms(h),
             dispatched_ms=_ms(h.get(b"td")),
             started_ms=_ms(h.get(b"tr")),
             first_token_ms=_ms(h.get(b"tf")),

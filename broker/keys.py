@@ -79,6 +79,11 @@ def tenant_field(band: str, tenant: str) -> str:
     return f"tn:{band}:{tenant}"
 
 
+def tenant_of_field(band: str, field: str) -> str:
+    """The tenant named by ``tenant_field(band, tenant)`` (a job hash keeps only the field)."""
+    return field.removeprefix(f"tn:{band}:")
+
+
 # The express grant in ``meta``: the dispatcher lets enqueue.lua send up to ``xn:{band}`` new
 # jobs straight to endpoint ``xep`` until ``xexp`` (ms), while nothing is queued. ``xs`` counts
 # every express send and dispatch, so a grant computed before one of them is refused.

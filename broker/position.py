@@ -19,8 +19,10 @@ from redis.asyncio import Redis
 
 from broker import keys
 from broker.jobs import JobRecord
+from broker.scripts import Scripts
 
 _MAX_USERS_READ = 1000  # beyond: the estimate counts the first 1000 users of the band
+_MAX_OWN_AHEAD = 100_000  # the user's own jobs counted ahead, at most (position.lua)
 _RATE_FRESH_MS = 60_000
 
 
@@ -46,22 +48,25 @@ class QueuePosition:
         return {"jobs_ahead": self.jobs_ahead, "estimated_wait_s": self.estimated_wait_s}
 
     @classmethod
-    async def read(cls, redis: Redis, job: JobRecord, bands: Sequence[str]) -> QueuePosition:
+    async def read(
+        cls, redis: Redis, scripts: Scripts, job: JobRecord, bands: Sequence[str]
+    ) -> QueuePosition:
         m, band = job.model, job.band
         higher = list(bands[: bands.index(band)]) if band in bands else []
         async with redis.pipeline(transaction=False) as pipe:
             pipe.hmget(keys.queued_counts(m), higher or ["-"])
-            pipe.xrange(keys.queue(m, band, job.user), "-", "+", count=100_000)
+            own_keys = [keys.job(m, job.id), keys.queue(m, band, job.user)]
+            await scripts.position(keys=own_keys, args=[_MAX_OWN_AHEAD], client=pipe)
             pipe.zrange(keys.backlog(m, band), 0, _MAX_USERS_READ - 1, withscores=True)
             pipe.hmget(keys.meta(m), ["rate", "rate_ms"])
             pipe.time()
-            counts, own_queue, users, rate, now = await pipe.execute()
+            counts, own_index, users, rate, now = await pipe.execute()
         turn = {u.decode(): (score, u.decode()) for u, score in users}  # Redis's order
         own_turn = turn.get(job.user, (float("inf"), job.user))
         others = [u for u in turn if u != job.user]
         lengths = dict(zip(others, await _queue_lengths(redis, m, band, others), strict=True))
         ahead = jobs_ahead(
-            _index_of(own_queue, job.id),
+            max(int(own_index), 0),  # -1: it left the queue meanwhile
             [lengths[u] for u in others if turn[u] < own_turn],
             [lengths[u] for u in others if turn[u] > own_turn],
             sum(int(c or 0) for c in counts),
@@ -76,11 +81,6 @@ def _wait_s(ahead: int, rate: list[bytes | None], now: tuple[int, int]) -> float
     if not per_s or not at_ms or now_ms - int(at_ms) > _RATE_FRESH_MS or float(per_s) <= 0:
         return None
     return round(ahead / float(per_s), 1)
-
-
-def _index_of(entries: list[tuple[bytes, dict[bytes, bytes]]], job_id: str) -> int:
-    wanted = job_id.encode()
-    return next((i for i, (_, f) in enumerate(entries) if f.get(b"j") == wanted), 0)
 
 
 async def _queue_lengths(redis: Redis, model: str, band: str, users: list[str]) -> list[int]:

@@ -14,7 +14,7 @@ from redis.exceptions import RedisError
 
 from broker import keys, telemetry
 from broker.errors import BrokerUnavailable, NotFound, QueueFull
-from broker.jobs import JobRecord, JobState, RequestKind, model_of, new_job_id
+from broker.jobs import JobRecord, JobState, RequestKind, model_of, new_job_id, owner_of
 from broker.position import QueuePosition
 from broker.scripts import Scripts
 from broker.settings import Settings
@@ -120,7 +120,7 @@ class JobQueue:
             h = await self._redis.hgetall(keys.job(model, job_id))
         except RedisError as exc:
             raise BrokerUnavailable(f"could not read job {job_id!r}: {exc}") from exc
-        if not h or (owner is not None and h.get(b"o", b"").decode() != owner):
+        if not h or (owner is not None and owner_of(h) != owner):
             raise NotFound(f"no job with id {job_id!r}")
         return JobRecord.from_hash(job_id, model, h)
 
@@ -129,7 +129,7 @@ class JobQueue:
         if job.state is not JobState.QUEUED:
             return None
         try:
-            return await QueuePosition.read(self._redis, job, self._settings.bands)
+            return await QueuePosition.read(self._redis, self._scripts, job, self._settings.bands)
         except RedisError as exc:
             raise BrokerUnavailable(f"could not read the queue of job {job.id!r}: {exc}") from exc
 

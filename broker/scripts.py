@@ -29,6 +29,7 @@ class Scripts:
     first: AsyncScript
     grant: AsyncScript
     lease: AsyncScript
+    position: AsyncScript
 
     @classmethod
     def bind(cls, redis: Redis) -> Scripts:

@@ -24,7 +24,7 @@
 --   the user's score, and let newcomers join at the user's score before the charge
 --   (token-fair). The charge is cost x (the tenant's backlogged users) / the key's weight:
 --   tenants share by weight, and users inside a tenant share their tenant's part equally.
--- The ready entry carries the payload (moved out of the job hash), so a worker can call
+-- The ready entry carries the payload (moved from the queue entry), so a worker can call
 -- the engine as soon as it reads the entry; the entry is deleted when the job ends.
 -- An engine priority orders by band first, then by how many jobs the user already has in
 -- the engine (lower is sooner), so a light user's request passes a flood in the engine.
@@ -41,32 +41,38 @@ local FIXED = 7  -- KEYS before the band backlogs
 local picks = #KEYS - FIXED - bands
 local BAND_STEP = 1000000
 
+-- The head entry of a user's queue: its job id and payload ({'j', id, 'p', payload}).
 local function pop_head(queue)
   local head = redis.call('XRANGE', queue, '-', '+', 'COUNT', 1)
   if #head == 0 then
     return nil
   end
   redis.call('XDEL', queue, head[1][1])
-  return head[1][2][2]
+  return head[1][2][2], head[1][2][4]
 end
 
 -- The ready entry and counts mirror enqueue.lua's express branch: change both together.
-local function to_ready(job_id, band)
+local function to_ready(job_id, payload, band)
   local job = ARGV[2] .. job_id
-  if redis.call('HGET', job, 'st') ~= 'queued' then
+  local f = redis.call('HMGET', job, 'st', 'k', 's', 'b', 'u', 'qe')
+  if f[1] ~= 'queued' then
     return ''
   end
-  local f = redis.call('HMGET', job, 'p', 'k', 's', 'b', 'u')
+  if not payload then  -- queued before payloads moved to the queue entry
+    payload = redis.call('HGET', job, 'p')
+    redis.call('HDEL', job, 'p')
+  end
   local in_engine = redis.call('HINCRBY', KEYS[5], f[5], 1) - 1
   local priority = ''
   if ARGV[7] == '1' then
     priority = (band - 1) * BAND_STEP + in_engine
   end
   local entry = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*',
-    'j', job_id, 'ep', ARGV[1], 'p', f[1], 'k', f[2], 's', f[3], 'b', f[4], 'u', f[5],
+    'j', job_id, 'ep', ARGV[1], 'p', payload, 'k', f[2], 's', f[3], 'b', f[4], 'u', f[5],
     'pr', priority)
-  redis.call('HSET', job, 'st', 'dispatched', 'td', now_ms, 'ep', ARGV[1], 're', entry)
-  redis.call('HDEL', job, 'p')
+  local queued_ms = string.match(f[6] or '', '^%d+') or now_ms  -- 'qe' is 'ms-seq'
+  redis.call('HSET', job, 'st', 'dispatched', 'tq', queued_ms, 'td', now_ms, 'ep', ARGV[1],
+    're', entry)
   redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
   redis.call('HINCRBY', KEYS[4], ARGV[1], 1)
   redis.call('HINCRBY', KEYS[7], ARGV[1], 1)
@@ -80,10 +86,10 @@ for i = 1, picks do
   ids[i] = ''
   if tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') < cap then
     local score, join = ARGV[a + 2], ARGV[a + 3]
-    local job_id = pop_head(queue)
+    local job_id, payload = pop_head(queue)
     if job_id then
       redis.call('HINCRBY', KEYS[6], ARGV[8 + bands + band], -1)
-      ids[i] = to_ready(job_id, band)
+      ids[i] = to_ready(job_id, payload, band)
       if score == 'cost' then
         local job = ARGV[2] .. job_id
         local f = redis.call('HMGET', job, 'ce', 'w', 'tnf')

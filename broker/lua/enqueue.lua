@@ -12,7 +12,7 @@
 -- KEYS[8] unstarted hash      fq:{m}:unstarted
 -- KEYS[9] user counts         fq:{m}:users
 -- KEYS[10] transit hash       fq:{m}:transit
--- ARGV[1] job id   ARGV[2] user   ARGV[3] tenant   ARGV[4] band
+-- ARGV[1] job id   ARGV[2] user   ARGV[3] tenant (kept only inside ARGV[14])   ARGV[4] band
 -- ARGV[5] kind (chat|completion)   ARGV[6] stream flag (0|1|2)   ARGV[7] payload (JSON)
 -- ARGV[8] max queued jobs per user   ARGV[9] wake channel   ARGV[10] meta join field
 -- ARGV[11] owner (the API key's user; may differ from the fairness user of a trusted app)
@@ -58,8 +58,13 @@ local function express_endpoint()
 end
 
 local endpoint = express_endpoint()
-redis.call('HSET', KEYS[1], 'u', ARGV[2], 'tn', ARGV[3], 'b', ARGV[4], 'k', ARGV[5],
-  's', ARGV[6], 'tq', now_ms, 'o', ARGV[11], 'ce', ARGV[12], 'w', ARGV[13], 'tnf', ARGV[14])
+-- A queued job's hash stays small (see keys.py, "a queued job's bytes"): no payload (it
+-- rides in the queue entry), no field that is derived ('tn' from 'tnf', 'tq' from 'qe') or
+-- at its default (owner 'o' = the user, weight 'w' = 1), so Redis keeps it as a listpack.
+redis.call('HSET', KEYS[1], 'u', ARGV[2], 'b', ARGV[4], 'k', ARGV[5], 's', ARGV[6],
+  'ce', ARGV[12], 'tnf', ARGV[14])
+if ARGV[11] ~= ARGV[2] then redis.call('HSET', KEYS[1], 'o', ARGV[11]) end
+if tonumber(ARGV[13]) ~= 1 then redis.call('HSET', KEYS[1], 'w', ARGV[13]) end
 local keep = ARGV[19 + 2 * bands]
 if keep and keep ~= '' then redis.call('HSET', KEYS[1], 'kt', keep) end
 
@@ -73,7 +78,8 @@ if endpoint then
   local entry = redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[15], '*',
     'j', ARGV[1], 'ep', endpoint, 'p', ARGV[7], 'k', ARGV[5], 's', ARGV[6], 'b', ARGV[4],
     'u', ARGV[2], 'pr', priority)
-  redis.call('HSET', KEYS[1], 'st', 'dispatched', 'td', now_ms, 'ep', endpoint, 're', entry)
+  redis.call('HSET', KEYS[1], 'st', 'dispatched', 'tq', now_ms, 'td', now_ms, 'ep', endpoint,
+    're', entry)
   redis.call('HINCRBY', KEYS[7], endpoint, 1)
   redis.call('HINCRBY', KEYS[8], endpoint, 1)
   redis.call('HINCRBY', KEYS[10], endpoint, 1)
@@ -89,9 +95,10 @@ if endpoint then
   return {2, entry}
 end
 
-local entry = redis.call('XADD', KEYS[2], '*', 'j', ARGV[1])
+-- The queue entry's id is the enqueue time (dispatch.lua copies it to 'tq').
+local entry = redis.call('XADD', KEYS[2], '*', 'j', ARGV[1], 'p', ARGV[7])
 redis.call('HINCRBY', KEYS[5], ARGV[4], 1)
-redis.call('HSET', KEYS[1], 'st', 'queued', 'p', ARGV[7], 'qe', entry)
+redis.call('HSET', KEYS[1], 'st', 'queued', 'qe', entry)
 -- A user who was idle joins at the band's current fairness clock, so idle time is never
 -- banked as credit (and a newcomer is served before anyone is served twice in a row).
 -- The wake message names a newcomer, so a dispatcher can plan without reading the backlog.
