@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -78,7 +79,21 @@ def redis_cpu_s(r: redis.Redis) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def run_case(users: int, models: int, jobs: int) -> dict[str, object]:
+def profiler(pid: int, folder: str | None, name: str) -> subprocess.Popen[bytes] | None:
+    """py-spy recording ``pid`` into ``folder``/``name``.txt (collapsed stacks, the input
+    of flamegraph tools; ``--idle`` off, so it shows where the CPU goes), or None."""
+    if folder is None:
+        return None
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    out = Path(folder, f"{name}.txt")
+    spy = subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", "250",
+                            "--format", "raw", "--output", str(out)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    time.sleep(1)  # attached before the dispatcher takes its lease and starts
+    return spy
+
+
+def run_case(users: int, models: int, jobs: int, profile: str | None = None) -> dict[str, object]:
     with LocalRedis() as server, tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp, "fairq.yaml")
         cfg.write_text(yaml.safe_dump(config(models)))
@@ -89,6 +104,7 @@ def run_case(users: int, models: int, jobs: int) -> dict[str, object]:
         r = redis.Redis.from_url(server.url)
         redis_before = redis_cpu_s(r)
         proc = subprocess.Popen([sys.executable, "-m", "fairq", "dispatcher"], env=env)
+        spy = profiler(proc.pid, profile, f"dispatcher-{users}u-{models}m")
         try:
             deadline = time.monotonic() + 300
             while dispatched(r, models)[0] < jobs and time.monotonic() < deadline:
@@ -96,6 +112,9 @@ def run_case(users: int, models: int, jobs: int) -> dict[str, object]:
             count, span_ms = dispatched(r, models)
             times = psutil.Process(proc.pid).cpu_times()
         finally:
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+                spy.wait(timeout=30)
             proc.terminate()
             proc.wait(timeout=10)
         redis_s = redis_cpu_s(r) - redis_before
@@ -123,8 +142,14 @@ def render(result: dict[str, object]) -> str:
 @click.command()
 @click.option("--jobs", default=20_000, show_default=True, help="jobs per case")
 @click.option("--out", default="bench-out", show_default=True, type=click.Path())
-def main(jobs: int, out: str) -> None:
-    cases = [run_case(users, models, jobs) for users, models in CASES]
+@click.option(
+    "--profile",
+    default=None,
+    type=click.Path(),
+    help="record each case's dispatcher with py-spy into this folder",
+)
+def main(jobs: int, out: str, profile: str | None) -> None:
+    cases = [run_case(users, models, jobs, profile) for users, models in CASES]
     rate = {(c["users"], c["models"]): c["jobs_per_s"] for c in cases}
     slowdown = {
         f"{models} model(s)": round(rate[(10, models)] / rate[(10_000, models)], 2)  # type: ignore[operator]

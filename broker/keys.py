@@ -6,12 +6,12 @@ can spread across cluster shards. Lua scripts never invent key names: they get
 keys through KEYS, or a prefix from here through ARGV when the name depends on
 data they read (a job id popped from a queue).
 
-    fq:{m}:q:{band}:{user}   stream   a user's queued job ids in one band
+    fq:{m}:q:{band}:{user}   stream   a user's queued jobs in one band: id 'j', payload 'p'
     fq:{m}:bk:{band}         zset     backlogged users of a band, score = fairness order
     fq:{m}:meta              hash     per band: fairness clock ("join:{band}") and backlogged
                                       users per tenant ("tn:{band}:{tenant}"); dispatch rate;
                                       the express grant (see GRANT_ENDPOINT) and its sequence
-    fq:{m}:job:{id}          hash     the job record (state, owner, payload, times)
+    fq:{m}:job:{id}          hash     the job record (state, owner, times; see below)
     fq:{m}:ready             stream   dispatched jobs, read by workers (consumer group)
     fq:{m}:inflight          hash     endpoint -> jobs dispatched and not yet terminal
     fq:{m}:unstarted         hash     endpoint -> jobs dispatched without a first token yet
@@ -29,6 +29,20 @@ data they read (a job id popped from a queue).
     fq:{m}:status            string   the dispatcher's status snapshot (JSON, short TTL)
     fq:{m}:lat               stream   recent ended jobs' queue wait and time to first token
                                       (capped; read by the status snapshot's history)
+
+A queued job's bytes. A million queued jobs must fit in a few hundred MB (issue 7: at
+most 300 bytes per queued job beyond its payload), so while a job is queued its hash holds
+only what cannot live elsewhere, all short values, which Redis then keeps as one small
+listpack instead of a hash table (a value over ``hash-max-listpack-value``, 64 bytes by
+default, would turn the whole hash into a table of ~700 bytes):
+
+    st 'queued'   u user   b band   k kind   s stream flag   ce estimated cost
+    tnf the tenant's field of meta (``tenant_field``; the tenant is read back from it)
+    qe the queue entry's id, whose time part is the enqueue time (no 'tq' while queued)
+    only when not the default: o owner (default: u), w weight (1), kt keep seconds (batch)
+
+The payload rides in the queue entry and moves to the ready entry at dispatch, which
+also records 'tq', 'td', 'ep', 're'; the later states add their fields (``broker.jobs``).
 
 The Batch API (``broker/batch``); a file's and a batch's keys share its id as hash tag:
 
