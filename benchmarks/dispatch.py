@@ -86,7 +86,9 @@ def profiler(pid: int, folder: str | None, name: str) -> subprocess.Popen[bytes]
         return None
     Path(folder).mkdir(parents=True, exist_ok=True)
     out = Path(folder, f"{name}.txt")
-    spy = subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", "250",
+    beside = Path(sys.executable).with_name("py-spy")  # the venv's, when not on PATH
+    binary = str(beside) if beside.exists() else "py-spy"
+    spy = subprocess.Popen([binary, "record", "--pid", str(pid), "--rate", "250",
                             "--format", "raw", "--output", str(out)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     time.sleep(1)  # attached before the dispatcher takes its lease and starts

@@ -21,11 +21,16 @@ METRICS_LAG_S = 0.05
 
 
 class RateMeter:
-    """Jobs per second dispatched over a sliding window (the queue's drain rate)."""
+    """Jobs per second dispatched over a sliding window (the queue's drain rate).
+
+    Keeps a running total: every round asks for the rate, and summing the window's events
+    each time cost the dispatcher O(rounds in the window) per round (py-spy, 10,000 users).
+    """
 
     def __init__(self, window_s: float = 30.0) -> None:
         self._window_s = window_s
         self._events: deque[tuple[float, int]] = deque()
+        self._total = 0  # the sum of the counts in _events
         self._started: float | None = None
 
     def record(self, count: int, now: float) -> None:
@@ -33,32 +38,44 @@ class RateMeter:
             self._started = now
         if count:
             self._events.append((now, count))
+            self._total += count
         while self._events and self._events[0][0] < now - self._window_s:
-            self._events.popleft()
+            self._total -= self._events.popleft()[1]
 
     def rate(self, now: float) -> float | None:
         if self._started is None or now - self._started < 1.0:
             return None  # too early to say
         span = min(self._window_s, now - self._started)
-        return round(sum(n for _, n in self._events) / span, 3)
+        return round(self._total / span, 3)
 
 
 class SentLog:
-    """When this process dispatched jobs to each endpoint (monotonic times), recent only."""
+    """When this process dispatched jobs to each endpoint (monotonic times), recent only.
+
+    One (time, count) entry per send, not one per job, and ``since`` walks back from the
+    newest only as far as ``moment``: both were per job, O(jobs sent in ``keep_s``), on
+    every round (py-spy, dispatching thousands of jobs a second).
+    """
 
     def __init__(self, keep_s: float) -> None:
         self._keep_s = keep_s
-        self._sent: dict[str, deque[float]] = {}
+        self._sent: dict[str, deque[tuple[float, int]]] = {}
 
     def record(self, endpoint: str, count: int, now: float) -> None:
         sent = self._sent.setdefault(endpoint, deque())
-        sent.extend([now] * count)
-        while sent and sent[0] < now - self._keep_s:
+        if count:
+            sent.append((now, count))
+        while sent and sent[0][0] < now - self._keep_s:
             sent.popleft()
 
     def since(self, endpoint: str, moment: float) -> int:
         """Jobs sent at or after ``moment`` (a scrape sent then may not show them)."""
-        return sum(1 for t in self._sent.get(endpoint, ()) if t >= moment)
+        total = 0
+        for at, count in reversed(self._sent.get(endpoint, ())):
+            if at < moment:
+                break
+            total += count
+        return total
 
 
 def endpoint_states(
