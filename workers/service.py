@@ -29,6 +29,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from broker import Claimed, ExecutionStore, JobState, ModelConfig, Outcome, Settings, stop_task
+from broker.cluster import slot_groups
 from broker.execution import Reclaim, Reclaimed
 from workers import metrics
 from workers.cancel import CancelListener
@@ -73,6 +74,7 @@ class Worker:
         self._finishing: set[str] = set()  # outcome handed to the writer (its ack may be out)
         self._stopping = False
         self._slot_freed = asyncio.Event()
+        self._reserved = 0  # places held by claim lanes blocked in a read
         self.name = worker_name()
         self._lease = LeaseKeeper(self._store, settings, self.name, self._models)
         self._sweeper = DeadlineSweeper(self._store, settings, self.name, self._models)
@@ -118,16 +120,33 @@ class Worker:
         )
 
     async def _claim_loop(self, runner: JobRunner, stop: asyncio.Event) -> None:
+        """Claim while running; one lane per group of models one XREADGROUP may name
+        (all of them on a single Redis; one hash slot each on a cluster)."""
+        groups = slot_groups(self._models, self._settings.redis_cluster)
+        if len(groups) <= 1:
+            await self._claim_lane(runner, stop, self._models, self._concurrency)
+            return
+        share = -(-self._concurrency // len(groups))  # a lane claims at most its share at once
+        async with asyncio.TaskGroup() as lanes:
+            for models in groups:
+                lanes.create_task(self._claim_lane(runner, stop, models, share))
+
+    async def _claim_lane(
+        self, runner: JobRunner, stop: asyncio.Event, models: list[str], share: int
+    ) -> None:
         backoff = 0.05
         while not stop.is_set():
-            free = self._concurrency - len(self._running)
+            # Free places are reserved before the blocking read: lanes reading at the
+            # same time never claim more jobs together than the worker may run.
+            free = min(share, self._concurrency - len(self._running) - self._reserved)
             if free <= 0:
                 self._slot_freed.clear()
                 await _wait(self._slot_freed, 1.0)
                 continue
+            self._reserved += free
             try:
                 claimed = await self._store.claim(
-                    self._blocking, self._models, self.name, free, _CLAIM_BLOCK_MS
+                    self._blocking, models, self.name, free, _CLAIM_BLOCK_MS
                 )
                 backoff = 0.05
             except RedisError as exc:
@@ -136,10 +155,14 @@ class Worker:
                 backoff = min(backoff * 2, 2.0)
                 if "NOGROUP" in str(exc):  # Redis lost its data: the group must be made again
                     with contextlib.suppress(RedisError):
-                        await self._store.ensure_groups(self._models)
+                        await self._store.ensure_groups(models)
                 continue
+            finally:
+                self._reserved -= free
             for entry in claimed:
                 self._spawn(entry, self._run_claimed(runner, entry))
+            if len(claimed) < free:
+                self._slot_freed.set()  # places left unused: another lane may take them
 
     def _spawn(self, job: Claimed, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
