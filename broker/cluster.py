@@ -36,7 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 from redis.crc import key_slot
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisClusterException
 
 from broker import keys
 from broker.redis_conn import plain_blocking
@@ -45,7 +45,25 @@ from broker.scripts import source
 from broker.settings import Settings
 
 
-class _BoundedCluster(RedisCluster):
+class _StreamRouted(RedisCluster):
+    """Routes XREAD and XREADGROUP by their stream keys without asking a node.
+
+    redis-py finds the keys of a command with movable keys by sending ``COMMAND
+    GETKEYS`` first: a round trip more for every blocking read, and, from several
+    claim lanes at once, a race on the parser's one node connection.
+    """
+
+    async def _determine_slot(self, command: str, *args: Any) -> int:
+        if command.upper() not in ("XREAD", "XREADGROUP") or b"STREAMS" not in args:
+            return await super()._determine_slot(command, *args)
+        rest = args[args.index(b"STREAMS") + 1 :]
+        slots = {self.keyslot(key) for key in rest[: len(rest) // 2]}
+        if len(slots) != 1:
+            raise RedisClusterException(f"{command} - all keys must map to the same key slot")
+        return slots.pop()
+
+
+class _BoundedCluster(_StreamRouted):
     """A cluster client whose commands wait for a free permit instead of failing.
 
     redis-py's cluster node pool raises ``MaxConnectionsError`` when all its
@@ -130,15 +148,6 @@ def connect_cluster(settings: Settings) -> Redis:
     return cast(Redis, client)
 
 
-def connect_cluster_blocking(settings: Settings, block_s: float) -> Redis:
-    """A cluster client for blocking reads: each concurrent read holds a connection of
-    its own (one per claim lane), and the socket timeout outlasts the longest block."""
-    client = RedisCluster.from_url(
-        settings.require_redis_url(), decode_responses=False, socket_timeout=block_s + 5.0
-    )
-    return cast(Redis, client)
-
-
 def slot_of(model: str) -> int:
     """The hash slot holding every key of ``model``."""
     return key_slot(keys.ready(model).encode())
@@ -163,6 +172,48 @@ def node_url(url: str, host: str, port: int) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
+async def node_of(cluster: Redis, model: str, url: str) -> str:
+    """The URL of the master that serves ``model``'s slot now."""
+    client = cast(RedisCluster, cluster)
+    await client.initialize()  # the slot map (made on the first command otherwise)
+    node = client.get_node_from_key(keys.ready(model))
+    return node_url(url, node.host, int(node.port))
+
+
+class SlotConnections:
+    """Plain blocking connections, one per group of models of one slot, each to the
+    master serving that slot: a worker's claim lanes read through these.
+
+    Plain connections, not the cluster client's pools: concurrent blocking reads
+    through one cluster client raced on its connection set-up (redis-py 8.1).
+    """
+
+    def __init__(self, settings: Settings, cluster: Redis, block_s: float) -> None:
+        self._url = settings.require_redis_url()
+        self._cluster = cluster
+        self._block_s = block_s
+        self._open: dict[int, Redis] = {}
+
+    async def get(self, models: Sequence[str]) -> Redis:
+        """The connection for ``models`` (all of one slot); made on first use."""
+        slot = slot_of(models[0])
+        if slot not in self._open:
+            url = await node_of(self._cluster, models[0], self._url)
+            self._open[slot] = plain_blocking(url, self._block_s)
+        return self._open[slot]
+
+    async def reset(self, models: Sequence[str]) -> None:
+        """Forget the connection after an error: the slot may have moved to another master."""
+        connection = self._open.pop(slot_of(models[0]), None)
+        if connection is not None:
+            await connection.aclose()
+
+    async def aclose(self) -> None:
+        connections, self._open = list(self._open.values()), {}
+        for connection in connections:
+            await connection.aclose()
+
+
 class ClusterResultReader:
     """``ResultReader``'s interface over a cluster: one reader per slot with followers.
 
@@ -173,7 +224,7 @@ class ClusterResultReader:
 
     def __init__(self, settings: Settings, cluster: Redis, block_s: float) -> None:
         self._url = settings.require_redis_url()
-        self._cluster = cast(RedisCluster, cluster)
+        self._cluster = cluster
         self._block_s = block_s
         self._readers: dict[int, ResultReader] = {}
         self._lock = asyncio.Lock()
@@ -212,9 +263,7 @@ class ClusterResultReader:
             return self._readers[slot]
 
     async def _open(self, model: str) -> ResultReader:
-        await self._cluster.initialize()  # the slot map, on the first command otherwise
-        node = self._cluster.get_node_from_key(keys.ready(model))
-        url = node_url(self._url, node.host, int(node.port))
+        url = await node_of(self._cluster, model, self._url)
         blocking = plain_blocking(url, self._block_s)
         control = Redis.from_url(url, decode_responses=False)  # CLIENT UNBLOCK on that node
         reader = _NodeReader(blocking, control, block_ms=int(self._block_s * 1000))

@@ -39,12 +39,11 @@ def connect(settings: Settings) -> Redis:
 
 
 def connect_blocking(settings: Settings, block_s: float) -> Redis:
-    """A client for a long blocking read loop: one connection (a cluster client: one per
-    concurrent read), whose socket timeout outlasts the longest block."""
-    if settings.redis_cluster:
-        from broker.cluster import connect_cluster_blocking
+    """A one-connection client for a long blocking read loop (see ``plain_blocking``).
 
-        return connect_cluster_blocking(settings, block_s)
+    On a cluster it connects to the node the URL names; blocking reads of models
+    elsewhere go through ``broker.cluster.SlotConnections``.
+    """
     return plain_blocking(settings.require_redis_url(), block_s)
 
 

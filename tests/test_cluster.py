@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 from redis.crc import key_slot
 
 from broker import keys
+from broker.cluster import slot_of
 from fairq.localcluster import LocalCluster
 from fairq.localredis import free_port
 from fairq.stack import Stack, demo_config
@@ -142,8 +145,8 @@ def test_every_model_completes_on_a_three_master_cluster_without_crossslot(
 
     # Both dispatchers and both workers ran against the cluster without a cross-slot
     # command (redis-py refuses one client-side; a node would answer CROSSSLOT).
-    assert stack.dead() is None
     text = logged(stack)
+    assert stack.dead() is None, text[-4000:]
     assert "CROSSSLOT" not in text
     assert "all keys must map to the same key slot" not in text
     assert "Traceback" not in text
@@ -158,6 +161,43 @@ def test_each_job_is_inspectable_through_the_gateway_on_a_cluster(stack: Stack) 
         assert response.status_code == 200, response.text
         job = http.get(f"/v1/jobs/{response.headers['x-fairq-job-id']}").json()
     assert job["status"] == "completed" and job["model"] == model
+
+
+def aborted_at_engine(sim_port: int) -> float:
+    text = httpx.get(f"http://127.0.0.1:{sim_port}/metrics").text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "vllm:request_success_total"
+        and sample.labels.get("finished_reason") == "abort"
+    )
+
+
+def test_a_cancel_published_on_one_master_reaches_the_worker_subscribed_on_another(
+    stack: Stack,
+) -> None:
+    # A worker subscribes through the node of its first model's slot; the last model's
+    # keys (and cancel.lua's PUBLISH) are on another master: the bus must carry it.
+    models = [m["name"] for m in stack.config["models"]]
+    model = models[-1]
+    assert slot_of(model) != slot_of(models[0])
+    sim_port = next(port for port, served in stack.sims.items() if model in served.split(","))
+    before = aborted_at_engine(sim_port)
+    auth = {"Authorization": "Bearer fq-demo-alice"}
+    body = {"model": model, "stream": True, "max_tokens": 3000,
+            "messages": [{"role": "user", "content": "a long answer please"}]}  # fmt: skip
+    with httpx.Client(base_url=stack.gateway_url, headers=auth, timeout=10) as client:
+        with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            job_id = response.headers["x-fairq-job-id"]
+            lines = response.iter_lines()
+            assert any(next(lines).startswith("data: {") for _ in range(6))
+        # The client left mid-stream: the gateway cancels the job, the worker its call.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and aborted_at_engine(sim_port) == before:
+            time.sleep(0.1)
+        assert client.get(f"/v1/jobs/{job_id}").json()["status"] == "cancelled"
+    assert aborted_at_engine(sim_port) == before + 1
 
 
 def test_the_batch_api_says_it_needs_a_single_redis(stack: Stack) -> None:
