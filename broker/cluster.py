@@ -6,15 +6,19 @@ blocking read names keys of one model only. Three things cannot be one command
 against a cluster and are split here, per slot:
 
 * a worker's ``XREADGROUP`` over several models' ready streams: ``slot_groups``
-  makes one group of models per slot; the worker runs one claim lane per group
-  (a single Redis: one group, one lane, as before);
+  makes one group of models per slot; the worker runs one claim lane per group,
+  each on a plain connection to the master serving its slot (``SlotConnections``;
+  a single Redis: one lane over all models, as before);
 * the gateway's multiplexed ``XREAD`` over the result streams it follows:
   ``ClusterResultReader`` runs one ``ResultReader`` per slot, on a plain
   connection to the master serving that slot, so ``CLIENT ID``/``CLIENT UNBLOCK``
   name a connection on that very node;
-* Lua scripts queued in a pipeline by SHA: a cluster pipeline does not load
-  them as a single-Redis pipeline does, so the stores reload a script on every
-  master (``SCRIPT LOAD`` goes to all of them) on ``NOSCRIPT`` and retry.
+* Lua scripts queued in a pipeline by SHA: redis-py refuses ``evalsha`` in a
+  cluster pipeline, as it cannot load scripts there. ``_ScriptingPipeline``
+  allows it; dispatchers and workers load every script on every master at start
+  (``load_scripts``), and a ``NOSCRIPT`` (a restarted master) reloads them all
+  before it is raised to the caller, whose retry (result writer, lease loops)
+  then succeeds.
 
 Pub/sub needs nothing: a script's ``PUBLISH`` is broadcast over the cluster bus,
 so a subscriber on any one node (redis-py's ``ClusterPubSub``) hears every model.
@@ -49,8 +53,8 @@ class _StreamRouted(RedisCluster):
     """Routes XREAD and XREADGROUP by their stream keys without asking a node.
 
     redis-py finds the keys of a command with movable keys by sending ``COMMAND
-    GETKEYS`` first: a round trip more for every blocking read, and, from several
-    claim lanes at once, a race on the parser's one node connection.
+    GETKEYS`` to a node first: a round trip more per read, and concurrent reads
+    raced on that connection (seen with redis-py 8.1).
     """
 
     async def _determine_slot(self, command: str, *args: Any) -> int:

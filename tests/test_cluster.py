@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -21,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.crc import key_slot
 
 from broker import keys
-from broker.cluster import slot_of
+from broker.cluster import node_url, slot_groups, slot_of
 from fairq.localcluster import LocalCluster
 from fairq.localredis import free_port
 from fairq.stack import Stack, demo_config
@@ -200,6 +203,26 @@ def test_a_cancel_published_on_one_master_reaches_the_worker_subscribed_on_anoth
     assert aborted_at_engine(sim_port) == before + 1
 
 
+def test_the_operator_status_reads_every_model_over_the_cluster(stack: Stack) -> None:
+    models = {m["name"] for m in stack.config["models"]}
+    auth = {"Authorization": "Bearer fq-demo-bob"}
+    with httpx.Client(base_url=stack.gateway_url, headers=auth, timeout=30) as http:
+        for model in models:  # a job of each model to list
+            body = {"model": model, "prompt": "x", "max_tokens": 2}
+            assert http.post("/v1/completions", json=body).status_code == 200
+    run = subprocess.run(
+        [sys.executable, "-m", "fairq", "status", "--json"],
+        env=stack.env, capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    listed = {m["model"] for m in json.loads(run.stdout)["models"]}
+    assert listed == models
+    jobs = subprocess.run(
+        [sys.executable, "-m", "fairq", "jobs", "--json", "--user", "bob", "--limit", "500"],
+        env=stack.env, capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    assert {job["model"] for job in json.loads(jobs.stdout)} == models  # scanned every master
+
+
 def test_the_batch_api_says_it_needs_a_single_redis(stack: Stack) -> None:
     auth = {"Authorization": "Bearer fq-demo-alice"}
     files = {"file": ("in.jsonl", b"{}\n", "application/jsonl")}
@@ -208,3 +231,20 @@ def test_the_batch_api_says_it_needs_a_single_redis(stack: Stack) -> None:
     assert response.status_code == 501
     error = response.json()["error"]
     assert error["code"] == "batch_needs_single_redis" and "redis_cluster" in error["message"]
+
+
+def test_models_are_grouped_by_slot_only_on_a_cluster() -> None:
+    models = ["a", "b", "c", "d"]
+    assert slot_groups(models, cluster=False) == [models]
+    groups = slot_groups(models, cluster=True)
+    assert sorted(m for g in groups for m in g) == models
+    assert all(len({slot_of(m) for m in group}) == 1 for group in groups)
+    assert len(groups) == len({slot_of(m) for m in models})
+
+
+def test_a_node_url_keeps_credentials_scheme_and_options() -> None:
+    url = "rediss://user:secret@seed.example:6379/0?ssl_cert_reqs=none"
+    assert node_url(url, "10.0.0.7", 7001) == (
+        "rediss://user:secret@10.0.0.7:7001/0?ssl_cert_reqs=none"
+    )
+    assert node_url("redis://127.0.0.1:1/0", "127.0.0.1", 2) == "redis://127.0.0.1:2/0"
