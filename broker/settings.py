@@ -133,6 +133,9 @@ class Settings(BaseSettings):
     )
 
     redis_url: SecretStr | None = None
+    # The URL names one node of a Redis Cluster (any node: the client finds the others).
+    # See docs/operations.md, "Redis Cluster": the Batch API needs a single Redis.
+    redis_cluster: bool = False
     redis_max_connections: int = Field(default=64, ge=4)  # per process; more wait their turn
     redis_pool_timeout_s: float = Field(default=10.0, gt=0)
     bands: tuple[str, ...] = DEFAULT_BANDS
