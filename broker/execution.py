@@ -116,6 +116,7 @@ class ExecutionStore:
         self._renew = redis.register_script(source("renew"))
         self._reclaim = redis.register_script(source("reclaim"))
         self._expire = redis.register_script(source("expire"))
+        self._forget = redis.register_script(source("forget"))
 
     async def ensure_groups(self, models: Sequence[str]) -> None:
         for model in models:
@@ -227,6 +228,15 @@ class ExecutionStore:
             job = Claimed.from_entry(model, entry_id, fields, worker)
             out.append(Reclaimed(Reclaim(decision.decode()), int(attempts), job))
         return out
+
+    async def forget_gone_consumers(self, model: str) -> list[str]:
+        """Remove the ready group's consumers idle ``forget_consumer_after_ms`` with nothing
+        pending (workers that are gone); their names."""
+        names = await self._forget(
+            keys=[keys.ready(model)],
+            args=[keys.READY_GROUP, self._settings.forget_consumer_after_ms],
+        )
+        return [name.decode() for name in names]
 
     async def expire(self, model: str, band: str, deadline_ms: int, budget: int = 500) -> list[str]:
         """End as expired the jobs of ``band`` queued longer than ``deadline_ms``."""

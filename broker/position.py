@@ -12,6 +12,7 @@ job sizes) and for jobs that arrive later in higher bands.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -53,14 +54,18 @@ class QueuePosition:
     ) -> QueuePosition:
         m, band = job.model, job.band
         higher = list(bands[: bands.index(band)]) if band in bands else []
+        own_keys = [keys.job(m, job.id), keys.queue(m, band, job.user)]
         async with redis.pipeline(transaction=False) as pipe:
             pipe.hmget(keys.queued_counts(m), higher or ["-"])
-            own_keys = [keys.job(m, job.id), keys.queue(m, band, job.user)]
-            await scripts.position(keys=own_keys, args=[_MAX_OWN_AHEAD], client=pipe)
             pipe.zrange(keys.backlog(m, band), 0, _MAX_USERS_READ - 1, withscores=True)
             pipe.hmget(keys.meta(m), ["rate", "rate_ms"])
-            pipe.time()
-            counts, own_index, users, rate, now = await pipe.execute()
+            # TIME names no key: a cluster pipeline cannot route it, so it goes alongside;
+            # so does the script, called on the client, which reloads it after NOSCRIPT.
+            (counts, users, rate), own_index, now = await asyncio.gather(
+                pipe.execute(),
+                scripts.position(keys=own_keys, args=[_MAX_OWN_AHEAD]),
+                redis.time(),
+            )
         turn = {u.decode(): (score, u.decode()) for u, score in users}  # Redis's order
         own_turn = turn.get(job.user, (float("inf"), job.user))
         others = [u for u in turn if u != job.user]
