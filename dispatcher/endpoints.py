@@ -52,9 +52,10 @@ class RateMeter:
 class SentLog:
     """When this process dispatched jobs to each endpoint (monotonic times), recent only.
 
-    One (time, count) entry per send, not one per job, and ``since`` walks back from the
-    newest only as far as ``moment``: both were per job, O(jobs sent in ``keep_s``), on
-    every round (py-spy, dispatching thousands of jobs a second).
+    One (time, count) entry per send, not one per job: ``record`` and ``since`` were
+    O(jobs sent in ``keep_s``) on every round (py-spy, thousands of jobs a second).
+    ``since`` reads every entry: times are not in order (a dispatch round records the
+    time it started, after express sends recorded meanwhile), so it cannot stop early.
     """
 
     def __init__(self, keep_s: float) -> None:
@@ -70,12 +71,7 @@ class SentLog:
 
     def since(self, endpoint: str, moment: float) -> int:
         """Jobs sent at or after ``moment`` (a scrape sent then may not show them)."""
-        total = 0
-        for at, count in reversed(self._sent.get(endpoint, ())):
-            if at < moment:
-                break
-            total += count
-        return total
+        return sum(count for at, count in self._sent.get(endpoint, ()) if at >= moment)
 
 
 def endpoint_states(
