@@ -54,8 +54,8 @@ class SentLog:
 
     One (time, count) entry per send, not one per job: ``record`` and ``since`` were
     O(jobs sent in ``keep_s``) on every round (py-spy, thousands of jobs a second).
-    ``since`` reads every entry: times are not in order (a dispatch round records the
-    time it started, after express sends recorded meanwhile), so it cannot stop early.
+    ``since`` reads every entry rather than stop at the first older one: it is short, and
+    then no caller has to keep the records in time order.
     """
 
     def __init__(self, keep_s: float) -> None:
