@@ -27,6 +27,8 @@ class Load:
     """What all the streams of one arm received."""
 
     tokens: int = 0
+    window_start: float = 0.0  # perf_counter time: gaps and window_tokens count from here
+    window_tokens: int = 0
     requests: int = 0
     failed: int = 0
     gaps_ms: array[float] = field(default_factory=lambda: array("d"))
@@ -64,9 +66,11 @@ async def stream_once(url: str, body: bytes, api_key: str | None, load: Load) ->
                 load.tokens += n
                 if last is None:
                     load.ttft_ms.append((now - start) * 1000)
-                else:
+                elif now >= load.window_start:
                     load.gaps_ms.append((now - last) * 1000)
-                load.gaps_ms.extend([0.0] * (n - 1))
+                    load.gaps_ms.extend([0.0] * (n - 1))
+                if now >= load.window_start:
+                    load.window_tokens += n
                 last = now
             whole = whole or _DONE in window
             carry = window[-(len(TOKEN) - 1) :]  # a marker cut in two by the reads
@@ -78,10 +82,16 @@ async def stream_once(url: str, body: bytes, api_key: str | None, load: Load) ->
 
 
 async def run_load(
-    url: str, body: dict[str, object], api_key: str | None, streams: int, seconds: float
+    url: str,
+    body: dict[str, object],
+    api_key: str | None,
+    streams: int,
+    *,
+    seconds: float,
+    load: Load | None = None,
 ) -> Load:
     """``streams`` clients, each sending one streamed request after another for ``seconds``."""
-    load = Load()
+    load = load or Load()
     payload = orjson.dumps(body)
     deadline = time.perf_counter() + seconds
 

@@ -22,7 +22,8 @@ from starlette.responses import StreamingResponse
 
 def make_app(upstream: str) -> FastAPI:
     app = FastAPI()
-    client = httpx.AsyncClient(base_url=upstream, timeout=60, limits=httpx.Limits(max_connections=None))
+    limits = httpx.Limits(max_connections=None)
+    client = httpx.AsyncClient(base_url=upstream, timeout=60, limits=limits)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> StreamingResponse:

@@ -63,11 +63,12 @@ def _body(tokens: int) -> dict[str, Any]:
             "messages": [{"role": "user", "content": "Say something."}]}  # fmt: skip
 
 
-def measure(url: str, key: str | None, pids: dict[str, int], streams: int, seconds: float,
-            tokens: int) -> dict[str, Any]:  # fmt: skip
+def measure(
+    url: str, key: str | None, pids: dict[str, int], *, streams: int, seconds: float, tokens: int
+) -> dict[str, Any]:
     """One arm at one concurrency: what the clients got and what each process spent."""
     before = cpu_s(pids)
-    load: Load = asyncio.run(run_load(url, _body(tokens), key, streams, seconds))
+    load: Load = asyncio.run(run_load(url, _body(tokens), key, streams, seconds=seconds))
     spent = {n: s - before[n] for n, s in cpu_s(pids).items()}
     per_1k = {n: s * 1e6 / max(load.tokens, 1) for n, s in spent.items()}  # ms per 1,000
     return {
@@ -84,11 +85,24 @@ def _profile(pids: dict[str, int], seconds: float, out: Path) -> list[subprocess
     spy = Path(sys.executable).with_name("py-spy")
     return [
         subprocess.Popen(
-            [str(spy), "record", "--pid", str(pid), "--duration", str(int(seconds)),
-             "--rate", "200", "--format", "raw", "--nonblocking",
-             "--output", str(out / f"profile-{name}.txt")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                str(spy),
+                "record",
+                "--pid",
+                str(pid),
+                "--duration",
+                str(int(seconds)),
+                "--rate",
+                "200",
+                "--format",
+                "raw",
+                "--nonblocking",
+                "--output",
+                str(out / f"profile-{name}.txt"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         for name, pid in pids.items()
     ]
 
@@ -128,15 +142,15 @@ def run_cpu(concurrency: list[int], seconds: float, tokens: int,
                       {"worker": p["worker-0"], "gateway": p["api"],
                        "dispatcher": p["dispatcher-0"], "redis": redis_pid or 0, **sim}),
         }  # fmt: skip
-        for name, (url, key, pids) in arms.items():  # warm-up: connections, scripts, imports
-            asyncio.run(run_load(url, _body(8), key, 4, 1.0))
+        for url, key, _ in arms.values():  # warm-up: connections, scripts, imports
+            asyncio.run(run_load(url, _body(8), key, 4, seconds=1.0))
         for streams in concurrency:
             for name, (url, key, pids) in arms.items():
                 spies = []
                 if profile_dir is not None and name == "fairq" and streams == max(concurrency):
                     spies = _profile({k: pids[k] for k in ("worker", "gateway")}, seconds,
                                      profile_dir)  # fmt: skip
-                row = measure(url, key, pids, streams, seconds, tokens)
+                row = measure(url, key, pids, streams=streams, seconds=seconds, tokens=tokens)
                 for spy in spies:
                     spy.wait(timeout=60)
                 rows.append({"arm": name, **row})
@@ -186,8 +200,9 @@ def render_cpu(rows: list[dict[str, Any]], cores: int) -> str:
               help="streams of the fan-out arm (0: skip it)")  # fmt: skip
 @click.option("--profile", "profile", is_flag=True, help="py-spy the worker and gateway")
 @click.option("--out", default="bench-out", show_default=True, type=click.Path())
-def main(concurrency: str, seconds: float, tokens: int, fanout: int, profile: bool,
-         out: str) -> None:  # fmt: skip
+def main(  # noqa: PLR0917 - click passes every option
+    concurrency: str, seconds: float, tokens: int, fanout: int, profile: bool, out: str
+) -> None:
     levels = [int(c) for c in concurrency.split(",") if c]
     Path(out).mkdir(parents=True, exist_ok=True)
     rows = run_cpu(levels, seconds, tokens, Path(out) if profile else None) if levels else []
