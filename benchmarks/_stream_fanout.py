@@ -171,7 +171,8 @@ def run(streams: int, seconds: float, tokens: int) -> dict[str, Any]:
     load, tokens, cpu, seconds = m["load"], m["tokens"], m["cpu_s"], m["seconds"]
     return {
         "streams": streams, "tokens": tokens, "requests": load.requests,
-        "failed": load.failed, "tokens_per_s": tokens / seconds, "settle_s": settle_s, "seconds": seconds,
+        "failed": load.failed, "tokens_per_s": tokens / seconds,
+        "settle_s": settle_s, "seconds": seconds,
         "cpu_s_per_s": {name: s / seconds for name, s in cpu.items()},
         "target_tokens_per_s": streams * 1000 / STEP_MS,
         "step_ms": STEP_MS, "itl_p50_ms": median(load.gaps_ms),
@@ -201,7 +202,8 @@ def render(result: dict[str, Any], cores: int) -> str:
         f"{markdown_table(header, rows)}\n\nFan-out: one gateway process; jobs run by a producer "
         f"that writes one token per job every {r['step_ms']:.0f} ms through the worker's "
         f"ResultWriter (no engine); figures over {r['seconds']:.0f} s, from "
-        f"{r['settle_s']:.0f} s after the start (every stream started); added ITL = client ITL p99 - the step; {cores} cores."
+        f"{r['settle_s']:.0f} s after the start (every stream started); "
+        f"added ITL = client ITL p99 - the step; {cores} cores."
     )
 
 
