@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Coroutine, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 from redis.asyncio import Redis
@@ -21,10 +21,14 @@ from broker.errors import JobFailed, UnknownModel
 from broker.jobs import JobRecord, JobState, RequestKind, new_job_id
 from broker.position import QueuePosition
 from broker.queue import JobQueue, Submission
-from broker.redis_conn import connect, connect_blocking
+from broker.redis_conn import connect, result_reader
 from broker.requests import check_body, engine_payload, estimate_cost, wants_usage
-from broker.results import ResultEvent, ResultReader
+from broker.results import ResultEvent
 from broker.settings import Settings, load_settings
+
+if TYPE_CHECKING:
+    from broker.cluster import ClusterResultReader
+    from broker.results import ResultReader
 
 T = TypeVar("T")
 
@@ -35,7 +39,7 @@ class AsyncClient:
         self._principal: Principal = KeyRing(self._settings).resolve(api_key)
         self._redis: Redis = connect(self._settings)
         self._queue = JobQueue(self._redis, self._settings)
-        self._reader: ResultReader | None = None
+        self._reader: ResultReader | ClusterResultReader | None = None
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -83,7 +87,7 @@ class AsyncClient:
         """The job's raw result events, resumable from the start, until its end."""
         job = await self.status(job_id)  # ownership check before reading anything
         if self._reader is None:
-            self._reader = ResultReader(connect_blocking(self._settings, 2.0), self._redis)
+            self._reader = result_reader(self._settings, self._redis, 2.0)
             self._reader.start()
         async for event in self._reader.events(job.model, job_id):
             if event.end is not None and event.end is not JobState.COMPLETED:

@@ -131,6 +131,15 @@ class DispatchStore:
         flat = [[v for user, score in users for v in (user, score)] for users in ranges]
         return _state(bands, flat, joins, _flat(inflight), _flat(unstarted))
 
+    async def in_transit(self, models: Sequence[str], endpoint: str) -> int:
+        """Jobs of ``models`` dispatched to ``endpoint`` that no worker has started yet: on
+        their way to the engine, so in no engine metric (read just before each scrape)."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for model in models:
+                pipe.hget(keys.transit(model), endpoint)
+            counts = await pipe.execute()
+        return sum(int(c or 0) for c in counts)
+
     async def dispatch(
         self,
         model: str,
@@ -151,6 +160,7 @@ class DispatchStore:
         band_number = {band: i for i, band in enumerate(bands, start=1)}
         script_keys = [keys.ready(model), keys.inflight(model), keys.meta(model)]
         script_keys += [keys.unstarted(model), keys.user_counts(model), keys.queued_counts(model)]
+        script_keys.append(keys.transit(model))
         script_keys += [keys.backlog(model, band) for band in bands]
         script_keys += [keys.queue(model, p.band, p.user) for p in picks]
         args: list[str | float | int] = [

@@ -12,6 +12,7 @@ the HTTP status::
     ├── Forbidden                   403 permission_denied
     ├── BodyTooLarge                413 request_too_large
     ├── QueueFull                   429 queue_full (with retry_after_s)
+    ├── NotSupported                501 not_supported (in this deployment)
     ├── BrokerUnavailable           503 redis_unavailable
     └── JobFailed                   the job's own status (502 by default)
 
@@ -83,6 +84,14 @@ class QueueFull(FairqError):
     def __init__(self, message: str, *, retry_after_s: int) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class NotSupported(FairqError):
+    """A feature this deployment cannot offer (e.g. the Batch API on a Redis Cluster)."""
+
+    status = 501
+    type = "server_error"
+    code = "not_supported"
 
 
 class BrokerUnavailable(FairqError):

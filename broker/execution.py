@@ -116,6 +116,7 @@ class ExecutionStore:
         self._renew = redis.register_script(source("renew"))
         self._reclaim = redis.register_script(source("reclaim"))
         self._expire = redis.register_script(source("expire"))
+        self._forget = redis.register_script(source("forget"))
 
     async def ensure_groups(self, models: Sequence[str]) -> None:
         for model in models:
@@ -145,7 +146,8 @@ class ExecutionStore:
         """Record that ``worker`` runs the job; its attempt number, or None (and acked)
         when the job ended meanwhile and must be dropped."""
         reply = await self._scripts.start(
-            keys=[keys.job(claimed.model, claimed.job_id)], args=[worker]
+            keys=[keys.job(claimed.model, claimed.job_id), keys.transit(claimed.model)],
+            args=[worker],
         )
         if reply[0] == 1:
             return int(reply[1])
@@ -175,10 +177,11 @@ class ExecutionStore:
         prompt_cost = config.prompt_token_cost if config else 1.0
         output_cost = config.output_token_cost if config else 1.0
         pipe.evalsha(
-            self._scripts.complete.sha, 8,
+            self._scripts.complete.sha, 9,
             keys.job(model, job.job_id), keys.results(model, job.job_id),
             keys.ready(model), keys.inflight(model), keys.unstarted(model),
             keys.backlog(model, job.band), keys.user_counts(model), keys.dead_letters(model),
+            keys.transit(model),
             outcome.state.value, keys.READY_GROUP, self._settings.result_ttl_s,
             keys.wake_channel(model), _json(outcome.error), _json(outcome.usage),
             outcome.finish_reason or "", outcome.first_token_ms or "",
@@ -213,7 +216,7 @@ class ExecutionStore:
         """Take over up to ``count`` entries whose lease lapsed; each with its fate."""
         s = self._settings
         reply = await self._reclaim(
-            keys=[keys.ready(model), keys.unstarted(model)],
+            keys=[keys.ready(model), keys.unstarted(model), keys.transit(model)],
             args=[
                 keys.READY_GROUP, worker, s.lease_ms, count, keys.job_prefix(model),
                 keys.results_prefix(model), s.job_max_attempts,
@@ -225,6 +228,15 @@ class ExecutionStore:
             job = Claimed.from_entry(model, entry_id, fields, worker)
             out.append(Reclaimed(Reclaim(decision.decode()), int(attempts), job))
         return out
+
+    async def forget_gone_consumers(self, model: str) -> list[str]:
+        """Remove the ready group's consumers idle ``forget_consumer_after_ms`` with nothing
+        pending (workers that are gone); their names."""
+        names = await self._forget(
+            keys=[keys.ready(model)],
+            args=[keys.READY_GROUP, self._settings.forget_consumer_after_ms],
+        )
+        return [name.decode() for name in names]
 
     async def expire(self, model: str, band: str, deadline_ms: int, budget: int = 500) -> list[str]:
         """End as expired the jobs of ``band`` queued longer than ``deadline_ms``."""

@@ -15,6 +15,8 @@ data they read (a job id popped from a queue).
     fq:{m}:ready             stream   dispatched jobs, read by workers (consumer group)
     fq:{m}:inflight          hash     endpoint -> jobs dispatched and not yet terminal
     fq:{m}:unstarted         hash     endpoint -> jobs dispatched without a first token yet
+    fq:{m}:transit           hash     endpoint -> jobs dispatched and not yet started by a
+                                      worker: on their way to the engine (state 'dispatched')
     fq:{m}:users             hash     user -> jobs dispatched and not yet terminal
     fq:{m}:queued            hash     band -> jobs queued
     fq:{m}:out:{id}          stream   the job's result chunks, then an end entry
@@ -108,6 +110,10 @@ def inflight(model: str) -> str:
 
 def unstarted(model: str) -> str:
     return f"{_tag(model)}:unstarted"
+
+
+def transit(model: str) -> str:
+    return f"{_tag(model)}:transit"
 
 
 def user_counts(model: str) -> str:

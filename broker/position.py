@@ -12,6 +12,7 @@ job sizes) and for jobs that arrive later in higher bands.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -54,8 +55,10 @@ class QueuePosition:
             pipe.xrange(keys.queue(m, band, job.user), "-", "+", count=100_000)
             pipe.zrange(keys.backlog(m, band), 0, _MAX_USERS_READ - 1, withscores=True)
             pipe.hmget(keys.meta(m), ["rate", "rate_ms"])
-            pipe.time()
-            counts, own_queue, users, rate, now = await pipe.execute()
+            # TIME names no key: a cluster pipeline cannot route it, so it goes alongside.
+            (counts, own_queue, users, rate), now = await asyncio.gather(
+                pipe.execute(), redis.time()
+            )
         turn = {u.decode(): (score, u.decode()) for u, score in users}  # Redis's order
         own_turn = turn.get(job.user, (float("inf"), job.user))
         others = [u for u in turn if u != job.user]

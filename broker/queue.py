@@ -90,6 +90,7 @@ class JobQueue:
             keys.inflight(m),
             keys.unstarted(m),
             keys.user_counts(m),
+            keys.transit(m),
         ]
 
     def _enqueue_args(
@@ -170,6 +171,7 @@ def cancel_call(
         keys.user_counts(m),
         keys.queued_counts(m),
         keys.meta(m),
+        keys.transit(m),
     ]
     args: list[object] = [
         job_id, keys.READY_GROUP, ttl_s, keys.wake_channel(m), keys.cancel_channel(m),

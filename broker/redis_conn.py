@@ -1,10 +1,19 @@
-"""Creating Redis clients from the settings (the URL carries AUTH and TLS: rediss://)."""
+"""Creating Redis clients from the settings (the URL carries AUTH and TLS: rediss://).
+
+With ``redis_cluster`` the same functions return cluster clients (``broker.cluster``).
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from redis.asyncio import BlockingConnectionPool, Redis
 
+from broker.results import ResultReader
 from broker.settings import Settings
+
+if TYPE_CHECKING:
+    from broker.cluster import ClusterResultReader
 
 
 def connect(settings: Settings) -> Redis:
@@ -14,6 +23,10 @@ def connect(settings: Settings) -> Redis:
     pool instead fails the 101st concurrent command, which a burst of requests at a
     gateway reaches at once.
     """
+    if settings.redis_cluster:
+        from broker.cluster import connect_cluster
+
+        return connect_cluster(settings)
     pool = BlockingConnectionPool.from_url(
         settings.require_redis_url(),
         max_connections=settings.redis_max_connections,
@@ -26,6 +39,15 @@ def connect(settings: Settings) -> Redis:
 
 
 def connect_blocking(settings: Settings, block_s: float) -> Redis:
+    """A one-connection client for a long blocking read loop (see ``plain_blocking``).
+
+    On a cluster it connects to the node the URL names; blocking reads of models
+    elsewhere go through ``broker.cluster.SlotConnections``.
+    """
+    return plain_blocking(settings.require_redis_url(), block_s)
+
+
+def plain_blocking(url: str, block_s: float) -> Redis:
     """A one-connection client for a long blocking read loop.
 
     It never retries on its own (the loop reconnects with backoff and must learn
@@ -35,9 +57,23 @@ def connect_blocking(settings: Settings, block_s: float) -> Redis:
     from redis.backoff import NoBackoff
 
     return Redis.from_url(  # type: ignore[no-any-return]
-        settings.require_redis_url(),
+        url,
         decode_responses=False,
         single_connection_client=True,
         socket_timeout=block_s + 5.0,
         retry=Retry(NoBackoff(), 0),
+    )
+
+
+def result_reader(
+    settings: Settings, redis: Redis, block_s: float
+) -> ResultReader | ClusterResultReader:
+    """The process's one reader of result streams; ``redis`` is its shared client
+    (``connect``), used for ``CLIENT UNBLOCK``."""
+    if settings.redis_cluster:
+        from broker.cluster import ClusterResultReader
+
+        return ClusterResultReader(settings, redis, block_s)
+    return ResultReader(
+        plain_blocking(settings.require_redis_url(), block_s), redis, block_ms=int(block_s * 1000)
     )

@@ -133,6 +133,9 @@ class Settings(BaseSettings):
     )
 
     redis_url: SecretStr | None = None
+    # The URL names one node of a Redis Cluster (any node: the client finds the others).
+    # See docs/operations.md, "Redis Cluster": the Batch API needs a single Redis.
+    redis_cluster: bool = False
     # Per process; more wait their turn. Redis runs one command at a time, so more
     # connections add no throughput; 48 keeps a gateway under 50 with its reader.
     redis_max_connections: int = Field(default=48, ge=4)
@@ -167,6 +170,9 @@ class Settings(BaseSettings):
     # lease_renew_ms; an entry idle for lease_ms is reclaimed by another worker.
     lease_ms: int = Field(default=15_000, ge=100)
     lease_renew_ms: int = Field(default=3_000, ge=20)
+    # A worker that stopped or died leaves its name in each ready group; a name idle this
+    # long with nothing pending is removed (workers/lease.py, about once a minute).
+    forget_consumer_after_ms: int = Field(default=3_600_000, ge=1000)
     # Attempts of a job whose worker died before its first token; then dead letter.
     job_max_attempts: int = Field(default=3, ge=1)
     # Calls of the engine per attempt when it fails before the first token (5xx, refused,

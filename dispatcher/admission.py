@@ -4,13 +4,14 @@ An engine like vLLM has one FIFO queue; fairq's fair order only matters if that
 queue stays short. So an endpoint has room for ``target(band) - estimate`` more
 jobs, where the estimate of its queue is the larger of
 
-* what it last reported waiting, plus what fairq sent it since that scrape
-  began (the engine may not show those yet), and
-* fairq's own count of jobs sent to it that have not started yet: lag-free, and
-  it also covers requests still on their way to the engine. A streamed job has
-  started at its first token (so prefill counts too); a non-streamed job, whose
-  first token is invisible until its whole answer, once the worker has handed
-  the request to the engine.
+* what it last reported waiting, plus fairq's jobs that were on their way to it
+  when that scrape was sent (dispatched, no worker has handed them over yet),
+  plus what fairq sent it since shortly before that scrape (the engine may not
+  show those yet): each of these is in no engine metric, so they add up; and
+* fairq's own count of jobs sent to it that have not started yet: lag-free. A
+  streamed job has started at its first token (so prefill counts too); a
+  non-streamed job, whose first token is invisible until its whole answer, once
+  the worker has handed the request to the engine.
 
 A queue estimate of 0 with a target of 3 admits 3 at once (a burst). While the
 recent time per output token is over the model's ceiling nothing more is
@@ -56,11 +57,13 @@ class EndpointState:
     waiting: float = 0.0  # engine queue at the last scrape
     running: float = 0.0  # engine batch at the last scrape
     tpot_s: float | None = None  # recent mean time per output token
+    in_transit: int = 0  # fairq: on their way to the engine when the last scrape began
     admitted_since_scrape: int = 0  # fairq sent these after the last scrape began
 
     @property
     def queue_estimate(self) -> float:
-        return max(self.waiting + self.admitted_since_scrape, float(self.unstarted))
+        unseen = self.in_transit + self.admitted_since_scrape
+        return max(self.waiting + unseen, float(self.unstarted))
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,15 @@ def choose_endpoint(
     if not open_:
         return None
     return min(open_, key=lambda d: (-d.room, d.queue_estimate, d.running))
+
+
+def held_by_recent_sends(state: EndpointState, band: str, config: AdmissionConfig) -> bool:
+    """True when only the jobs sent since the last scrape keep ``band`` out of this
+    endpoint: a newer scrape may show that they have left the engine's queue already."""
+    if not (state.healthy and state.fresh) or state.admitted_since_scrape == 0:
+        return False
+    without = max(state.waiting + state.in_transit, float(state.unstarted))
+    return config.targets[band] - without >= 1
 
 
 def plan_grant(

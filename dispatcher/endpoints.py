@@ -15,7 +15,9 @@ from broker import ModelSnapshot
 from dispatcher.admission import EndpointState
 from dispatcher.scraper import EndpointView
 
-_TO_ENGINE_S = 0.05  # dispatch-to-engine delay a scrape may not yet reflect
+# How long a job that reached the engine may stay out of its metrics: vLLM updates its
+# gauges once per engine step. A send this long before a scrape still counts as unseen.
+METRICS_LAG_S = 0.05
 
 
 class RateMeter:
@@ -100,7 +102,6 @@ def _state(
         waiting=sample.waiting,
         running=sample.running,
         tpot_s=view.tpot_s,
-        # A job reaches the engine a little after its dispatch (worker claim, HTTP), so
-        # "since the scrape" starts a little before it.
-        admitted_since_scrape=sent.since(endpoint, scraped_at - _TO_ENGINE_S),
+        in_transit=view.in_transit,
+        admitted_since_scrape=sent.since(endpoint, scraped_at - METRICS_LAG_S),
     )

@@ -12,8 +12,16 @@ not healthy before its first good scrape: unknown is not healthy, so admission
 never acts on metrics it has not seen. The last good sample is kept through
 failures; its ``scraped_at`` tells the reader how stale it is.
 
+Just before each scrape, ``in_transit(endpoint)`` reads how many of fairq's jobs
+are on their way to the engine (dispatched, not yet handed over): the sample
+cannot show those, so the view keeps the count beside it. When it cannot be
+read (None: Redis unreachable) the scrape is skipped and the view ages, so
+admission falls back as for stale metrics rather than trusting half a picture.
+
 After every attempt, good or bad, ``on_update(endpoint)`` lets the dispatcher
-re-run admission at once.
+re-run admission at once. ``scrape_after`` asks for one extra scrape soon,
+off the grid: when only recent sends hold admission back, the next sample may
+show that they have left the engine's queue.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import httpx
@@ -36,6 +44,7 @@ log = logging.getLogger(__name__)
 class EndpointView:
     sample: EngineSample | None = None  # last good sample
     scraped_at: float | None = None  # clock() when the last good scrape was sent
+    in_transit: int = 0  # fairq's jobs on their way to the engine at ``scraped_at``
     tpot_s: float | None = None  # mean time per output token between the last two good scrapes
     failures: int = 0  # consecutive failed scrapes
     healthy: bool = False  # a good scrape seen, and fewer than `unhealthy_after` failures since
@@ -57,6 +66,7 @@ class Scraper:
         unhealthy_after: int = 2,
         model_names: Mapping[str, str] | None = None,
         on_update: Callable[[str], None] | None = None,
+        in_transit: Callable[[str], Awaitable[int | None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if interval_s <= 0 or timeout_s <= 0 or unhealthy_after < 1:
@@ -68,12 +78,14 @@ class Scraper:
         self._unhealthy_after = unhealthy_after
         self._model_names = dict(model_names or {})
         self._on_update = on_update
+        self._in_transit = in_transit
         self._clock = clock
         self._views = {endpoint: EndpointView() for endpoint in self._endpoints}
         # One scrape per endpoint at a time: an older answer landing after a newer
         # one would move the sample backwards and read as a counter reset.
         self._locks = {endpoint: asyncio.Lock() for endpoint in self._endpoints}
         self._loops: dict[str, asyncio.Task[None]] | None = None  # while ``run`` runs
+        self._extra: dict[str, asyncio.Task[None]] = {}  # pending ``scrape_after``
 
     def view(self, endpoint: str) -> EndpointView:
         """The latest view; KeyError for an endpoint the scraper was not given."""
@@ -88,9 +100,10 @@ class Scraper:
             await asyncio.Future()  # until cancelled
         finally:
             loops, self._loops = self._loops, None
-            for task in loops.values():
+            tasks = [*loops.values(), *self._extra.values()]
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(*loops.values(), return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     def watch(self, endpoints: Sequence[str]) -> None:
         """Scrape exactly ``endpoints`` from now on: views of the ones kept stay, new ones
@@ -106,6 +119,21 @@ class Scraper:
                 self._locks[endpoint] = asyncio.Lock()
                 self._start(endpoint)
         self._endpoints = wanted
+
+    def scrape_after(self, endpoint: str, delay_s: float) -> None:
+        """One extra scrape of ``endpoint`` in ``delay_s`` (at most one pending per
+        endpoint, and only while ``run`` runs)."""
+        if self._loops is None or endpoint not in self._views or endpoint in self._extra:
+            return
+        self._extra[endpoint] = asyncio.create_task(self._scrape_later(endpoint, delay_s))
+
+    async def _scrape_later(self, endpoint: str, delay_s: float) -> None:
+        try:
+            await asyncio.sleep(delay_s)
+            if endpoint in self._views:
+                await self._scrape(endpoint)
+        finally:
+            self._extra.pop(endpoint, None)
 
     def _start(self, endpoint: str) -> None:
         if self._loops is not None:
@@ -133,12 +161,16 @@ class Scraper:
             # Sent time, not received time: what fairq admitted while the request was
             # in flight counts as not yet visible in the sample, the cautious side.
             sent_at = self._clock()
+            in_transit = 0 if self._in_transit is None else await self._in_transit(endpoint)
+            if in_transit is None:
+                log.debug("scrape of %s skipped: fairq's own counts are unreadable", endpoint)
+                return
             try:
                 sample = await self._fetch(endpoint)
             except _ScrapeFailed as exc:
                 self._record_failure(endpoint, str(exc))
             else:
-                self._record_success(endpoint, sample, sent_at)
+                self._record_success(endpoint, sample, sent_at, in_transit)
         self._notify(endpoint)
 
     async def _fetch(self, endpoint: str) -> EngineSample:
@@ -158,13 +190,16 @@ class Scraper:
         except MetricsError as exc:
             raise _ScrapeFailed(str(exc)) from exc
 
-    def _record_success(self, endpoint: str, sample: EngineSample, sent_at: float) -> None:
+    def _record_success(
+        self, endpoint: str, sample: EngineSample, sent_at: float, in_transit: int
+    ) -> None:
         old = self._views[endpoint]
         if old.failures >= self._unhealthy_after:
             log.info("metrics of %s are back after %d failed scrapes", endpoint, old.failures)
         self._views[endpoint] = EndpointView(
             sample=sample,
             scraped_at=sent_at,
+            in_transit=in_transit,
             tpot_s=recent_tpot_s(old.sample, sample),
             healthy=True,
         )

@@ -54,10 +54,11 @@ from dispatcher.admission import (
     AdmissionPolicy,
     EndpointState,
     choose_endpoint,
+    held_by_recent_sends,
     plan_grant,
     refusals,
 )
-from dispatcher.endpoints import RateMeter, SentLog, endpoint_states
+from dispatcher.endpoints import METRICS_LAG_S, RateMeter, SentLog, endpoint_states
 from dispatcher.fairness import policy
 from dispatcher.ownership import Ownership
 from dispatcher.scraper import EndpointView, Scraper
@@ -162,10 +163,17 @@ class Dispatcher:
             for name in owners[endpoint]:
                 wake.event(name).set()
 
+        async def in_transit(endpoint: str) -> int | None:
+            try:
+                return await self._store.in_transit(owners[endpoint], endpoint)
+            except RedisError:
+                return None  # the scrape waits for Redis: a sample without it is half a view
+
         s = self._settings
         return Scraper(
             [], http, interval_s=s.scrape_interval_s, timeout_s=s.scrape_timeout_s,
             unhealthy_after=s.unhealthy_after_failures, on_update=on_update,
+            in_transit=in_transit,
         )  # fmt: skip
 
     async def _model_loop(
@@ -232,11 +240,14 @@ class Dispatcher:
             # The script re-checks this bound against Redis's own count: a plan from a
             # stale view can never send more than the decision allowed.
             bound = snap.inflight.get(decision.endpoint, 0) + decision.room
-            now = time.monotonic()
+            rate = self._rates[model.name].rate(time.monotonic())
             dispatched, snap = await self._store.dispatch(
                 model.name, decision.endpoint, bound, picks, depth,
-                engine_priority=model.engine_priority, rate=self._rates[model.name].rate(now),
+                engine_priority=model.engine_priority, rate=rate,
             )  # fmt: skip
+            # Sent when the script has run (after its reply), so that a scrape whose
+            # in-transit count was read before the script always counts these as sent since.
+            now = time.monotonic()
             self._sent.record(decision.endpoint, len(dispatched), now)
             self._rates[model.name].record(len(dispatched), now)
             telemetry.DISPATCHED.labels(model.name, top.band).inc(len(dispatched))
@@ -244,8 +255,23 @@ class Dispatcher:
             empty_rounds = 0 if dispatched else empty_rounds + 1
         self._views[model.name] = snap
         self.dispatched += total
+        if not snap.empty:
+            self._scrape_if_held(model, snap, config)
         await self._refresh_grant(model, snap, admission, config)
         return total
+
+    def _scrape_if_held(
+        self, model: ModelConfig, snap: ModelSnapshot, config: AdmissionConfig
+    ) -> None:
+        """Backlog is left and only recent sends hold an endpoint back: scrape it as soon
+        as those sends can show in its metrics, rather than at the next tick. Without this a
+        band whose target is 1 (batch) would get one job per scrape interval."""
+        if model.admission_policy != "metrics" or self._scraper is None:
+            return
+        band = snap.backlogs[0].band
+        for state in self._states(model, snap):
+            if held_by_recent_sends(state, band, config):
+                self._scraper.scrape_after(state.endpoint, METRICS_LAG_S + 0.01)
 
     def _express_sent(self, model: str, endpoint: str) -> None:
         now = time.monotonic()

@@ -81,6 +81,14 @@ def batch_worker() -> None:
     from broker.batch.worker import run_batch_worker
 
     settings = _settings()
+    if settings.redis_cluster:
+        _fail_config(
+            ValueError(
+                "the batch worker runs on RQ, which does not support Redis Cluster "
+                "(FAIRQ_REDIS_CLUSTER=true): run no batch workers against a cluster, or "
+                "point this deployment at a single Redis (docs/operations.md, Redis Cluster)"
+            )
+        )
     runtime.setup_logging()
     run_batch_worker(settings)
 

@@ -7,8 +7,10 @@ import contextlib
 import logging
 
 from prometheus_client import REGISTRY
+from redis.asyncio import Redis
 
 from broker import Settings, connect, connect_blocking, telemetry
+from broker.cluster import load_scripts
 from dispatcher.service import Dispatcher
 from dispatcher.status import DispatcherCollector, StatusPublisher
 from workers.service import Worker
@@ -20,6 +22,7 @@ log = logging.getLogger("fairq")
 async def run_dispatcher(settings: Settings, stop: asyncio.Event) -> None:
     redis = connect(settings)
     try:
+        await _prepare(settings, redis)
         dispatcher = Dispatcher(settings, redis)
         publisher = StatusPublisher(settings, redis, dispatcher)
         REGISTRY.register(DispatcherCollector(publisher))
@@ -39,6 +42,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event, concurrency: int |
     redis = connect(settings)
     blocking = connect_blocking(settings, block_s=1.0)
     try:
+        await _prepare(settings, redis)
         worker = Worker(settings, redis, blocking, concurrency=concurrency)
         models = [m.name for m in settings.models]
         running = concurrency or settings.worker_concurrency
@@ -56,3 +60,10 @@ async def run_worker(settings: Settings, stop: asyncio.Event, concurrency: int |
     finally:
         await blocking.aclose()
         await redis.aclose()
+
+
+async def _prepare(settings: Settings, redis: Redis) -> None:
+    """On a cluster, load the scripts that pipelines call by SHA on every master first
+    (``broker.cluster``): a single Redis's pipelines load them on their own."""
+    if settings.redis_cluster:
+        await load_scripts(redis)

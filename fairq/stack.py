@@ -60,7 +60,7 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 class Stack:
     config: dict[str, Any]
     gateway_port: int
-    sims: dict[int, str] = field(default_factory=dict)  # port -> model served
+    sims: dict[int, str] = field(default_factory=dict)  # port -> model(s) served, comma-separated
     sim_profiles: dict[int, str] = field(default_factory=dict)  # port -> profile name or path
     redis_url: str | None = None
     workers: int = 1
@@ -68,6 +68,7 @@ class Stack:
     batch_workers: int = 1  # RQ batch workers (the Batch API); only with the gateway
     gateway: bool = True
     env: dict[str, str] = field(default_factory=dict)  # extra, e.g. FAIRQ_WORKER_CONCURRENCY
+    log_dir: Path | None = None  # each child's stdout and stderr to <log_dir>/<name>.log
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     metrics_ports: dict[str, int] = field(default_factory=dict)  # process -> its /metrics port
     _redis: LocalRedis | None = None
@@ -116,7 +117,9 @@ class Stack:
             self._wait_http(f"{self.gateway_url}/readyz", timeout_s)
 
     def _sim_args(self, port: int, model: str) -> list[str]:
-        args = ["sim", "--port", str(port), "--model", model]
+        args = ["sim", "--port", str(port)]
+        for name in model.split(","):
+            args += ["--model", name]
         profile = self.sim_profiles.get(port)
         return args if profile is None else [*args, "--profile", profile]
 
@@ -144,11 +147,20 @@ class Stack:
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
         self._commands[name] = (args, env)
-        self.processes[name] = subprocess.Popen(
-            [sys.executable, "-m", "fairq", *args],
-            env={**self.env, **(env or {})},
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only ctypes prctl, no locks taken
-        )
+        log = None
+        if self.log_dir is not None:
+            log = (self.log_dir / f"{name.replace('/', '_')}.log").open("ab")
+        try:
+            self.processes[name] = subprocess.Popen(
+                [sys.executable, "-m", "fairq", *args],
+                env={**self.env, **(env or {})},
+                stdout=log,
+                stderr=log,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only ctypes prctl, no locks taken
+            )
+        finally:
+            if log is not None:
+                log.close()  # the child has its own descriptor
 
     def _wait_http(self, url: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -12,7 +12,9 @@ import base64
 import contextlib
 import itertools
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -82,10 +84,14 @@ def _devtools_port(profile: Path, process: subprocess.Popen[bytes]) -> int:
 @contextlib.asynccontextmanager
 async def browser_page(browser: str, url: str) -> AsyncIterator[Page]:
     """A page of a fresh headless chromium that has started loading ``url``."""
-    with tempfile.TemporaryDirectory(prefix="fairq-chromium-") as profile:
+    # Chromium's helper processes may still write the profile as the main one exits: stop
+    # the whole process group, and let a file written at the last moment not fail the test.
+    with tempfile.TemporaryDirectory(
+        prefix="fairq-chromium-", ignore_cleanup_errors=True
+    ) as profile:
         process = subprocess.Popen(
             [browser, *FLAGS, f"--user-data-dir={profile}", url],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
         try:
             port = _devtools_port(Path(profile), process)
@@ -94,9 +100,10 @@ async def browser_page(browser: str, url: str) -> AsyncIterator[Page]:
             async with connect(page["webSocketDebuggerUrl"], max_size=None) as ws:
                 yield Page(ws)
         finally:
-            process.terminate()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
             try:
                 process.wait(10)
             except subprocess.TimeoutExpired:
-                process.kill()
+                os.killpg(process.pid, signal.SIGKILL)
                 process.wait()

@@ -14,6 +14,7 @@ from dispatcher.admission import (
     MetricsAdmission,
     StaticCap,
     choose_endpoint,
+    held_by_recent_sends,
     plan_grant,
     refusals,
 )
@@ -45,6 +46,31 @@ def test_jobs_sent_since_the_scrape_count_until_the_engine_shows_them() -> None:
     state = fresh(waiting=0, running=10, inflight=12, admitted_since_scrape=2)
     assert state.queue_estimate == 2
     assert METRICS.decide(state, "default", CONFIG).room == 1
+
+
+def test_jobs_in_transit_at_the_scrape_add_to_what_it_showed() -> None:
+    # A job dispatched before the scrape and handed to the engine after it is in neither
+    # the sample nor "sent since": the count read at the scrape keeps it in the estimate.
+    state = fresh(waiting=2, running=10, inflight=14, unstarted=1, in_transit=1)
+    assert state.queue_estimate == 3
+    assert METRICS.decide(state, "default", CONFIG).room == 0
+    sent_too = fresh(waiting=1, inflight=14, in_transit=1, admitted_since_scrape=1)
+    assert sent_too.queue_estimate == 3
+
+
+def test_only_recent_sends_holding_a_band_back_asks_for_an_early_scrape() -> None:
+    held = fresh(waiting=0, running=20, inflight=21, admitted_since_scrape=1)
+    assert METRICS.decide(held, "batch", CONFIG).room == 0
+    assert held_by_recent_sends(held, "batch", CONFIG)
+    # The engine's own queue or jobs on their way hold it: a new scrape cannot open it.
+    assert not held_by_recent_sends(fresh(waiting=1, admitted_since_scrape=1), "batch", CONFIG)
+    in_transit = fresh(in_transit=1, admitted_since_scrape=1)
+    assert not held_by_recent_sends(in_transit, "batch", CONFIG)
+    assert not held_by_recent_sends(fresh(unstarted=1, admitted_since_scrape=1), "batch", CONFIG)
+    # Nothing sent since, or metrics not to be trusted: no early scrape either.
+    assert not held_by_recent_sends(fresh(waiting=1), "batch", CONFIG)
+    stale = fresh(fresh=False, admitted_since_scrape=1)
+    assert not held_by_recent_sends(stale, "batch", CONFIG)
 
 
 def test_the_lag_free_count_of_unstarted_jobs_wins_when_larger() -> None:

@@ -6,6 +6,7 @@ DispatchStore, ExecutionStore) and checks the state the contract promises.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 import pytest
@@ -27,6 +28,7 @@ from broker import (
     keys,
     parse_wake,
 )
+from broker.execution import Reclaim
 
 MODEL = "m1"
 EP = "http://127.0.0.1:9"
@@ -346,3 +348,32 @@ async def test_tenant_user_counts_follow_users_leaving_the_backlog(r: Redis) -> 
     assert await r.hget(keys.meta(MODEL), field) == b"1"
     await _dispatch_rounds(DispatchStore(r, s), 1)
     assert await r.hget(keys.meta(MODEL), field) == b"0"
+
+
+async def test_transit_counts_dispatched_jobs_until_a_worker_starts_them(r: Redis) -> None:
+    # Admission adds these to what the engine last reported: they are in no engine metric.
+    s = settings(lease_ms=100, lease_renew_ms=50)
+    q, d, x = JobQueue(r, s), DispatchStore(r, s), ExecutionStore(r, s)
+    await x.ensure_groups([MODEL])
+    jobs = [await q.submit(submission(u)) for u in ("u1", "u2", "u3")]
+    picks = [Pick("default", u, i, i) for i, u in enumerate(("u1", "u2", "u3"), start=1)]
+    await d.dispatch(MODEL, EP, 4, picks, 10)
+    assert await d.in_transit([MODEL], EP) == 3
+    claimed = {c.job_id: c for c in await x.claim(r, [MODEL], "w1", count=10, block_ms=100)}
+    assert await x.start(claimed[jobs[0]], "w1") == 1  # reached the engine
+    assert await d.in_transit([MODEL], EP) == 2
+    await q.cancel(jobs[1], "u2")  # cancelled on its way
+    assert await d.in_transit([MODEL], EP) == 1
+    await x.load_scripts()
+    pipe = x.pipeline()  # ended by a worker before it started (e.g. a shutdown)
+    x.add_complete(pipe, claimed[jobs[2]], Outcome(JobState.FAILED))
+    await pipe.execute()
+    assert await d.in_transit([MODEL], EP) == 0
+    # The started job's worker dies: reclaimed for a retry, it is on its way again.
+    await asyncio.sleep(0.2)
+    (taken,) = await x.reclaim(MODEL, "w2", 10)
+    assert taken.decision is Reclaim.RETRY and taken.job.job_id == jobs[0]
+    assert await d.in_transit([MODEL], EP) == 1
+    assert await x.start(taken.job, "w2") == 2
+    assert await d.in_transit([MODEL], EP) == 0
+    assert await d.in_transit([MODEL, "other"], "http://elsewhere") == 0

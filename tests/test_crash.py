@@ -31,7 +31,7 @@ from stackparts import (
 )
 from stackparts import gateway as gateway_server
 
-from broker import AsyncClient, JobFailed, JobState, ResultEvent, Settings, keys
+from broker import AsyncClient, ExecutionStore, JobFailed, JobState, ResultEvent, Settings, keys
 from fairq.localredis import free_port
 
 pytestmark = pytest.mark.integration
@@ -176,3 +176,27 @@ async def test_a_job_that_kills_every_worker_becomes_a_dead_letter_after_n_attem
         assert [j["id"] for j in listed.json()["data"]] == [job_id]
         refused = http.get("/v1/admin/dead-letters", params={"model": MODEL}, headers=ALICE)
         assert refused.status_code == 403
+
+
+async def test_the_names_of_gone_workers_leave_the_ready_group_never_one_holding_a_job(
+    aredis: Redis, redis_url: str
+) -> None:
+    model = "forget-test"
+    settings = Settings(
+        redis_url=redis_url, forget_consumer_after_ms=1000,
+        models=[{"name": model, "endpoints": ["http://127.0.0.1:9"]}],
+    )  # fmt: skip
+    store = ExecutionStore(aredis, settings)
+    await store.ensure_groups([model])
+    ready, group = keys.ready(model), keys.READY_GROUP
+    for job in ("a", "b"):
+        await aredis.xadd(ready, {"j": job})
+    ((_, [(done, _)]),) = await aredis.xreadgroup(group, "gone", {ready: ">"}, count=1)
+    await aredis.xack(ready, group, done)  # its job ended, then the worker died
+    await aredis.xreadgroup(group, "holding", {ready: ">"}, count=1)  # died with a job
+    await asyncio.sleep(1.1)  # both idle past forget_consumer_after_ms
+    await aredis.xreadgroup(group, "live", {ready: ">"}, count=1, block=10)  # just read
+    assert await store.forget_gone_consumers(model) == ["gone"]
+    names = {c["name"].decode() for c in await aredis.xinfo_consumers(ready, group)}
+    assert names == {"holding", "live"}  # the held job stays for reclaim to find
+    assert (await aredis.xpending(ready, group))["pending"] == 1

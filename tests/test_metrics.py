@@ -481,6 +481,40 @@ async def test_scraped_at_is_when_the_scrape_was_sent(
     assert scraped_at is not None and sent <= scraped_at < sent + 0.2
 
 
+async def test_each_scrape_keeps_the_jobs_in_transit_read_just_before_it(
+    engine: tuple[FakeEngine, str], http: httpx.AsyncClient
+) -> None:
+    # The sample cannot show jobs still on their way to the engine: the view keeps their
+    # count beside it. Unreadable (None: Redis down) skips the scrape; the view ages.
+    fake, url = engine
+    counts: list[int | None] = [4, None]
+
+    async def in_transit(endpoint: str) -> int | None:
+        assert endpoint == url
+        return counts.pop(0)
+
+    scraper = Scraper([url], http, in_transit=in_transit)
+    await scraper.scrape_once()
+    first = scraper.view(url)
+    assert first.in_transit == 4 and first.healthy and len(fake.arrivals) == 1
+    await scraper.scrape_once()
+    assert scraper.view(url) == first and len(fake.arrivals) == 1  # skipped, not failed
+
+
+async def test_scrape_after_adds_one_scrape_off_the_grid(
+    engine: tuple[FakeEngine, str], http: httpx.AsyncClient
+) -> None:
+    fake, url = engine
+    scraper = Scraper([url], http, interval_s=30)  # the grid: one scrape at the start
+    async with running(scraper):
+        await until(lambda: len(fake.arrivals) >= 1, "the first scrape")
+        scraper.scrape_after(url, 0.05)
+        scraper.scrape_after(url, 0.05)  # one is pending already: no second
+        await until(lambda: len(fake.arrivals) >= 2, "the extra scrape")
+        await asyncio.sleep(0.2)
+    assert len(fake.arrivals) == 2
+
+
 async def test_on_update_is_called_after_every_attempt_good_or_bad(
     engine: tuple[FakeEngine, str], http: httpx.AsyncClient
 ) -> None:

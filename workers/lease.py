@@ -7,7 +7,10 @@ One loop per worker, every ``lease_renew_ms``:
    the jobs whose entries it learns it has lost;
 2. take over entries idle for longer than ``lease_ms`` (their worker died) while
    it has free slots (``reclaim.lua``), and hand each to the worker with the
-   decision made for it (retry, fail, dead letter).
+   decision made for it (retry, fail, dead letter);
+3. about once a minute, remove the consumer names that dead workers left in the
+   ready groups (``forget.lua``: idle ``forget_consumer_after_ms``, nothing
+   pending), so the groups do not grow with every worker ever started.
 
 Ownership is documented in ``broker.execution``.
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from redis.exceptions import RedisError
@@ -24,6 +28,8 @@ from broker import Claimed, ExecutionStore, Settings
 from broker.execution import Reclaimed
 
 log = logging.getLogger(__name__)
+
+_FORGET_EVERY_S = 60.0
 
 
 class LeaseKeeper:
@@ -34,6 +40,7 @@ class LeaseKeeper:
         self._settings = settings
         self._worker = worker
         self._models = list(models)
+        self._forgot_at = time.monotonic()  # not at once: a fresh worker has work to do
 
     async def run(
         self,
@@ -53,11 +60,25 @@ class LeaseKeeper:
                         break
                     for taken in await self._store.reclaim(model, self._worker, free):
                         await on_reclaimed(taken)
+                await self._forget_gone_workers()
             except RedisError as exc:
                 # Renewals that fail for a whole lease lose the jobs: renew.lua reports
                 # them as lost on the next call that gets through.
                 log.warning("lease renewal failed (%s); retrying", exc)
             await asyncio.sleep(interval_s)
+
+    async def _forget_gone_workers(self) -> None:
+        if time.monotonic() - self._forgot_at < _FORGET_EVERY_S:
+            return
+        self._forgot_at = time.monotonic()
+        for model in self._models:
+            gone = await self._store.forget_gone_consumers(model)
+            if gone:
+                log.info(
+                    "model %s: removed %d gone workers' names from the ready group",
+                    model,
+                    len(gone),
+                )
 
     async def _renew(self, jobs: Mapping[str, Claimed], on_lost: Callable[[str], None]) -> None:
         if not jobs:

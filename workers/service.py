@@ -22,12 +22,14 @@ import os
 import secrets
 import socket
 from collections.abc import Collection, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from broker import Claimed, ExecutionStore, JobState, ModelConfig, Outcome, Settings, stop_task
+from broker.cluster import SlotConnections, slot_groups
 from broker.execution import Reclaim, Reclaimed
 from workers import metrics
 from workers.cancel import CancelListener
@@ -59,6 +61,7 @@ class Worker:
         concurrency: int | None = None,
     ) -> None:
         self._settings = settings
+        self._redis = redis  # finds the master of each slot (a cluster)
         self._blocking = blocking  # dedicated connection for XREADGROUP BLOCK
         self._models = [m.name for m in (models if models is not None else settings.models)]
         self._concurrency = concurrency or settings.worker_concurrency
@@ -73,6 +76,7 @@ class Worker:
         self._finishing: set[str] = set()  # outcome handed to the writer (its ack may be out)
         self._stopping = False
         self._slot_freed = asyncio.Event()
+        self._reserved = 0  # places held by claim lanes blocked in a read
         self.name = worker_name()
         self._lease = LeaseKeeper(self._store, settings, self.name, self._models)
         self._sweeper = DeadlineSweeper(self._store, settings, self.name, self._models)
@@ -114,28 +118,56 @@ class Worker:
         )
 
     async def _claim_loop(self, runner: JobRunner, stop: asyncio.Event) -> None:
+        """Claim while running; one lane per group of models one XREADGROUP may name
+        (all of them on a single Redis; one hash slot each on a cluster)."""
+        if not self._settings.redis_cluster:
+            lane = _Lane(self._models, self._concurrency, self._blocking)
+            await self._claim_lane(runner, stop, lane)
+            return
+        groups = slot_groups(self._models, cluster=True)
+        share = -(-self._concurrency // len(groups))  # a lane claims at most its share at once
+        connections = SlotConnections(self._settings, self._redis, _CLAIM_BLOCK_MS / 1000)
+        try:
+            async with asyncio.TaskGroup() as lanes:
+                for models in groups:
+                    lane = _Lane(models, share, connections=connections)
+                    lanes.create_task(self._claim_lane(runner, stop, lane))
+        finally:
+            await connections.aclose()
+
+    async def _claim_lane(self, runner: JobRunner, stop: asyncio.Event, lane: _Lane) -> None:
+        models, share = lane.models, lane.share
         backoff = 0.05
         while not stop.is_set():
-            free = self._concurrency - len(self._running)
+            # Free places are reserved before the blocking read: lanes reading at the
+            # same time never claim more jobs together than the worker may run.
+            free = min(share, self._concurrency - len(self._running) - self._reserved)
             if free <= 0:
                 self._slot_freed.clear()
                 await _wait(self._slot_freed, 1.0)
                 continue
+            self._reserved += free
             try:
+                blocking = await lane.connection()
                 claimed = await self._store.claim(
-                    self._blocking, self._models, self.name, free, _CLAIM_BLOCK_MS
+                    blocking, models, self.name, free, _CLAIM_BLOCK_MS
                 )
                 backoff = 0.05
             except RedisError as exc:
                 log.warning("claiming jobs failed (%s); retrying in %.2fs", exc, backoff)
+                await lane.reset()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 if "NOGROUP" in str(exc):  # Redis lost its data: the group must be made again
                     with contextlib.suppress(RedisError):
-                        await self._store.ensure_groups(self._models)
+                        await self._store.ensure_groups(models)
                 continue
+            finally:
+                self._reserved -= free
             for entry in claimed:
                 self._spawn(entry, self._run_claimed(runner, entry))
+            if len(claimed) < free:
+                self._slot_freed.set()  # places left unused: another lane may take them
 
     def _spawn(self, job: Claimed, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
@@ -258,6 +290,27 @@ class Worker:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
         await self._writer.drain()
+
+
+@dataclass
+class _Lane:
+    """Models one blocking XREADGROUP may name, and where that read goes: the worker's
+    own connection (a single Redis) or the master serving their slot (a cluster)."""
+
+    models: list[str]
+    share: int  # most places the lane may claim at once
+    blocking: Redis | None = None
+    connections: SlotConnections | None = None
+
+    async def connection(self) -> Redis:
+        if self.blocking is not None:
+            return self.blocking
+        assert self.connections is not None
+        return await self.connections.get(self.models)
+
+    async def reset(self) -> None:
+        if self.connections is not None:
+            await self.connections.reset(self.models)
 
 
 async def _wait(event: asyncio.Event, timeout_s: float) -> None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
+from broker.errors import NotSupported
 from broker.gateway import (
     admin,
     admin_queues,
@@ -45,8 +46,22 @@ def create_app(settings: Settings) -> FastAPI:
         redoc_url=None,
         openapi_url="/openapi.json",
     )
-    for module in (completions, jobs, models, health, files, batches, admin, admin_queues):
+    for module in (completions, jobs, models, health, admin, admin_queues):
         app.include_router(module.router)
+    # The Batch API runs on RQ, which cannot use a Redis Cluster (docs/operations.md).
+    batch = [] if not settings.redis_cluster else [Depends(_batch_needs_single_redis)]
+    for module in (files, batches):
+        app.include_router(module.router, dependencies=batch)
     install_handlers(app)
     install_openapi(app, settings)
     return app
+
+
+def _batch_needs_single_redis() -> None:
+    raise NotSupported(
+        "the Batch API (/v1/files, /v1/batches) needs a single Redis: its batch workers "
+        "run on RQ, which does not support Redis Cluster, and this gateway runs with "
+        "redis_cluster=true; send the lines as separate requests, or run batches on a "
+        "deployment with a single Redis",
+        code="batch_needs_single_redis",
+    )

@@ -30,8 +30,8 @@ from broker.gateway.outcomes import SHUTDOWN
 from broker.gateway.restarts import RestartWatch
 from broker.jobs import JobState
 from broker.queue import JobQueue
-from broker.redis_conn import connect, connect_blocking
-from broker.results import ResultEvent, ResultReader
+from broker.redis_conn import connect, result_reader
+from broker.results import ResultEvent
 from broker.settings import Settings
 from broker.tasks import stop_task
 
@@ -50,11 +50,7 @@ class Gateway:
         self.keyring = KeyRing(settings)
         self.redis: Redis = connect(settings)
         self.queue = JobQueue(self.redis, settings)
-        self.reader = ResultReader(
-            connect_blocking(settings, block_s=_READER_BLOCK_S),
-            self.redis,
-            block_ms=_READER_BLOCK_S * 1000,
-        )
+        self.reader = result_reader(settings, self.redis, block_s=_READER_BLOCK_S)
         self._tasks: set[asyncio.Task[None]] = set()
         self._followed: dict[str, asyncio.Queue[ResultEvent]] = {}  # job id -> its events
         self._released = asyncio.Event()

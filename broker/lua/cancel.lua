@@ -10,6 +10,7 @@
 -- KEYS[8] user counts         fq:{m}:users
 -- KEYS[9] queued counts       fq:{m}:queued
 -- KEYS[10] meta hash          fq:{m}:meta (backlogged users per tenant)
+-- KEYS[11] transit hash       fq:{m}:transit
 -- ARGV[1] job id   ARGV[2] ready consumer group   ARGV[3] ttl seconds
 -- ARGV[4] wake channel   ARGV[5] cancel channel (workers abort the engine request)
 -- ARGV[6] user   ARGV[7] terminal state to record (cancelled, or expired for deadlines)
@@ -39,6 +40,9 @@ else
   end
   if redis.call('HSETNX', KEYS[1], 'ft', 1) == 1 then  -- ended before its first token
     redis.call('HINCRBY', KEYS[7], endpoint, -1)
+  end
+  if st == 'dispatched' then  -- cancelled before a worker started it
+    redis.call('HINCRBY', KEYS[11], endpoint, -1)
   end
   redis.call('XACK', KEYS[3], ARGV[2], rentry)
   redis.call('XDEL', KEYS[3], rentry)

@@ -9,6 +9,7 @@
 -- KEYS[6] band backlog   fq:{m}:bk:{band} of the job's band
 -- KEYS[7] user counts    fq:{m}:users
 -- KEYS[8] dead letters   fq:{m}:dead (zset: job id -> when)
+-- KEYS[9] transit hash   fq:{m}:transit
 -- ARGV[1] terminal state (completed|failed)   ARGV[2] ready consumer group
 -- ARGV[3] ttl seconds of the job and its results   ARGV[4] wake channel
 -- ARGV[5] error JSON or ''   ARGV[6] usage JSON or ''   ARGV[7] finish reason or ''
@@ -70,6 +71,9 @@ if endpoint then
   end
   if redis.call('HSETNX', KEYS[1], 'ft', 1) == 1 then  -- ended before its first token
     redis.call('HINCRBY', KEYS[5], endpoint, -1)
+  end
+  if st == 'dispatched' then  -- ended before a worker started it
+    redis.call('HINCRBY', KEYS[9], endpoint, -1)
   end
 end
 redis.call('PUBLISH', ARGV[4], 'e')

@@ -9,8 +9,9 @@
 -- KEYS[4] unstarted hash fq:{m}:unstarted
 -- KEYS[5] user counts    fq:{m}:users  (user -> jobs dispatched and not yet ended)
 -- KEYS[6] queued counts  fq:{m}:queued (band -> jobs queued)
--- KEYS[7 .. 6+B]         band backlog zsets fq:{m}:bk:{band}, one per band, in priority order
--- KEYS[7+B .. 6+B+n]     user queue streams fq:{m}:q:{band}:{user}, one per pick
+-- KEYS[7] transit hash   fq:{m}:transit (endpoint -> jobs dispatched, not yet started)
+-- KEYS[8 .. 7+B]         band backlog zsets fq:{m}:bk:{band}, one per band, in priority order
+-- KEYS[8+B .. 7+B+n]     user queue streams fq:{m}:q:{band}:{user}, one per pick
 -- ARGV[1] endpoint   ARGV[2] job key prefix (fq:{m}:job:)   ARGV[3] ready stream max length
 -- ARGV[4] endpoint's in-flight cap   ARGV[5] depth of the reported backlogs   ARGV[6] B
 -- ARGV[7] 1: give each job an engine priority (vLLM --scheduling-policy priority), else 0
@@ -36,7 +37,8 @@ local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
 local bands = tonumber(ARGV[6])
 local cap = tonumber(ARGV[4])
 local ids = {}
-local picks = #KEYS - 6 - bands
+local FIXED = 7  -- KEYS before the band backlogs
+local picks = #KEYS - FIXED - bands
 local BAND_STEP = 1000000
 
 local function pop_head(queue)
@@ -67,13 +69,14 @@ local function to_ready(job_id, band)
   redis.call('HDEL', job, 'p')
   redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
   redis.call('HINCRBY', KEYS[4], ARGV[1], 1)
+  redis.call('HINCRBY', KEYS[7], ARGV[1], 1)
   return job_id
 end
 
 for i = 1, picks do
   local a = 9 + 2 * bands + 4 * (i - 1)
   local band = tonumber(ARGV[a])
-  local backlog, queue, user = KEYS[6 + band], KEYS[6 + bands + i], ARGV[a + 1]
+  local backlog, queue, user = KEYS[FIXED + band], KEYS[FIXED + bands + i], ARGV[a + 1]
   ids[i] = ''
   if tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') < cap then
     local score, join = ARGV[a + 2], ARGV[a + 3]
@@ -120,7 +123,7 @@ local out = {ids}
 local depth = tonumber(ARGV[5])
 local join_fields = {}
 for b = 1, bands do
-  out[#out + 1] = redis.call('ZRANGE', KEYS[6 + b], 0, depth - 1, 'WITHSCORES')
+  out[#out + 1] = redis.call('ZRANGE', KEYS[FIXED + b], 0, depth - 1, 'WITHSCORES')
   join_fields[b] = ARGV[8 + b]
 end
 join_fields[bands + 1] = 'xs'

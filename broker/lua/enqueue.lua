@@ -11,6 +11,7 @@
 -- KEYS[7] inflight hash       fq:{m}:inflight
 -- KEYS[8] unstarted hash      fq:{m}:unstarted
 -- KEYS[9] user counts         fq:{m}:users
+-- KEYS[10] transit hash       fq:{m}:transit
 -- ARGV[1] job id   ARGV[2] user   ARGV[3] tenant   ARGV[4] band
 -- ARGV[5] kind (chat|completion)   ARGV[6] stream flag (0|1|2)   ARGV[7] payload (JSON)
 -- ARGV[8] max queued jobs per user   ARGV[9] wake channel   ARGV[10] meta join field
@@ -75,6 +76,7 @@ if endpoint then
   redis.call('HSET', KEYS[1], 'st', 'dispatched', 'td', now_ms, 'ep', endpoint, 're', entry)
   redis.call('HINCRBY', KEYS[7], endpoint, 1)
   redis.call('HINCRBY', KEYS[8], endpoint, 1)
+  redis.call('HINCRBY', KEYS[10], endpoint, 1)
   -- Every band's credits shrink: they all share the one endpoint's engine queue.
   for b = 1, bands do
     local field = ARGV[18 + bands + b]

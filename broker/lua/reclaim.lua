@@ -2,6 +2,8 @@
 -- decide each job's fate, atomically, so two workers reclaiming at once never share a job.
 -- KEYS[1] ready stream     fq:{m}:ready
 -- KEYS[2] unstarted hash   fq:{m}:unstarted
+-- KEYS[3] transit hash     fq:{m}:transit (a job's move between 'dispatched' and
+--                          'running' moves it in or out of this count)
 -- ARGV[1] ready consumer group   ARGV[2] this worker (consumer name)   ARGV[3] lease in ms
 -- ARGV[4] most entries to take   ARGV[5] job key prefix (fq:{m}:job:)
 -- ARGV[6] result key prefix (fq:{m}:out:)   ARGV[7] attempts allowed per job
@@ -36,12 +38,15 @@ for _, e in ipairs(claimed[2]) do
     redis.call('XACK', KEYS[1], ARGV[1], id)
     redis.call('XDEL', KEYS[1], id)
   elseif redis.call('XLEN', ARGV[6] .. job_id) > 0 then
+    if st == 'dispatched' and f[4] then redis.call('HINCRBY', KEYS[3], f[4], -1) end
     redis.call('HSET', job, 'st', 'running', 'wk', ARGV[2])
     out[#out + 1] = {'fail', id, attempts, fields}
   elseif attempts >= tonumber(ARGV[7]) then
+    if st == 'dispatched' and f[4] then redis.call('HINCRBY', KEYS[3], f[4], -1) end
     redis.call('HSET', job, 'st', 'running', 'wk', ARGV[2])
     out[#out + 1] = {'dead', id, attempts, fields}
   else
+    if st == 'running' and f[4] then redis.call('HINCRBY', KEYS[3], f[4], 1) end
     redis.call('HSET', job, 'st', 'dispatched')
     redis.call('HDEL', job, 'wk')
     if f[3] and f[4] then

@@ -2,6 +2,7 @@
 -- The worker may already be calling the engine (the ready entry holds the payload); this
 -- records that it runs the job, or tells it to abort because the job ended meanwhile.
 -- KEYS[1] job hash   fq:{m}:job:{id}
+-- KEYS[2] transit hash fq:{m}:transit (endpoint -> jobs dispatched, not yet started)
 -- ARGV[1] worker name (kept in 'wk': 'w' is the key's fairness weight, from enqueue.lua)
 -- Returns {1, attempts} when the job is now running under this worker, or {0, state}
 -- when it is no longer startable (ended already, or gone: state '') and the worker must
@@ -19,4 +20,6 @@ local t = redis.call('TIME')
 local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
 local attempts = redis.call('HINCRBY', KEYS[1], 'att', 1)
 redis.call('HSET', KEYS[1], 'st', 'running', 'tr', now_ms, 'wk', ARGV[1])
+-- It has reached the engine (the worker calls this once the engine has the request).
+redis.call('HINCRBY', KEYS[2], redis.call('HGET', KEYS[1], 'ep'), -1)
 return {1, attempts}
