@@ -36,6 +36,7 @@ lint: install
 bench: install
 	$(BIN)/python -m benchmarks.latency
 	$(BIN)/python -m benchmarks.dispatch
+	$(BIN)/python -m benchmarks.streaming
 	$(BIN)/fairq bench fairness
 
 clean:

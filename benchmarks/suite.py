@@ -82,6 +82,27 @@ def _latency_rows(r: dict[str, Any], where: str) -> list[Row]:
     ]  # fmt: skip
 
 
+def _streaming_rows(r: dict[str, Any]) -> list[Row]:
+    rows: list[Row] = []
+    for c in r["cpu"]:
+        if c["arm"] != "fairq":
+            continue
+        hop = c["cpu_ms_per_1k_tokens"]["worker"] + c["cpu_ms_per_1k_tokens"]["gateway"]
+        rows.append((f"worker + gateway CPU per 1,000 streamed tokens, {c['streams']} stream(s)",
+                     f"{hop:.0f} ms", "<= 50 ms", hop <= 50))  # fmt: skip
+    f = r.get("fanout")
+    if f:
+        rows += [
+            (f"fan-out {f['streams']:,} streams: tokens/s received (sent)",
+             f"{f['tokens_per_s']:,.0f} ({f['target_tokens_per_s']:,.0f})", "-", None),
+            (f"fan-out {f['streams']:,} streams: added ITL p99", f"{f['added_itl_p99_ms']:.0f} ms",
+             "-", None),
+            (f"fan-out {f['streams']:,} streams: gateway Redis connections",
+             str(f["gateway_redis_connections"]), "<= 50", f["gateway_redis_connections"] <= 50),
+        ]  # fmt: skip
+    return rows
+
+
 STEPS = (
     Step("dispatch", "benchmarks.dispatch", (), ("--jobs", "4000"), _dispatch_rows),
     Step("depth", "benchmarks.depth", ("--jobs", "1000000"), ("--jobs", "20000", "--rounds", "50"),
@@ -91,6 +112,8 @@ STEPS = (
          lambda r: _latency_rows(r, "idle engine")),
     Step("latency_load", "benchmarks.latency", ("--load", "0.5"),
          ("--load", "0.5", "--requests", "60"), lambda r: _latency_rows(r, "engine at 50% load")),
+    Step("streaming", "benchmarks.streaming", ("--concurrency", "1,50,200", "--fanout", "1000"),
+         ("--concurrency", "1,50", "--seconds", "3", "--fanout", "100"), _streaming_rows),
 )  # fmt: skip
 
 

@@ -7,7 +7,11 @@ A job's result stream ``fq:{m}:out:{id}`` holds, in order:
     {end: <state>, e: <error JSON or ''>}   exactly one, last (written by complete/cancel.lua)
 
 ``ResultReader`` multiplexes every stream that a process follows over a single
-blocking ``XREAD`` on one connection. A new follower must join a read that is
+blocking ``XREAD`` on one connection. Its cost per read must not grow with the
+streams followed, as the read repeats every time any stream has news: the
+command is kept packed (one RESP segment per key and per position, re-encoded
+only for the streams that moved) and its reply is taken as Redis sent it,
+without redis-py's per-entry dict building. A new follower must join a read that is
 already blocked; it does so by ``CLIENT UNBLOCK``-ing the reader, which then
 re-issues the read with the new key. Redis connections per process stay at two
 whatever the number of concurrent streams. One stream may have several
@@ -28,6 +32,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from redis.asyncio import Redis
@@ -65,6 +70,18 @@ class ResultEvent:
             entry_id, end=JobState(end.decode()), error=orjson.loads(error) if error else None
         )
 
+    @classmethod
+    def from_reply(cls, entry_id: bytes, flat: list[bytes]) -> ResultEvent:
+        """From an entry's fields as Redis sends them (``[name, value, ...]``)."""
+        if len(flat) == 2 and flat[0] == CHUNK_FIELD:  # the hot path: one chunk
+            return cls(entry_id, chunk=flat[1])
+        return cls.parse(entry_id, dict(zip(flat[::2], flat[1::2], strict=True)))
+
+
+def _bulk(value: bytes) -> bytes:
+    """One argument of a command in RESP, as redis-py would pack it."""
+    return b"$%d\r\n%s\r\n" % (len(value), value)
+
 
 @dataclass(slots=True)
 class _Follower:
@@ -94,6 +111,11 @@ class ResultReader:
         self._block_ms = block_ms
         self._count = count
         self._followers: dict[bytes, list[_Follower]] = {}
+        # The XREAD's arguments, packed: per stream its key and the position to read after.
+        self._key_args: dict[bytes, bytes] = {}
+        self._id_args: dict[bytes, bytes] = {}
+        self._head = b"".join(_bulk(a) for a in (b"XREAD", b"COUNT", b"%d" % count, b"BLOCK",
+                                                 b"%d" % block_ms, b"STREAMS"))  # fmt: skip
         self._reading: frozenset[bytes] = frozenset()
         self._blocked = False
         self._client_id: int | None = None
@@ -118,6 +140,7 @@ class ResultReader:
         key = keys.results(model, job_id).encode()
         follower = _Follower(asyncio.Queue(), after)
         self._followers.setdefault(key, []).append(follower)
+        self._moved(key)
         # The caller need not wait for the reader to take the key in: events are read
         # from ``after`` on whenever that happens, so none can be missed.
         wake = asyncio.create_task(self._wake(key))
@@ -129,6 +152,7 @@ class ResultReader:
             followers.remove(follower)
             if not followers:
                 del self._followers[key]
+            self._moved(key)
 
     async def events(
         self, model: str, job_id: str, after: bytes = b"0-0"
@@ -170,32 +194,65 @@ class ResultReader:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
 
-    async def _read_once(self) -> None:
+    def _moved(self, key: bytes) -> None:
+        """Re-pack ``key``'s position: the earliest of its followers', or drop it."""
+        followers = self._followers.get(key)
+        if not followers:
+            self._key_args.pop(key, None)
+            self._id_args.pop(key, None)
+            return
+        if len(followers) == 1:
+            after = followers[0].last_id
+        else:
+            after = min((f.last_id for f in followers), key=entry_order)
+        if key not in self._key_args:
+            self._key_args[key] = _bulk(key)
+        self._id_args[key] = _bulk(after)
+
+    def _command(self) -> bytes:
+        n = len(self._key_args)
+        # Both dicts hold the same keys in the same order (added and removed together).
+        return b"".join(
+            (b"*%d\r\n" % (6 + 2 * n), self._head, *self._key_args.values(),
+             *self._id_args.values())
+        )  # fmt: skip
+
+    async def _xread(self) -> list[Any]:
+        """One blocking XREAD of every followed stream; the reply as Redis sent it."""
         if self._client_id is None:
             self._client_id = int(await self._blocking.client_id())
-        streams = {
-            key: fs[0].last_id if len(fs) == 1 else min((f.last_id for f in fs), key=entry_order)
-            for key, fs in self._followers.items()
-        }
-        self._reading = frozenset(streams)
+        connection = self._blocking.connection  # set up by the CLIENT ID call
+        assert connection is not None
+        self._reading = frozenset(self._key_args)
+        command = self._command()
         self._blocked = True
         try:
-            reply = await self._blocking.xread(streams, count=self._count, block=self._block_ms)  # type: ignore[arg-type]
+            await connection.send_packed_command(command, check_health=False)
+            reply = await connection.read_response()
         finally:
             self._blocked = False
-        for key, entries in reply or []:
+        if isinstance(reply, dict):  # RESP3: a map of key -> entries
+            return list(reply.items())
+        return reply or []
+
+    async def _read_once(self) -> None:
+        if not self._key_args:  # the last follower left since the loop looked
+            return
+        for key, entries in await self._xread():
             followers = self._followers.get(key)
             if not followers:
                 continue
             if len(followers) == 1:  # the usual case: no id comparisons
                 follower = followers[0]
+                put = follower.queue.put_nowait
                 for entry_id, fields in entries:
-                    follower.last_id = entry_id
-                    follower.queue.put_nowait(ResultEvent.parse(entry_id, fields))
-                continue
-            for entry_id, fields in entries:
-                event, order = ResultEvent.parse(entry_id, fields), entry_order(entry_id)
-                for follower in followers:
-                    if order > entry_order(follower.last_id):
-                        follower.last_id = entry_id
-                        follower.queue.put_nowait(event)
+                    put(ResultEvent.from_reply(entry_id, fields))
+                follower.last_id = entries[-1][0]
+            else:
+                for entry_id, fields in entries:
+                    event, order = ResultEvent.from_reply(entry_id, fields), entry_order(entry_id)
+                    for follower in followers:
+                        if order > entry_order(follower.last_id):
+                            follower.last_id = entry_id
+                            follower.queue.put_nowait(event)
+            self._moved(key)

@@ -136,7 +136,9 @@ class Settings(BaseSettings):
     # The URL names one node of a Redis Cluster (any node: the client finds the others).
     # See docs/operations.md, "Redis Cluster": the Batch API needs a single Redis.
     redis_cluster: bool = False
-    redis_max_connections: int = Field(default=64, ge=4)  # per process; more wait their turn
+    # Per process; more wait their turn. Redis runs one command at a time, so more
+    # connections add no throughput; 48 keeps a gateway under 50 with its reader.
+    redis_max_connections: int = Field(default=48, ge=4)
     redis_pool_timeout_s: float = Field(default=10.0, gt=0)
     bands: tuple[str, ...] = DEFAULT_BANDS
     models: tuple[ModelConfig, ...] = ()

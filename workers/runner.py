@@ -21,11 +21,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 
 from broker import Claimed, JobState, Outcome, Settings
 from workers import metrics
-from workers.engine import Accounting, complete, stream_events
+from workers.engine import Accounting, complete, stream_events, stream_timeout
 from workers.errors import EngineError
 from workers.writer import ResultWriter
 
@@ -60,13 +60,13 @@ class _Progress:
 
 
 class JobRunner:
-    def __init__(self, writer: ResultWriter, http: httpx.AsyncClient, settings: Settings) -> None:
+    def __init__(
+        self, writer: ResultWriter, http: aiohttp.ClientSession, settings: Settings
+    ) -> None:
         self._writer = writer
         self._http = http
         self._settings = settings
-        self._stream_timeout = httpx.Timeout(
-            settings.engine_stream_idle_timeout_s, connect=settings.engine_connect_timeout_s
-        )
+        self._stream_timeout = stream_timeout(settings)
         self.retries = 0  # engine calls made again
 
     async def run(self, job: Claimed, on_sent: Callable[[], None] | None = None) -> Outcome:

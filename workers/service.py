@@ -25,7 +25,6 @@ from collections.abc import Collection, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -35,6 +34,7 @@ from broker.execution import Reclaim, Reclaimed
 from workers import metrics
 from workers.cancel import CancelListener
 from workers.deadlines import DeadlineSweeper
+from workers.engine import open_session
 from workers.lease import LeaseKeeper
 from workers.runner import JobRunner, backoff_s
 from workers.telemetry import WorkerTelemetry
@@ -90,11 +90,7 @@ class Worker:
     async def run(self, stop: asyncio.Event) -> None:
         await self._store.ensure_groups(self._models)
         await self._store.load_scripts()
-        timeout = httpx.Timeout(
-            self._settings.engine_read_timeout_s, connect=self._settings.engine_connect_timeout_s
-        )
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=self._concurrency)
-        async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
+        async with open_session(self._settings) as http:
             runner = JobRunner(self._writer, http, self._settings)
             background = [
                 asyncio.create_task(self._writer.run(), name="result-writer"),

@@ -5,8 +5,10 @@ sent them, so chunks pass through without JSON parsing, logging or Redis calls
 of their own. Whatever the reader delivered since the last write goes out as one
 body message, so a burst of tokens costs one ``send``. The end event adds an
 error event when the job did not complete (see ``outcomes``), then ``[DONE]``.
-While nothing arrives (queued, or a slow first token) a comment line every
-``HEARTBEAT_S`` keeps proxies from closing an idle connection.
+While nothing arrives (queued, or a slow first token) a comment line at least
+every ``HEARTBEAT_S`` keeps proxies from closing an idle connection. One timer
+per stream, re-armed twice per period, watches for the lull: a token costs no
+timer of its own.
 
 Every event carries an SSE ``id``: ``<result entry id>.<n>``, the n-th event of
 that entry (``0-7.2``). A client that lost its connection sends the last id it
@@ -35,6 +37,7 @@ from broker.results import ResultEvent
 HEARTBEAT_S = 15.0
 _KEEPALIVE = b": keep-alive\n\n"
 _DONE = b"data: [DONE]\n\n"
+_LULL = ResultEvent(b"lull")  # put in a queue by _Heartbeat: nothing came for a while
 _EVENT_ID = re.compile(r"^(\d{1,20}-\d{1,20})(?:\.(\d{1,9}))?$")
 
 
@@ -63,16 +66,31 @@ def _with_ids(entry_id: bytes, events: bytes, skip: int = 0) -> bytes:
     return b"".join([prefix + b"%d\n" % i + e + b"\n\n" for i, e in enumerate(parts) if i >= skip])
 
 
+class _Heartbeat:
+    """Puts ``_LULL`` in a stream's queue when no event arrived for half a period twice."""
+
+    def __init__(self, queue: asyncio.Queue[ResultEvent]) -> None:
+        self.batches = 0  # counted by the stream as it takes events
+        self._seen = -1
+        self._queue = queue
+        self._loop = asyncio.get_running_loop()
+        self._handle = self._loop.call_later(HEARTBEAT_S / 2, self._tick)
+
+    def _tick(self) -> None:
+        if self.batches == self._seen and self._queue.empty():
+            self._queue.put_nowait(_LULL)
+        self._seen = self.batches
+        self._handle = self._loop.call_later(HEARTBEAT_S / 2, self._tick)
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+
 async def _next_batch(queue: asyncio.Queue[ResultEvent]) -> list[ResultEvent] | None:
     """The events that have arrived (at least one, up to an end event); None on a lull."""
-    if queue.empty():
-        try:
-            async with asyncio.timeout(HEARTBEAT_S):
-                first = await queue.get()
-        except TimeoutError:
-            return None
-    else:
-        first = queue.get_nowait()
+    first = await queue.get()
+    if first is _LULL:
+        return None
     batch = [first]
     while first.end is None and first is not SHUTDOWN and not queue.empty():
         first = queue.get_nowait()
@@ -100,23 +118,28 @@ def _frames(batch: list[ResultEvent], job: FollowedJob) -> bytes:
 
 
 async def sse_events(job: FollowedJob) -> AsyncIterator[bytes]:
-    while True:
-        batch = await _next_batch(job.events)
-        if batch is None:
-            yield _KEEPALIVE
-            continue
-        data = _frames(batch, job)
-        last = batch[-1]
-        if last.end is not None:
-            job.ended = True  # before the write: a client leaving now cancels nothing
-            yield data
-            return
-        if last is SHUTDOWN:
-            yield data  # job.ended stays False: release cancels the job
-            return
-        if data:
-            job.delivered = True
-            yield data
+    heartbeat = _Heartbeat(job.events)
+    try:
+        while True:
+            batch = await _next_batch(job.events)
+            heartbeat.batches += 1
+            if batch is None:
+                yield _KEEPALIVE
+                continue
+            data = _frames(batch, job)
+            last = batch[-1]
+            if last.end is not None:
+                job.ended = True  # before the write: a client leaving now cancels nothing
+                yield data
+                return
+            if last is SHUTDOWN:
+                yield data  # job.ended stays False: release cancels the job
+                return
+            if data:
+                job.delivered = True
+                yield data
+    finally:
+        heartbeat.cancel()
 
 
 class JobStreamResponse(StreamingResponse):
@@ -124,7 +147,8 @@ class JobStreamResponse(StreamingResponse):
 
     def __init__(self, job: FollowedJob) -> None:
         headers = {JOB_HEADER: job.id, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        super().__init__(sse_events(job), headers=headers, media_type="text/event-stream")
+        self._events = sse_events(job)
+        super().__init__(self._events, headers=headers, media_type="text/event-stream")
         self.job = job
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -133,4 +157,5 @@ class JobStreamResponse(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
+            await self._events.aclose()  # stops its heartbeat timer even if the send broke off
             await self.job.gateway.finish(self.job.release())

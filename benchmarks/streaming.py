@@ -1,0 +1,222 @@
+"""CPU per streamed token, and streaming fan-out, side by side with baselines.
+
+CPU arms (issue 7, item 5), one after the other at each concurrency, against
+one engine simulator that makes ~50 tokens/s per stream and sends one token per
+SSE chunk (as vLLM does):
+
+* ``direct``: the clients read the simulator itself (the engine's own cost);
+* ``proxy``: a minimal httpx + FastAPI pass-through proxy (``_stream_proxy``),
+  the stand-in for a usual Python LLM proxy;
+* ``fairq``: gateway -> Redis -> dispatcher -> worker -> simulator.
+
+Each arm's CPU comes from the processes' own counters (psutil ``cpu_times``,
+before and after), divided by the tokens the clients received. The fairq
+figure is worker + gateway (its two hops); Redis, the dispatcher and the
+simulator are reported beside it. The fan-out arm (item 4) is in
+``_stream_fanout``. ``--profile`` records py-spy profiles of the worker and the
+gateway during the fairq arm at the highest concurrency.
+
+The simulator's timings are estimates of an engine, not a GPU's. Run with
+``python -m benchmarks.streaming``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import click
+import psutil
+import yaml
+
+from benchmarks import _stream_fanout
+from benchmarks._stream_client import Load, run_load
+from benchmarks.stats import machine, markdown_table, median, pct, save
+from fairq.localredis import free_port
+from fairq.stack import DEMO_MODELS, Stack, demo_config
+
+KEY = "fq-demo-alice"
+STEP_MS = 20.0  # one engine step per token: ~50 tokens/s per stream
+
+
+def sim_profile(streams: int) -> dict[str, Any]:
+    return {"step_base_ms": STEP_MS, "step_per_seq_ms": 0.0, "prefill_ms_per_token": 0.0,
+            "max_num_seqs": max(streams, 1), "max_num_batched_tokens": max(streams, 8192),
+            "kv_cache_tokens": 1_048_576}  # fmt: skip
+
+
+def cpu_s(pids: dict[str, int]) -> dict[str, float]:
+    out = {}
+    for name, pid in pids.items():
+        times = psutil.Process(pid).cpu_times()
+        out[name] = times.user + times.system
+    return out
+
+
+def _body(tokens: int) -> dict[str, Any]:
+    return {"model": DEMO_MODELS[0], "stream": True, "max_tokens": tokens,
+            "messages": [{"role": "user", "content": "Say something."}]}  # fmt: skip
+
+
+def measure(
+    url: str, key: str | None, pids: dict[str, int], *, streams: int, seconds: float, tokens: int
+) -> dict[str, Any]:
+    """One arm at one concurrency: what the clients got and what each process spent."""
+    before = cpu_s(pids)
+    load: Load = asyncio.run(run_load(url, _body(tokens), key, streams, seconds=seconds))
+    spent = {n: s - before[n] for n, s in cpu_s(pids).items()}
+    per_1k = {n: s * 1e6 / max(load.tokens, 1) for n, s in spent.items()}  # ms per 1,000
+    return {
+        "streams": streams, "tokens": load.tokens, "requests": load.requests,
+        "failed": load.failed, "tokens_per_s": load.tokens / seconds,
+        "cpu_ms_per_1k_tokens": per_1k,
+        "ttft_p50_ms": median(load.ttft_ms), "itl_p50_ms": median(load.gaps_ms),
+        "itl_p99_ms": pct(load.gaps_ms, 99),
+    }  # fmt: skip
+
+
+def _profile(pids: dict[str, int], seconds: float, out: Path) -> list[subprocess.Popen[bytes]]:
+    """Start py-spy on each process for ``seconds`` (collapsed stacks, one file each)."""
+    spy = Path(sys.executable).with_name("py-spy")
+    return [
+        subprocess.Popen(
+            [
+                str(spy),
+                "record",
+                "--pid",
+                str(pid),
+                "--duration",
+                str(int(seconds)),
+                "--rate",
+                "200",
+                "--format",
+                "raw",
+                "--nonblocking",
+                "--output",
+                str(out / f"profile-{name}.txt"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for name, pid in pids.items()
+    ]
+
+
+def _stack(ports: list[int], streams: int, tmp: str) -> Stack:
+    config = demo_config(ports)
+    config["models"] = config["models"][:1]
+    config["models"][0].update(admission="static", inflight_cap=streams * 2)
+    profile = Path(tmp, "stream.yaml")
+    profile.write_text(yaml.safe_dump(sim_profile(streams)))
+    return Stack(config, gateway_port=free_port(), sims={ports[0]: DEMO_MODELS[0]},
+                 sim_profiles={ports[0]: str(profile)}, batch_workers=0,
+                 env={"FAIRQ_WORKER_CONCURRENCY": str(streams * 2),
+                      "FAIRQ_METRICS_PORT": "0"})  # fmt: skip
+
+
+def run_cpu(concurrency: list[int], seconds: float, tokens: int,
+            profile_dir: Path | None) -> list[dict[str, Any]]:  # fmt: skip
+    ports, proxy_port = [free_port(), free_port()], free_port()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack_ctx:
+        stack = stack_ctx.enter_context(_stack(ports, max(concurrency), tmp))
+        sim_url = f"http://127.0.0.1:{ports[0]}"
+        proxy = subprocess.Popen([sys.executable, "-m", "benchmarks._stream_proxy",
+                                  "--port", str(proxy_port), "--upstream", sim_url])  # fmt: skip
+        stack_ctx.callback(proxy.wait, 10)
+        stack_ctx.callback(proxy.terminate)
+        stack._wait_http(f"http://127.0.0.1:{proxy_port}/docs", 30)
+        p = {n: proc.pid for n, proc in stack.processes.items()}
+        redis_pid = stack._redis.process.pid if stack._redis and stack._redis.process else None
+        sim = {"sim": p[f"sim-{DEMO_MODELS[0]}"]}
+        arms = {
+            "direct": (f"{sim_url}/v1/chat/completions", None, sim),
+            "proxy": (f"http://127.0.0.1:{proxy_port}/v1/chat/completions", None,
+                      {"proxy": proxy.pid, **sim}),
+            "fairq": (f"{stack.gateway_url}/v1/chat/completions", KEY,
+                      {"worker": p["worker-0"], "gateway": p["api"],
+                       "dispatcher": p["dispatcher-0"], "redis": redis_pid or 0, **sim}),
+        }  # fmt: skip
+        for url, key, _ in arms.values():  # warm-up: connections, scripts, imports
+            asyncio.run(run_load(url, _body(8), key, 4, seconds=1.0))
+        for streams in concurrency:
+            for name, (url, key, pids) in arms.items():
+                spies = []
+                if profile_dir is not None and name == "fairq" and streams == max(concurrency):
+                    spies = _profile({k: pids[k] for k in ("worker", "gateway")}, seconds,
+                                     profile_dir)  # fmt: skip
+                row = measure(url, key, pids, streams=streams, seconds=seconds, tokens=tokens)
+                for spy in spies:
+                    spy.wait(timeout=60)
+                rows.append({"arm": name, **row})
+                click.echo(_row_line(rows[-1]), err=True)
+    return rows
+
+
+def _hop_ms(row: dict[str, Any]) -> float:
+    cpu = row["cpu_ms_per_1k_tokens"]
+    return {"fairq": cpu.get("worker", 0) + cpu.get("gateway", 0), "proxy": cpu.get("proxy", 0),
+            "direct": 0.0}[row["arm"]]  # fmt: skip
+
+
+def _row_line(row: dict[str, Any]) -> str:
+    return (f"{row['arm']:>6} x{row['streams']:<4} {row['tokens_per_s']:8.0f} tok/s  "
+            f"hop {_hop_ms(row):7.1f} ms/1k  {row['cpu_ms_per_1k_tokens']}")  # fmt: skip
+
+
+def render_cpu(rows: list[dict[str, Any]], cores: int) -> str:
+    header = ["streams", "arm", "tokens/s", "hop CPU ms / 1k tok", "vs proxy", "worker",
+              "gateway", "redis", "dispatcher", "simulator", "ITL p50 ms", "ITL p99 ms",
+              "failed"]  # fmt: skip
+    proxy = {r["streams"]: _hop_ms(r) for r in rows if r["arm"] == "proxy"}
+    table = []
+    for r in rows:
+        cpu, hop = r["cpu_ms_per_1k_tokens"], _hop_ms(r)
+        ratio = f"{hop / proxy[r['streams']]:.2f}x" if r["arm"] != "direct" else "-"
+        table.append([r["streams"], r["arm"], round(r["tokens_per_s"]), round(hop, 1), ratio,
+                      *(round(cpu[k], 1) if k in cpu else "-"
+                        for k in ("worker", "gateway", "redis", "dispatcher", "sim")),
+                      r["itl_p50_ms"], r["itl_p99_ms"], r["failed"]])  # fmt: skip
+    return (
+        f"{markdown_table(header, table)}\n\nCPU in ms per 1,000 tokens received by the "
+        f"clients, from each process's own counters; hop = worker + gateway (fairq) or the "
+        f"proxy process. Engine step {STEP_MS:.0f} ms (~{1000 / STEP_MS:.0f} tokens/s per "
+        f"stream, one token per SSE chunk); {cores} cores. Engine = fairq's simulator: its "
+        "timings are estimates."
+    )
+
+
+@click.command()
+@click.option("--concurrency", default="1,50", show_default=True,
+              help="concurrent streams per CPU arm, comma-separated")  # fmt: skip
+@click.option("--seconds", default=8.0, show_default=True, help="length of each arm")
+@click.option("--tokens", default=100, show_default=True, help="output tokens per request")
+@click.option("--fanout", default=200, show_default=True,
+              help="streams of the fan-out arm (0: skip it)")  # fmt: skip
+@click.option("--profile", "profile", is_flag=True, help="py-spy the worker and gateway")
+@click.option("--out", default="bench-out", show_default=True, type=click.Path())
+def main(  # noqa: PLR0917 - click passes every option
+    concurrency: str, seconds: float, tokens: int, fanout: int, profile: bool, out: str
+) -> None:
+    levels = [int(c) for c in concurrency.split(",") if c]
+    Path(out).mkdir(parents=True, exist_ok=True)
+    rows = run_cpu(levels, seconds, tokens, Path(out) if profile else None) if levels else []
+    fan = _stream_fanout.run(fanout, seconds, tokens) if fanout else None
+    cores = int(machine()["cores"] or 0)  # type: ignore[call-overload]
+    result = {"benchmark": "streaming", "machine": machine(), "seconds": seconds,
+              "tokens_per_request": tokens, "cpu": rows, "fanout": fan,
+              "note": "engine = fairq's simulator; its timings are estimates"}  # fmt: skip
+    text = render_cpu(rows, cores) if rows else ""
+    if fan is not None:
+        text += "\n\n" + _stream_fanout.render(fan, cores)
+    save(out, "streaming", result, text)
+    click.echo(text)
+
+
+if __name__ == "__main__":
+    main()
