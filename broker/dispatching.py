@@ -97,6 +97,11 @@ class Grant:
     credits: dict[str, int]  # band -> jobs; every send takes one from every band
 
 
+# How long start.lua keeps a start in the handed zset: longer than any engine's metrics
+# lag that ``DispatchStore.unseen`` is asked about.
+HANDED_KEEP_MS = 1000
+
+
 @dataclass(frozen=True)
 class Pick:
     """One planned dispatch: serve ``user``'s head job in ``band``, then rescore."""
@@ -131,14 +136,18 @@ class DispatchStore:
         flat = [[v for user, score in users for v in (user, score)] for users in ranges]
         return _state(bands, flat, joins, _flat(inflight), _flat(unstarted))
 
-    async def in_transit(self, models: Sequence[str], endpoint: str) -> int:
-        """Jobs of ``models`` dispatched to ``endpoint`` that no worker has started yet: on
-        their way to the engine, so in no engine metric (read just before each scrape)."""
+    async def unseen(self, models: Sequence[str], endpoint: str, lag_ms: int) -> int:
+        """Jobs of ``models`` that ``endpoint``'s metrics cannot show yet: on their way to
+        it (dispatched, no worker has started them), or handed to it within ``lag_ms``
+        (at most ``HANDED_KEEP_MS``). Read just before each scrape (``unseen.lua``)."""
         async with self._redis.pipeline(transaction=False) as pipe:
             for model in models:
-                pipe.hget(keys.transit(model), endpoint)
+                await self._scripts.unseen(
+                    keys=[keys.transit(model), keys.handed(model)], args=[endpoint, lag_ms],
+                    client=pipe,
+                )  # fmt: skip
             counts = await pipe.execute()
-        return sum(int(c or 0) for c in counts)
+        return sum(int(c) for c in counts)
 
     async def dispatch(
         self,

@@ -41,7 +41,7 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 
 from broker import keys
-from broker.dispatching import ensure_ready_group
+from broker.dispatching import HANDED_KEEP_MS, ensure_ready_group
 from broker.jobs import JobState, RequestKind
 from broker.results import BODY_FIELD, CHUNK_FIELD
 from broker.scripts import Scripts, source
@@ -146,8 +146,12 @@ class ExecutionStore:
         """Record that ``worker`` runs the job; its attempt number, or None (and acked)
         when the job ended meanwhile and must be dropped."""
         reply = await self._scripts.start(
-            keys=[keys.job(claimed.model, claimed.job_id), keys.transit(claimed.model)],
-            args=[worker],
+            keys=[
+                keys.job(claimed.model, claimed.job_id),
+                keys.transit(claimed.model),
+                keys.handed(claimed.model),
+            ],
+            args=[worker, claimed.job_id, HANDED_KEEP_MS],
         )
         if reply[0] == 1:
             return int(reply[1])

@@ -17,6 +17,9 @@ data they read (a job id popped from a queue).
     fq:{m}:unstarted         hash     endpoint -> jobs dispatched without a first token yet
     fq:{m}:transit           hash     endpoint -> jobs dispatched and not yet started by a
                                       worker: on their way to the engine (state 'dispatched')
+    fq:{m}:handed            zset     "endpoint\njob id" of jobs started in the last second,
+                                      score = when (ms): recent enough to be missing from the
+                                      engine's metrics
     fq:{m}:users             hash     user -> jobs dispatched and not yet terminal
     fq:{m}:queued            hash     band -> jobs queued
     fq:{m}:out:{id}          stream   the job's result chunks, then an end entry
@@ -133,6 +136,10 @@ def unstarted(model: str) -> str:
 
 def transit(model: str) -> str:
     return f"{_tag(model)}:transit"
+
+
+def handed(model: str) -> str:
+    return f"{_tag(model)}:handed"
 
 
 def user_counts(model: str) -> str:

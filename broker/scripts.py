@@ -30,6 +30,7 @@ class Scripts:
     grant: AsyncScript
     lease: AsyncScript
     position: AsyncScript
+    unseen: AsyncScript
 
     @classmethod
     def bind(cls, redis: Redis) -> Scripts:

@@ -4,10 +4,9 @@ An engine like vLLM has one FIFO queue; fairq's fair order only matters if that
 queue stays short. So an endpoint has room for ``target(band) - estimate`` more
 jobs, where the estimate of its queue is the larger of
 
-* what it last reported waiting, plus fairq's jobs that were on their way to it
-  when that scrape was sent (dispatched, no worker has handed them over yet),
-  plus what fairq sent it since shortly before that scrape (the engine may not
-  show those yet): each of these is in no engine metric, so they add up; and
+* what it last reported waiting, plus fairq's jobs that scrape could not show
+  (on their way to it, or handed over within the engine's metrics lag), plus
+  what fairq sent it since: none of these is in the sample, so they add up; and
 * fairq's own count of jobs sent to it that have not started yet: lag-free. A
   streamed job has started at its first token (so prefill counts too); a
   non-streamed job, whose first token is invisible until its whole answer, once
@@ -57,12 +56,12 @@ class EndpointState:
     waiting: float = 0.0  # engine queue at the last scrape
     running: float = 0.0  # engine batch at the last scrape
     tpot_s: float | None = None  # recent mean time per output token
-    in_transit: int = 0  # fairq: on their way to the engine when the last scrape began
+    unseen_at_scrape: int = 0  # fairq: jobs the last scrape could not show
     admitted_since_scrape: int = 0  # fairq sent these after the last scrape began
 
     @property
     def queue_estimate(self) -> float:
-        unseen = self.in_transit + self.admitted_since_scrape
+        unseen = self.unseen_at_scrape + self.admitted_since_scrape
         return max(self.waiting + unseen, float(self.unstarted))
 
 
@@ -148,7 +147,7 @@ def held_by_recent_sends(state: EndpointState, band: str, config: AdmissionConfi
     endpoint: a newer scrape may show that they have left the engine's queue already."""
     if not (state.healthy and state.fresh) or state.admitted_since_scrape == 0:
         return False
-    without = max(state.waiting + state.in_transit, float(state.unstarted))
+    without = max(state.waiting + state.unseen_at_scrape, float(state.unstarted))
     return config.targets[band] - without >= 1
 
 

@@ -115,6 +115,8 @@ def _state(
         waiting=sample.waiting,
         running=sample.running,
         tpot_s=view.tpot_s,
-        in_transit=view.in_transit,
-        admitted_since_scrape=sent.since(endpoint, scraped_at - METRICS_LAG_S),
+        unseen_at_scrape=view.unseen,
+        # What was sent before the scrape is in ``unseen`` (on its way, or handed over
+        # within the metrics lag) or in the sample: count only the sends after it.
+        admitted_since_scrape=sent.since(endpoint, scraped_at),
     )

@@ -12,9 +12,10 @@ not healthy before its first good scrape: unknown is not healthy, so admission
 never acts on metrics it has not seen. The last good sample is kept through
 failures; its ``scraped_at`` tells the reader how stale it is.
 
-Just before each scrape, ``in_transit(endpoint)`` reads how many of fairq's jobs
-are on their way to the engine (dispatched, not yet handed over): the sample
-cannot show those, so the view keeps the count beside it. When it cannot be
+Just before each scrape, ``unseen(endpoint)`` reads how many of fairq's jobs the
+sample cannot show: on their way to the engine (dispatched, not yet handed
+over), or handed over so recently that the engine's gauges may not count them
+yet. The view keeps that count beside the sample. When it cannot be
 read (None: Redis unreachable) the scrape is skipped and the view ages, so
 admission falls back as for stale metrics rather than trusting half a picture.
 
@@ -44,11 +45,14 @@ log = logging.getLogger(__name__)
 class EndpointView:
     sample: EngineSample | None = None  # last good sample
     scraped_at: float | None = None  # clock() when the last good scrape was sent
-    in_transit: int = 0  # fairq's jobs on their way to the engine at ``scraped_at``
+    unseen: int = 0  # fairq's jobs the sample cannot show (see the module docstring)
     tpot_s: float | None = None  # mean time per output token between the last two good scrapes
     failures: int = 0  # consecutive failed scrapes
     healthy: bool = False  # a good scrape seen, and fewer than `unhealthy_after` failures since
     error: str | None = None  # why the last scrape failed; None after a good one
+
+
+_UNKNOWN = EndpointView()
 
 
 class _ScrapeFailed(Exception):
@@ -66,7 +70,7 @@ class Scraper:
         unhealthy_after: int = 2,
         model_names: Mapping[str, str] | None = None,
         on_update: Callable[[str], None] | None = None,
-        in_transit: Callable[[str], Awaitable[int | None]] | None = None,
+        unseen: Callable[[str], Awaitable[int | None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if interval_s <= 0 or timeout_s <= 0 or unhealthy_after < 1:
@@ -78,7 +82,7 @@ class Scraper:
         self._unhealthy_after = unhealthy_after
         self._model_names = dict(model_names or {})
         self._on_update = on_update
-        self._in_transit = in_transit
+        self._unseen = unseen
         self._clock = clock
         self._views = {endpoint: EndpointView() for endpoint in self._endpoints}
         # One scrape per endpoint at a time: an older answer landing after a newer
@@ -88,8 +92,9 @@ class Scraper:
         self._extra: dict[str, asyncio.Task[None]] = {}  # pending ``scrape_after``
 
     def view(self, endpoint: str) -> EndpointView:
-        """The latest view; KeyError for an endpoint the scraper was not given."""
-        return self._views[endpoint]
+        """The latest view; an endpoint not watched (yet, or any more: a model whose lease
+        moved while its round ran) is unknown, so unhealthy, so admitted nothing."""
+        return self._views.get(endpoint, _UNKNOWN)
 
     async def run(self) -> None:
         """Scrape every endpoint every ``interval_s`` until cancelled; failures never raise."""
@@ -161,8 +166,8 @@ class Scraper:
             # Sent time, not received time: what fairq admitted while the request was
             # in flight counts as not yet visible in the sample, the cautious side.
             sent_at = self._clock()
-            in_transit = 0 if self._in_transit is None else await self._in_transit(endpoint)
-            if in_transit is None:
+            unseen = 0 if self._unseen is None else await self._unseen(endpoint)
+            if unseen is None:
                 log.debug("scrape of %s skipped: fairq's own counts are unreadable", endpoint)
                 return
             try:
@@ -170,7 +175,7 @@ class Scraper:
             except _ScrapeFailed as exc:
                 self._record_failure(endpoint, str(exc))
             else:
-                self._record_success(endpoint, sample, sent_at, in_transit)
+                self._record_success(endpoint, sample, sent_at, unseen)
         self._notify(endpoint)
 
     async def _fetch(self, endpoint: str) -> EngineSample:
@@ -191,7 +196,7 @@ class Scraper:
             raise _ScrapeFailed(str(exc)) from exc
 
     def _record_success(
-        self, endpoint: str, sample: EngineSample, sent_at: float, in_transit: int
+        self, endpoint: str, sample: EngineSample, sent_at: float, unseen: int
     ) -> None:
         old = self._views[endpoint]
         if old.failures >= self._unhealthy_after:
@@ -199,7 +204,7 @@ class Scraper:
         self._views[endpoint] = EndpointView(
             sample=sample,
             scraped_at=sent_at,
-            in_transit=in_transit,
+            unseen=unseen,
             tpot_s=recent_tpot_s(old.sample, sample),
             healthy=True,
         )

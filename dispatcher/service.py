@@ -163,9 +163,10 @@ class Dispatcher:
             for name in owners[endpoint]:
                 wake.event(name).set()
 
-        async def in_transit(endpoint: str) -> int | None:
+        async def unseen(endpoint: str) -> int | None:
+            lag_ms = int(METRICS_LAG_S * 1000)
             try:
-                return await self._store.in_transit(owners[endpoint], endpoint)
+                return await self._store.unseen(owners[endpoint], endpoint, lag_ms)
             except RedisError:
                 return None  # the scrape waits for Redis: a sample without it is half a view
 
@@ -173,7 +174,7 @@ class Dispatcher:
         return Scraper(
             [], http, interval_s=s.scrape_interval_s, timeout_s=s.scrape_timeout_s,
             unhealthy_after=s.unhealthy_after_failures, on_update=on_update,
-            in_transit=in_transit,
+            unseen=unseen,
         )  # fmt: skip
 
     async def _model_loop(

@@ -48,13 +48,14 @@ def test_jobs_sent_since_the_scrape_count_until_the_engine_shows_them() -> None:
     assert METRICS.decide(state, "default", CONFIG).room == 1
 
 
-def test_jobs_in_transit_at_the_scrape_add_to_what_it_showed() -> None:
-    # A job dispatched before the scrape and handed to the engine after it is in neither
-    # the sample nor "sent since": the count read at the scrape keeps it in the estimate.
-    state = fresh(waiting=2, running=10, inflight=14, unstarted=1, in_transit=1)
+def test_jobs_the_scrape_could_not_show_add_to_what_it_showed() -> None:
+    # A job dispatched before the scrape and handed to the engine after it (or just before,
+    # within the engine's metrics lag) is in neither the sample nor "sent since": the count
+    # read at the scrape keeps it in the estimate.
+    state = fresh(waiting=2, running=10, inflight=14, unstarted=1, unseen_at_scrape=1)
     assert state.queue_estimate == 3
     assert METRICS.decide(state, "default", CONFIG).room == 0
-    sent_too = fresh(waiting=1, inflight=14, in_transit=1, admitted_since_scrape=1)
+    sent_too = fresh(waiting=1, inflight=14, unseen_at_scrape=1, admitted_since_scrape=1)
     assert sent_too.queue_estimate == 3
 
 
@@ -64,8 +65,8 @@ def test_only_recent_sends_holding_a_band_back_asks_for_an_early_scrape() -> Non
     assert held_by_recent_sends(held, "batch", CONFIG)
     # The engine's own queue or jobs on their way hold it: a new scrape cannot open it.
     assert not held_by_recent_sends(fresh(waiting=1, admitted_since_scrape=1), "batch", CONFIG)
-    in_transit = fresh(in_transit=1, admitted_since_scrape=1)
-    assert not held_by_recent_sends(in_transit, "batch", CONFIG)
+    unseen = fresh(unseen_at_scrape=1, admitted_since_scrape=1)
+    assert not held_by_recent_sends(unseen, "batch", CONFIG)
     assert not held_by_recent_sends(fresh(unstarted=1, admitted_since_scrape=1), "batch", CONFIG)
     # Nothing sent since, or metrics not to be trusted: no early scrape either.
     assert not held_by_recent_sends(fresh(waiting=1), "batch", CONFIG)
@@ -142,7 +143,7 @@ def test_no_endpoint_with_room_chooses_none_and_says_why() -> None:
     }
 
 
-def test_jobs_sent_just_before_the_scrape_count_as_not_yet_visible() -> None:
+def test_sends_before_the_scrape_count_through_its_unseen_count_and_later_ones_as_sent() -> None:
     from broker import ModelSnapshot
     from dispatcher.endpoints import SentLog, endpoint_states
     from dispatcher.metrics import EngineSample
@@ -150,12 +151,14 @@ def test_jobs_sent_just_before_the_scrape_count_as_not_yet_visible() -> None:
 
     sent = SentLog(keep_s=10)
     sent.record("http://a", 1, now=98.0)  # long before the scrape: the engine shows it
-    sent.record("http://a", 2, now=98.99)  # just before: it may not have reached the engine
-    view = EndpointView(EngineSample(0, 0, None, None, None), scraped_at=99.0, healthy=True)
-    snap = ModelSnapshot([], {"http://a": 3}, {})
+    sent.record("http://a", 2, now=98.99)  # just before: still on their way (unseen)
+    sent.record("http://a", 1, now=99.05)  # after the scrape was sent
+    sample = EngineSample(0, 0, None, None, None)
+    view = EndpointView(sample, scraped_at=99.0, unseen=2, healthy=True)
+    snap = ModelSnapshot([], {"http://a": 4}, {})
     (state,) = endpoint_states(["http://a"], snap, {"http://a": view}, sent, now=99.1, stale_s=2)
-    assert state.admitted_since_scrape == 2
-    assert METRICS.decide(state, "default", CONFIG).room == 1
+    assert state.admitted_since_scrape == 1 and state.unseen_at_scrape == 2
+    assert METRICS.decide(state, "default", CONFIG).room == 0
 
 
 BANDS = ("interactive", "default", "batch")

@@ -91,13 +91,14 @@ def flood(redis_url: str, small_profile: str) -> Iterator[Any]:
 def test_backpressure_keeps_the_engine_queue_at_the_target_while_fairq_holds_the_rest(
     flood: Any,
 ) -> None:
-    samples = flood({"queue_targets": {"default": 2}})
+    # The demo key queues in its first band, interactive: the target is set for that band.
+    samples = flood({"queue_targets": {"interactive": 2, "default": 2}})
     assert len(samples) > 20
     ordered = sorted(samples)
     assert ordered[int(len(ordered) * 0.9)] <= 2  # the engine's queue stays at the target
-    # A brief overshoot of a request or two past the target shows up in some runs on this
-    # loaded 2-core box (cause not yet found: see the session notes); never the flood.
-    assert max(samples) <= 4
+    # A job handed to the engine between two samples may show for a moment before the
+    # engine takes it into its batch; never the flood.
+    assert max(samples) <= 3
 
 
 def test_without_backpressure_the_flood_fills_the_engine_queue(flood: Any) -> None:

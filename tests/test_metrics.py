@@ -481,7 +481,7 @@ async def test_scraped_at_is_when_the_scrape_was_sent(
     assert scraped_at is not None and sent <= scraped_at < sent + 0.2
 
 
-async def test_each_scrape_keeps_the_jobs_in_transit_read_just_before_it(
+async def test_each_scrape_keeps_the_count_of_jobs_it_cannot_show_read_just_before_it(
     engine: tuple[FakeEngine, str], http: httpx.AsyncClient
 ) -> None:
     # The sample cannot show jobs still on their way to the engine: the view keeps their
@@ -489,14 +489,14 @@ async def test_each_scrape_keeps_the_jobs_in_transit_read_just_before_it(
     fake, url = engine
     counts: list[int | None] = [4, None]
 
-    async def in_transit(endpoint: str) -> int | None:
+    async def unseen(endpoint: str) -> int | None:
         assert endpoint == url
         return counts.pop(0)
 
-    scraper = Scraper([url], http, in_transit=in_transit)
+    scraper = Scraper([url], http, unseen=unseen)
     await scraper.scrape_once()
     first = scraper.view(url)
-    assert first.in_transit == 4 and first.healthy and len(fake.arrivals) == 1
+    assert first.unseen == 4 and first.healthy and len(fake.arrivals) == 1
     await scraper.scrape_once()
     assert scraper.view(url) == first and len(fake.arrivals) == 1  # skipped, not failed
 
@@ -566,3 +566,9 @@ async def test_scraper_rejects_a_nonsense_configuration(
 ) -> None:
     with pytest.raises(ValueError, match="must be"):
         Scraper(["http://127.0.0.1:1"], http, **bad)
+
+
+async def test_an_endpoint_not_watched_is_unknown_so_unhealthy(http: httpx.AsyncClient) -> None:
+    # A model loop may ask about an endpoint whose watch just ended (its lease moved).
+    view = Scraper([], http).view("http://127.0.0.1:9")
+    assert not view.healthy and view.sample is None

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import aiohttp
 import orjson
@@ -153,8 +154,23 @@ def open_session(settings: Settings) -> aiohttp.ClientSession:
         sock_read=settings.engine_read_timeout_s,
     )
     return aiohttp.ClientSession(
-        connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar()
-    )
+        connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar(),
+        trace_configs=[_hand_over_trace()],
+    )  # fmt: skip
+
+
+def _hand_over_trace() -> aiohttp.TraceConfig:
+    """Calls a request's ``trace_request_ctx``, when it is a callable, once its body is
+    written: the engine has a non-streamed request then (its answer comes only at the end),
+    and admission stops counting the job as on its way (``start.lua``)."""
+
+    async def on_chunk_sent(_: aiohttp.ClientSession, context: SimpleNamespace, __: object) -> None:
+        if callable(context.trace_request_ctx):
+            context.trace_request_ctx()
+
+    config = aiohttp.TraceConfig()
+    config.on_request_chunk_sent.append(on_chunk_sent)
+    return config
 
 
 def stream_timeout(settings: Settings) -> aiohttp.ClientTimeout:
@@ -210,11 +226,17 @@ async def stream_events(
 
 
 async def complete(
-    session: aiohttp.ClientSession, url: str, payload: bytes, accounting: Accounting
+    session: aiohttp.ClientSession,
+    url: str,
+    payload: bytes,
+    accounting: Accounting,
+    on_sent: Callable[[], None] | None = None,
 ) -> bytes:
-    """Send a non-streamed request; returns the engine's JSON body."""
+    """Send a non-streamed request; returns the engine's JSON body. ``on_sent`` is called
+    once the request's body is written."""
     try:
-        async with session.post(url, data=payload, headers=_HEADERS) as response:
+        post = session.post(url, data=payload, headers=_HEADERS, trace_request_ctx=on_sent)
+        async with post as response:
             body = await response.read()
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise _transport_error(exc, url, session.timeout) from exc

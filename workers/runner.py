@@ -126,8 +126,6 @@ class JobRunner:
         self, job: Claimed, url: str, payload: bytes, accounting: Accounting, progress: _Progress
     ) -> None:
         self._writer.mark_started(job)  # written with the next flush, once the request is out
-        if progress.on_sent is not None:
-            progress.on_sent()
-        body = await complete(self._http, url, payload, accounting)
+        body = await complete(self._http, url, payload, accounting, on_sent=progress.on_sent)
         progress.first_ms = int(time.time() * 1000)
         self._writer.body(job, body)

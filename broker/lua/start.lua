@@ -3,12 +3,14 @@
 -- records that it runs the job, or tells it to abort because the job ended meanwhile.
 -- KEYS[1] job hash   fq:{m}:job:{id}
 -- KEYS[2] transit hash fq:{m}:transit (endpoint -> jobs dispatched, not yet started)
+-- KEYS[3] handed zset  fq:{m}:handed ("endpoint\njob id" -> when it started, ms)
 -- ARGV[1] worker name (kept in 'wk': 'w' is the key's fairness weight, from enqueue.lua)
+-- ARGV[2] job id   ARGV[3] how long a start stays in the handed zset (ms)
 -- Returns {1, attempts} when the job is now running under this worker, or {0, state}
 -- when it is no longer startable (ended already, or gone: state '') and the worker must
 -- drop it.
 local st = redis.call('HGET', KEYS[1], 'st')
-if st == 'running' and redis.call('HGET', KEYS[1], 'w') == ARGV[1] then
+if st == 'running' and redis.call('HGET', KEYS[1], 'wk') == ARGV[1] then
   -- A retry by the same worker whose first call ran but whose reply was lost (a Redis
   -- restart): it still runs the job.
   return {1, tonumber(redis.call('HGET', KEYS[1], 'att'))}
@@ -20,6 +22,11 @@ local t = redis.call('TIME')
 local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
 local attempts = redis.call('HINCRBY', KEYS[1], 'att', 1)
 redis.call('HSET', KEYS[1], 'st', 'running', 'tr', now_ms, 'wk', ARGV[1])
--- It has reached the engine (the worker calls this once the engine has the request).
-redis.call('HINCRBY', KEYS[2], redis.call('HGET', KEYS[1], 'ep'), -1)
+-- It has reached the engine (the worker calls this once the engine has the request),
+-- which may not show it in its metrics for a moment: the handed zset keeps recent starts
+-- for the scrapes of that moment (``unseen.lua``).
+local endpoint = redis.call('HGET', KEYS[1], 'ep')
+redis.call('HINCRBY', KEYS[2], endpoint, -1)
+redis.call('ZADD', KEYS[3], now_ms, endpoint .. '\n' .. ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_ms - tonumber(ARGV[3]))
 return {1, attempts}
