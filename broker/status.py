@@ -136,13 +136,21 @@ def _int(value: bytes | None) -> int | None:
     return int(value) if value else None
 
 
+_FIRST_READ_MS = 60_000
+
+
 async def read_latencies(
     redis: Redis, model: str, after: bytes | None, count: int = 1000
 ) -> tuple[list[Latency], bytes | None]:
-    """Latencies appended after entry ``after`` (None: from now on) and the last id read."""
-    if after is None:  # start at the end: the history covers this process's lifetime
+    """Latencies appended after entry ``after`` and the last id read. None starts with the
+    last minute's: a dispatcher that takes a model over (or starts after its jobs ended)
+    shows their recent latencies rather than nothing."""
+    if after is None:
         last = await redis.xrevrange(keys.latencies(model), count=1)
-        return [], last[0][0] if last else b"0-0"
+        if not last:
+            return [], b"0-0"
+        last_ms = int(last[0][0].split(b"-")[0])
+        after = f"{max(0, last_ms - _FIRST_READ_MS)}-0".encode()
     entries = await redis.xrange(keys.latencies(model), min=b"(" + after, count=count)
     found = [Latency(f[b"b"].decode(), _int(f.get(b"w")), _int(f.get(b"t"))) for _, f in entries]
     return found, entries[-1][0] if entries else after
