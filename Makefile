@@ -33,10 +33,10 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# The throughput-and-scale suite (one table: every figure next to its target), then the
+# fairness scenario. `python -m benchmarks.suite --quick` checks the suite runs, fast.
 bench: install
-	$(BIN)/python -m benchmarks.latency
-	$(BIN)/python -m benchmarks.dispatch
-	$(BIN)/python -m benchmarks.streaming
+	$(BIN)/python -m benchmarks.suite
 	$(BIN)/fairq bench fairness
 
 clean:

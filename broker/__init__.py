@@ -16,6 +16,7 @@ from broker.dispatching import (
     Newcomer,
     Pick,
     express_endpoint,
+    express_send,
     parse_wake,
 )
 from broker.errors import (
@@ -95,6 +96,7 @@ __all__ = [
     "connect",
     "connect_blocking",
     "express_endpoint",
+    "express_send",
     "hash_key",
     "keys",
     "load_settings",

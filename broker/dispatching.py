@@ -85,8 +85,17 @@ def parse_wake(message: bytes) -> Newcomer | None:
 
 def express_endpoint(message: bytes) -> str | None:
     """The endpoint of an express send's wake message (``x``), else None."""
-    kind, _, endpoint = message.partition(b"\n")
-    return endpoint.decode() if kind == b"x" else None
+    sent = express_send(message)
+    return None if sent is None else sent[0]
+
+
+def express_send(message: bytes) -> tuple[str, bool] | None:
+    """An express send's endpoint and whether the job is not streamed, else None."""
+    kind, _, rest = message.partition(b"\n")
+    if kind != b"x":
+        return None
+    endpoint, _, stream_flag = rest.partition(b"\n")
+    return endpoint.decode(), stream_flag == b"0"
 
 
 @dataclass(frozen=True)
@@ -165,6 +174,23 @@ class DispatchStore:
         Returns the job ids dispatched (skipping emptied queues) and the model's state
         right after, as ``snapshot(model, depth)`` would have read it.
         """
+        dispatched, snap, _ = await self.dispatch_counted(
+            model, endpoint, cap, picks, depth, engine_priority=engine_priority, rate=rate
+        )
+        return dispatched, snap
+
+    async def dispatch_counted(
+        self,
+        model: str,
+        endpoint: str,
+        cap: int,
+        picks: Sequence[Pick],
+        depth: int,
+        *,
+        engine_priority: bool = False,
+        rate: float | None = None,
+    ) -> tuple[list[str], ModelSnapshot, int]:
+        """``dispatch``, and how many of the jobs dispatched are not streamed."""
         bands = self._settings.bands
         band_number = {band: i for i, band in enumerate(bands, start=1)}
         script_keys = [keys.ready(model), keys.inflight(model), keys.meta(model)]
@@ -181,9 +207,9 @@ class DispatchStore:
             score = "cost" if p.score_after is None else p.score_after
             args += [band_number[p.band], p.user, score, p.join_after]
         reply = await self._scripts.dispatch(keys=script_keys, args=args)
-        ids, *ranges, joins, inflight, unstarted = reply
+        ids, *ranges, joins, inflight, unstarted, plain = reply
         dispatched = [job_id.decode() for job_id in ids if job_id]
-        return dispatched, _state(bands, ranges, joins, inflight, unstarted)
+        return dispatched, _state(bands, ranges, joins, inflight, unstarted), int(plain)
 
     async def grant(self, model: str, grant: Grant | None, sequence: int, ttl_ms: int) -> bool:
         """Set the model's express grant (None revokes it); False when refused because the

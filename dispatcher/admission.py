@@ -6,7 +6,10 @@ jobs, where the estimate of its queue is the larger of
 
 * what it last reported waiting, plus fairq's jobs that scrape could not show
   (on their way to it, or handed over within the engine's metrics lag), plus
-  what fairq sent it since: none of these is in the sample, so they add up; and
+  what fairq sent it since that may still wait: none of these is in the sample,
+  so they add up. Of the jobs sent since, a non-streamed one may wait unseen
+  until the next scrape; a streamed one waits only until its first token, so
+  those that still may are at most the lag-free count below; and
 * fairq's own count of jobs sent to it that have not started yet: lag-free. A
   streamed job has started at its first token (so prefill counts too); a
   non-streamed job, whose first token is invisible until its whole answer, once
@@ -58,10 +61,12 @@ class EndpointState:
     tpot_s: float | None = None  # recent mean time per output token
     unseen_at_scrape: int = 0  # fairq: jobs the last scrape could not show
     admitted_since_scrape: int = 0  # fairq sent these after the last scrape began
+    plain_since_scrape: int = 0  # of them not streamed
 
     @property
     def queue_estimate(self) -> float:
-        unseen = self.unseen_at_scrape + self.admitted_since_scrape
+        streamed = self.admitted_since_scrape - self.plain_since_scrape
+        unseen = self.unseen_at_scrape + self.plain_since_scrape + min(streamed, self.unstarted)
         return max(self.waiting + unseen, float(self.unstarted))
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from broker import ModelSnapshot
 from dispatcher.admission import EndpointState
@@ -49,6 +50,11 @@ class RateMeter:
         return round(self._total / span, 3)
 
 
+class Sent(NamedTuple):
+    total: int
+    plain: int  # of them not streamed
+
+
 class SentLog:
     """When this process dispatched jobs to each endpoint (monotonic times), recent only.
 
@@ -60,18 +66,22 @@ class SentLog:
 
     def __init__(self, keep_s: float) -> None:
         self._keep_s = keep_s
-        self._sent: dict[str, deque[tuple[float, int]]] = {}
+        self._sent: dict[str, deque[tuple[float, int, int]]] = {}
 
-    def record(self, endpoint: str, count: int, now: float) -> None:
+    def record(self, endpoint: str, count: int, now: float, plain: int = 0) -> None:
+        """``count`` jobs sent at ``now``, ``plain`` of them not streamed."""
         sent = self._sent.setdefault(endpoint, deque())
         if count:
-            sent.append((now, count))
+            sent.append((now, count, plain))
         while sent and sent[0][0] < now - self._keep_s:
             sent.popleft()
 
-    def since(self, endpoint: str, moment: float) -> int:
+    def since(self, endpoint: str, moment: float) -> Sent:
         """Jobs sent at or after ``moment`` (a scrape sent then may not show them)."""
-        return sum(count for at, count in self._sent.get(endpoint, ()) if at >= moment)
+        recent = [
+            (count, plain) for at, count, plain in self._sent.get(endpoint, ()) if at >= moment
+        ]
+        return Sent(sum(c for c, _ in recent), sum(p for _, p in recent))
 
 
 def endpoint_states(
@@ -106,6 +116,7 @@ def _state(
     sample, scraped_at = view.sample, view.scraped_at
     if sample is None or scraped_at is None:
         return EndpointState(endpoint, inflight, unstarted, healthy=view.healthy)
+    since = sent.since(endpoint, scraped_at)
     return EndpointState(
         endpoint,
         inflight,
@@ -118,5 +129,6 @@ def _state(
         unseen_at_scrape=view.unseen,
         # What was sent before the scrape is in ``unseen`` (on its way, or handed over
         # within the metrics lag) or in the sample: count only the sends after it.
-        admitted_since_scrape=sent.since(endpoint, scraped_at),
+        admitted_since_scrape=since.total,
+        plain_since_scrape=since.plain,
     )

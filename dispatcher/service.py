@@ -242,14 +242,14 @@ class Dispatcher:
             # stale view can never send more than the decision allowed.
             bound = snap.inflight.get(decision.endpoint, 0) + decision.room
             rate = self._rates[model.name].rate(time.monotonic())
-            dispatched, snap = await self._store.dispatch(
+            dispatched, snap, plain = await self._store.dispatch_counted(
                 model.name, decision.endpoint, bound, picks, depth,
                 engine_priority=model.engine_priority, rate=rate,
             )  # fmt: skip
             # Sent when the script has run (after its reply), so that a scrape whose
             # in-transit count was read before the script always counts these as sent since.
             now = time.monotonic()
-            self._sent.record(decision.endpoint, len(dispatched), now)
+            self._sent.record(decision.endpoint, len(dispatched), now, plain)
             self._rates[model.name].record(len(dispatched), now)
             telemetry.DISPATCHED.labels(model.name, top.band).inc(len(dispatched))
             total += len(dispatched)
@@ -274,9 +274,9 @@ class Dispatcher:
             if held_by_recent_sends(state, band, config):
                 self._scraper.scrape_after(state.endpoint, METRICS_LAG_S + 0.01)
 
-    def _express_sent(self, model: str, endpoint: str) -> None:
+    def _express_sent(self, model: str, endpoint: str, plain: bool) -> None:
         now = time.monotonic()
-        self._sent.record(endpoint, 1, now)
+        self._sent.record(endpoint, 1, now, int(plain))
         self._rates[model].record(1, now)
 
     async def _refresh_grant(

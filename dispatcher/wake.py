@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from broker import Newcomer, express_endpoint, keys, parse_wake
+from broker import Newcomer, express_send, keys, parse_wake
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,8 @@ class WakeListener:
         self,
         redis: Redis,
         models: Sequence[str],
-        on_express: Callable[[str, str], None] | None = None,  # (model, endpoint)
+        # (model, endpoint, not streamed)
+        on_express: Callable[[str, str, bool], None] | None = None,
     ) -> None:
         self._redis = redis
         self._on_express = on_express
@@ -92,9 +93,9 @@ class WakeListener:
                 if wake is None:
                     continue
                 newcomer = parse_wake(message["data"])
-                endpoint = express_endpoint(message["data"])
-                if endpoint is not None and self._on_express is not None:
-                    self._on_express(wake.model, endpoint)
+                sent = express_send(message["data"])
+                if sent is not None and self._on_express is not None:
+                    self._on_express(wake.model, *sent)
                 wake.urgent = wake.urgent or newcomer is not None or message["data"] == b"q"
                 if newcomer is None:
                     wake.stale = wake.stale or message["data"] != b"q"

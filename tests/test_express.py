@@ -19,6 +19,7 @@ from broker import (
     Pick,
     Settings,
     express_endpoint,
+    express_send,
     keys,
 )
 
@@ -129,6 +130,7 @@ async def test_an_express_job_runs_and_ends_like_a_dispatched_one(r: Redis) -> N
         message = await pubsub.get_message(timeout=1.0)
     await pubsub.aclose()
     assert express_endpoint(message["data"]) == EP  # tells the dispatcher what was sent
+    assert express_send(message["data"]) == (EP, False)  # and that the job is streamed
     (claimed,) = await x.claim(r, [MODEL], "w1", count=10, block_ms=100)
     assert claimed.job_id == job_id and claimed.endpoint == EP
     assert await x.start(claimed, "w1") == 1

@@ -31,12 +31,15 @@
 -- Returns {job ids (one per pick, '' where the queue was empty or the cap reached),
 --          backlog of band 1 (user, score, ...), ..., backlog of band B,
 --          join scores of the bands and the express sequence 'xs',
---          in-flight hash (endpoint, count, ...), unstarted hash}.
+--          in-flight hash (endpoint, count, ...), unstarted hash,
+--          how many of the jobs dispatched are not streamed (admission counts those
+--          apart: fairq cannot see when they leave the engine's queue)}.
 local t = redis.call('TIME')
 local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
 local bands = tonumber(ARGV[6])
 local cap = tonumber(ARGV[4])
 local ids = {}
+local plain = 0  -- jobs dispatched that are not streamed
 local FIXED = 7  -- KEYS before the band backlogs
 local picks = #KEYS - FIXED - bands
 local BAND_STEP = 1000000
@@ -76,6 +79,9 @@ local function to_ready(job_id, payload, band)
   redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
   redis.call('HINCRBY', KEYS[4], ARGV[1], 1)
   redis.call('HINCRBY', KEYS[7], ARGV[1], 1)
+  if f[3] == '0' then
+    plain = plain + 1
+  end
   return job_id
 end
 
@@ -136,4 +142,5 @@ join_fields[bands + 1] = 'xs'
 out[#out + 1] = redis.call('HMGET', KEYS[3], unpack(join_fields))
 out[#out + 1] = redis.call('HGETALL', KEYS[2])
 out[#out + 1] = redis.call('HGETALL', KEYS[4])
+out[#out + 1] = plain
 return out

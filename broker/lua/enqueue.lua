@@ -91,7 +91,7 @@ if endpoint then
     end
   end
   redis.call('HINCRBY', KEYS[4], 'xs', 1)
-  redis.call('PUBLISH', ARGV[9], 'x\n' .. endpoint)
+  redis.call('PUBLISH', ARGV[9], 'x\n' .. endpoint .. '\n' .. ARGV[6])
   return {2, entry}
 end
 
