@@ -72,14 +72,16 @@ def _jobrate_rows(r: dict[str, Any]) -> list[Row]:
     return rows
 
 
-def _latency_rows(r: dict[str, Any], where: str) -> list[Row]:
+def _latency_rows(r: dict[str, Any], where: str, judged: bool) -> list[Row]:
+    """Issue 2's targets judge the idle engine; under load (issue 7) the figure is reported."""
     a = r["added"]
+    p50, p99 = a["ttft_p50_ms"], a["ttft_p99_ms"]
+    if not judged:
+        return [(f"added TTFT p50 / p99, {where}", f"{p50:.2f} / {p99:.2f} ms", "report", None)]
     return [
-        (f"added TTFT p50, {where}", f"{a['ttft_p50_ms']:.2f} ms", "<= 5 ms",
-         a["ttft_p50_ms"] <= 5),
-        (f"added TTFT p99, {where}", f"{a['ttft_p99_ms']:.2f} ms", "<= 20 ms",
-         a["ttft_p99_ms"] <= 20),
-    ]  # fmt: skip
+        (f"added TTFT p50, {where}", f"{p50:.2f} ms", "<= 5 ms", p50 <= 5),
+        (f"added TTFT p99, {where}", f"{p99:.2f} ms", "<= 20 ms", p99 <= 20),
+    ]
 
 
 def _streaming_rows(r: dict[str, Any]) -> list[Row]:
@@ -109,9 +111,10 @@ STEPS = (
          _depth_rows),
     Step("jobrate", "benchmarks.jobrate", (), ("--jobs", "600", "--rq-jobs", "200"), _jobrate_rows),
     Step("latency", "benchmarks.latency", (), ("--requests", "60"),
-         lambda r: _latency_rows(r, "idle engine")),
+         lambda r: _latency_rows(r, "idle engine", judged=True)),
     Step("latency_load", "benchmarks.latency", ("--load", "0.5"),
-         ("--load", "0.5", "--requests", "60"), lambda r: _latency_rows(r, "engine at 50% load")),
+         ("--load", "0.5", "--requests", "60"),
+         lambda r: _latency_rows(r, "engine at 50% load", judged=False)),
     Step("streaming", "benchmarks.streaming", ("--concurrency", "1,50,200", "--fanout", "1000"),
          ("--concurrency", "1,50", "--seconds", "3", "--fanout", "100"), _streaming_rows),
 )  # fmt: skip
