@@ -17,7 +17,8 @@ from dispatcher.admission import EndpointState
 from dispatcher.scraper import EndpointView
 
 # How long a job that reached the engine may stay out of its metrics: vLLM updates its
-# gauges once per engine step. A send this long before a scrape still counts as unseen.
+# gauges once per engine step. A job handed over this long before a scrape still counts
+# as unseen (``DispatchStore.unseen``).
 METRICS_LAG_S = 0.05
 
 
