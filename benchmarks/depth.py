@@ -114,7 +114,7 @@ async def run_phase(
         start = time.perf_counter()
         top = snap.backlogs[0]
         picks = fair.plan(top.band, top.users, top.join, PICKS)
-        ids, snap = await store.dispatch(MODEL, ENDPOINT, 10**9, picks, PICKS)
+        ids, snap, _ = await store.dispatch(MODEL, ENDPOINT, 10**9, picks, PICKS)
         phase.round_ms.append((time.perf_counter() - start) * 1000)
         phase.dispatched += len(ids)
 

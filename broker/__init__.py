@@ -15,7 +15,6 @@ from broker.dispatching import (
     ModelSnapshot,
     Newcomer,
     Pick,
-    express_endpoint,
     express_send,
     parse_wake,
 )
@@ -95,7 +94,6 @@ __all__ = [
     "add_latency",
     "connect",
     "connect_blocking",
-    "express_endpoint",
     "express_send",
     "hash_key",
     "keys",

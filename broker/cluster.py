@@ -43,7 +43,7 @@ from redis.crc import key_slot
 from redis.exceptions import NoScriptError, RedisClusterException
 
 from broker import keys
-from broker.redis_conn import plain_blocking
+from broker.redis_conn import CLIENT_OPTIONS, plain_blocking
 from broker.results import ResultEvent, ResultReader
 from broker.scripts import source
 from broker.settings import Settings
@@ -145,9 +145,7 @@ def connect_cluster(settings: Settings) -> Redis:
         settings.require_redis_url(),
         permits=settings.redis_max_connections,
         max_connections=settings.redis_max_connections,
-        decode_responses=False,
-        health_check_interval=30,
-        socket_keepalive=True,
+        **CLIENT_OPTIONS,
     )
     return cast(Redis, client)
 

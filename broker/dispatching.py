@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
@@ -83,12 +84,6 @@ def parse_wake(message: bytes) -> Newcomer | None:
     return Newcomer(band.decode(), user.decode(), float(score))
 
 
-def express_endpoint(message: bytes) -> str | None:
-    """The endpoint of an express send's wake message (``x``), else None."""
-    sent = express_send(message)
-    return None if sent is None else sent[0]
-
-
 def express_send(message: bytes) -> tuple[str, bool] | None:
     """An express send's endpoint and whether the job is not streamed, else None."""
     kind, _, rest = message.partition(b"\n")
@@ -109,6 +104,14 @@ class Grant:
 # How long start.lua keeps a start in the handed zset: longer than any engine's metrics
 # lag that ``DispatchStore.unseen`` is asked about.
 HANDED_KEEP_MS = 1000
+
+
+class Dispatched(NamedTuple):
+    """What one ``dispatch.lua`` call did."""
+
+    ids: list[str]  # the jobs dispatched, in plan order (emptied queues skipped)
+    snapshot: ModelSnapshot  # the model's state right after
+    plain: int  # how many of the jobs are not streamed
 
 
 @dataclass(frozen=True)
@@ -168,29 +171,13 @@ class DispatchStore:
         *,
         engine_priority: bool = False,
         rate: float | None = None,
-    ) -> tuple[list[str], ModelSnapshot]:
+    ) -> Dispatched:
         """Apply the picks atomically, never taking ``endpoint`` past ``cap`` jobs in flight.
 
-        Returns the job ids dispatched (skipping emptied queues) and the model's state
-        right after, as ``snapshot(model, depth)`` would have read it.
+        Returns the job ids dispatched (skipping emptied queues), the model's state right
+        after, as ``snapshot(model, depth)`` would have read it, and how many of the jobs
+        are not streamed (admission counts those apart).
         """
-        dispatched, snap, _ = await self.dispatch_counted(
-            model, endpoint, cap, picks, depth, engine_priority=engine_priority, rate=rate
-        )
-        return dispatched, snap
-
-    async def dispatch_counted(
-        self,
-        model: str,
-        endpoint: str,
-        cap: int,
-        picks: Sequence[Pick],
-        depth: int,
-        *,
-        engine_priority: bool = False,
-        rate: float | None = None,
-    ) -> tuple[list[str], ModelSnapshot, int]:
-        """``dispatch``, and how many of the jobs dispatched are not streamed."""
         bands = self._settings.bands
         band_number = {band: i for i, band in enumerate(bands, start=1)}
         script_keys = [keys.ready(model), keys.inflight(model), keys.meta(model)]
@@ -209,7 +196,7 @@ class DispatchStore:
         reply = await self._scripts.dispatch(keys=script_keys, args=args)
         ids, *ranges, joins, inflight, unstarted, plain = reply
         dispatched = [job_id.decode() for job_id in ids if job_id]
-        return dispatched, _state(bands, ranges, joins, inflight, unstarted), int(plain)
+        return Dispatched(dispatched, _state(bands, ranges, joins, inflight, unstarted), int(plain))
 
     async def grant(self, model: str, grant: Grant | None, sequence: int, ttl_ms: int) -> bool:
         """Set the model's express grant (None revokes it); False when refused because the

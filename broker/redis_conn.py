@@ -5,7 +5,7 @@ With ``redis_cluster`` the same functions return cluster clients (``broker.clust
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import BlockingConnectionPool, Redis
 
@@ -14,6 +14,15 @@ from broker.settings import Settings
 
 if TYPE_CHECKING:
     from broker.cluster import ClusterResultReader
+
+
+# Every fairq client, single server or cluster: bytes replies (the hot path decodes what
+# it needs), dead connections found within 30 s, TCP keepalive.
+CLIENT_OPTIONS: dict[str, Any] = {
+    "decode_responses": False,
+    "health_check_interval": 30,
+    "socket_keepalive": True,
+}
 
 
 def connect(settings: Settings) -> Redis:
@@ -31,9 +40,7 @@ def connect(settings: Settings) -> Redis:
         settings.require_redis_url(),
         max_connections=settings.redis_max_connections,
         timeout=settings.redis_pool_timeout_s,
-        decode_responses=False,
-        health_check_interval=30,
-        socket_keepalive=True,
+        **CLIENT_OPTIONS,
     )
     return Redis.from_pool(pool)  # the client owns the pool and closes it
 

@@ -242,7 +242,7 @@ class Dispatcher:
             # stale view can never send more than the decision allowed.
             bound = snap.inflight.get(decision.endpoint, 0) + decision.room
             rate = self._rates[model.name].rate(time.monotonic())
-            dispatched, snap, plain = await self._store.dispatch_counted(
+            dispatched, snap, plain = await self._store.dispatch(
                 model.name, decision.endpoint, bound, picks, depth,
                 engine_priority=model.engine_priority, rate=rate,
             )  # fmt: skip

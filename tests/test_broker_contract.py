@@ -85,8 +85,8 @@ async def test_dispatch_moves_head_jobs_in_plan_order_and_counts_inflight(r: Red
     a = [await q.submit(submission("alice")) for _ in range(3)]
     b = await q.submit(submission("bob"))
     picks = [Pick("default", "alice", 1, 0.5), Pick("default", "bob", 2, 1.5)]
-    ids, after = await d.dispatch(MODEL, EP, 4, picks, 10)
-    assert ids == [a[0], b]
+    ids, after, plain = await d.dispatch(MODEL, EP, 4, picks, 10)
+    assert ids == [a[0], b] and plain == 0  # both streamed
     assert after == await d.snapshot(MODEL, depth=10)  # the script reports the state after
     snap = await d.snapshot(MODEL, depth=10)
     assert snap.inflight == {EP: 2}
@@ -194,7 +194,7 @@ async def test_dispatch_never_takes_an_endpoint_past_its_cap(r: Redis) -> None:
     q, d = JobQueue(r, s), DispatchStore(r, s)
     jobs = [await q.submit(submission("alice")) for _ in range(3)]
     picks = [Pick("default", "alice", i + 1, i + 0.5) for i in range(3)]
-    ids, after = await d.dispatch(MODEL, EP, 2, picks, 10)
+    ids, after, _ = await d.dispatch(MODEL, EP, 2, picks, 10)
     assert ids == jobs[:2]
     assert after.inflight == {EP: 2}
     assert (await q.get(jobs[2], "alice")).state is JobState.QUEUED
@@ -225,7 +225,7 @@ async def _dispatch_rounds(d: DispatchStore, rounds: int) -> list[str]:
         snap = await d.snapshot(MODEL, 10)
         top = snap.backlogs[0]
         (pick,) = TokenFair().plan(top.band, top.users, top.join, 1)
-        ids, _ = await d.dispatch(MODEL, EP, 10**6, [pick], 10)
+        ids = (await d.dispatch(MODEL, EP, 10**6, [pick], 10)).ids
         served += [pick.user] * len(ids)
     return served
 
@@ -387,3 +387,14 @@ async def test_jobs_a_scrape_cannot_show_are_in_transit_or_handed_over_just_now(
     assert await x.start(taken.job, "w2") == 2
     assert await transit() == 0
     assert await d.unseen([MODEL, "other"], "http://elsewhere", 60_000) == 0
+
+
+async def test_dispatch_counts_the_jobs_that_are_not_streamed(r: Redis) -> None:
+    # Admission counts these apart: fairq cannot see them leave the engine's queue.
+    s = settings()
+    q, d = JobQueue(r, s), DispatchStore(r, s)
+    await q.submit(submission("alice"))
+    await q.submit(replace(submission("bob"), stream_flag="0"))
+    picks = [Pick("default", "alice", 1, 0.5), Pick("default", "bob", 2, 1.5)]
+    ids, _, plain = await d.dispatch(MODEL, EP, 4, picks, 10)
+    assert len(ids) == 2 and plain == 1

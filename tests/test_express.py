@@ -18,7 +18,6 @@ from broker import (
     Outcome,
     Pick,
     Settings,
-    express_endpoint,
     express_send,
     keys,
 )
@@ -110,7 +109,7 @@ async def test_a_dispatch_revokes_the_grant_it_used_the_room_of(r: Redis) -> Non
     q, d = JobQueue(r, s), DispatchStore(r, s)
     await q.submit(submission("alice"))
     assert await _grant(d, ALL)
-    _, after = await d.dispatch(MODEL, EP, 4, [Pick("default", "alice", 1, 0.5)], 10)
+    after = (await d.dispatch(MODEL, EP, 4, [Pick("default", "alice", 1, 0.5)], 10)).snapshot
     assert after.sequence == 1 and after == await d.snapshot(MODEL, 10)
     job_id = await q.submit(submission("bob", band="interactive"))
     assert (await q.get(job_id, "bob")).state is JobState.QUEUED
@@ -129,8 +128,8 @@ async def test_an_express_job_runs_and_ends_like_a_dispatched_one(r: Redis) -> N
     while message is None:
         message = await pubsub.get_message(timeout=1.0)
     await pubsub.aclose()
-    assert express_endpoint(message["data"]) == EP  # tells the dispatcher what was sent
-    assert express_send(message["data"]) == (EP, False)  # and that the job is streamed
+    # It tells the dispatcher what was sent where: a streamed job, to EP.
+    assert express_send(message["data"]) == (EP, False)
     (claimed,) = await x.claim(r, [MODEL], "w1", count=10, block_ms=100)
     assert claimed.job_id == job_id and claimed.endpoint == EP
     assert await x.start(claimed, "w1") == 1

@@ -137,7 +137,7 @@ class StandIn:
         backlog = snapshot.backlogs[0]
         user, score = backlog.users[0]
         pick = Pick(backlog.band, user, score + 1, backlog.join)
-        ids, _ = await self.dispatch.dispatch(model, ENDPOINT, 8, [pick], 1)
+        ids = (await self.dispatch.dispatch(model, ENDPOINT, 8, [pick], 1)).ids
         return ids
 
     async def finish(
