@@ -405,7 +405,9 @@ async def test_waiting_grows_past_max_num_seqs_and_falls_as_requests_finish() ->
             seen.append(_sample(await scrape(client), "num_requests_waiting"))
             responses = await asyncio.gather(*posts)
     assert [r.status_code for r in responses] == [200] * 12
-    assert max(seen) == 8.0, seen  # 12 requests, 4 slots
+    # 12 requests, 4 slots: once the scheduler's next step has run, 8 wait. A scrape
+    # between the arrivals and that step may see up to 12, as on a real engine.
+    assert 8.0 in seen and max(seen) <= 12.0, seen
     after = seen[seen.index(8.0) :]
     assert after == sorted(after, reverse=True)  # it only falls once all have arrived
     assert 4.0 in after  # the first wave of 4 finished while 4 more still waited
