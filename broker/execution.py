@@ -43,9 +43,14 @@ from redis.exceptions import ResponseError
 from broker import keys
 from broker.dispatching import HANDED_KEEP_MS, ensure_ready_group
 from broker.jobs import JobState, RequestKind
+from broker.packed import PackedPipeline
 from broker.results import BODY_FIELD, CHUNK_FIELD
 from broker.scripts import Scripts, source
 from broker.settings import Settings
+
+# What the result writer builds one flush in: the same calls on either
+# (``execute_command``, ``evalsha``, ``len``, ``execute(raise_on_error=False)``).
+ResultPipeline = PackedPipeline | Pipeline
 
 
 @dataclass(frozen=True)
@@ -163,19 +168,19 @@ class ExecutionStore:
     # instead of landing twice, so a client never receives the same chunk twice.
     # The end entry gets a time-based id, so nothing can be added after it either.
     @staticmethod
-    def add_chunk(pipe: Pipeline, model: str, job_id: str, seq: int, data: bytes) -> None:
-        pipe.xadd(keys.results(model, job_id), {CHUNK_FIELD: data}, id=f"0-{seq}")
+    def add_chunk(pipe: ResultPipeline, model: str, job_id: str, seq: int, data: bytes) -> None:
+        pipe.execute_command("XADD", keys.results(model, job_id), b"0-%d" % seq, CHUNK_FIELD, data)
 
     @staticmethod
-    def add_body(pipe: Pipeline, model: str, job_id: str, seq: int, body: bytes) -> None:
-        pipe.xadd(keys.results(model, job_id), {BODY_FIELD: body}, id=f"0-{seq}")
+    def add_body(pipe: ResultPipeline, model: str, job_id: str, seq: int, body: bytes) -> None:
+        pipe.execute_command("XADD", keys.results(model, job_id), b"0-%d" % seq, BODY_FIELD, body)
 
     @staticmethod
     def is_duplicate_write(error: Exception) -> bool:
         """True for the error of a result entry that is already there (or after the end)."""
         return isinstance(error, ResponseError) and "equal or smaller" in str(error)
 
-    def add_complete(self, pipe: Pipeline, job: Claimed, outcome: Outcome) -> None:
+    def add_complete(self, pipe: ResultPipeline, job: Claimed, outcome: Outcome) -> None:
         """Queue ``complete.lua`` by SHA (``load_scripts``); its reply is 1 if it ended the job."""
         model, config = job.model, self._settings.model(job.model)
         prompt_cost = config.prompt_token_cost if config else 1.0
@@ -193,7 +198,7 @@ class ExecutionStore:
             job.job_id if outcome.dead_letter else "",
         )  # fmt: skip
 
-    def add_first(self, pipe: Pipeline, model: str, job_id: str) -> None:
+    def add_first(self, pipe: ResultPipeline, model: str, job_id: str) -> None:
         """Queue ``first.lua``: the job's first output is written (it has started)."""
         pipe.evalsha(
             self._scripts.first.sha, 2,
@@ -269,8 +274,12 @@ class ExecutionStore:
         rows = await self._redis.zrevrange(keys.dead_letters(model), 0, limit - 1, withscores=True)
         return [(job_id.decode(), int(when)) for job_id, when in rows]
 
-    def pipeline(self) -> Pipeline:
-        return self._redis.pipeline(transaction=False)
+    def pipeline(self) -> ResultPipeline:
+        """A pipeline for the result writer: packed by hand on a single server (see
+        ``broker.packed``), redis-py's (routed by slot) on a cluster."""
+        if self._settings.redis_cluster:
+            return self._redis.pipeline(transaction=False)
+        return PackedPipeline(self._redis)
 
     def cancel_channels(self, models: Sequence[str]) -> dict[str, str]:
         """Channel -> model, for the channels that announce cancelled jobs."""

@@ -148,7 +148,7 @@ class ResultWriter:
                 self._store.add_first(pipe, model, job_id)
             if buf.outcome is not None:
                 self._store.add_complete(pipe, buf.job, buf.outcome)
-                finishing.append((buf, len(pipe.command_stack) - 1))
+                finishing.append((buf, len(pipe) - 1))
         replies = await pipe.execute(raise_on_error=False)
         for reply in replies:
             if isinstance(reply, Exception) and not self._store.is_duplicate_write(reply):
