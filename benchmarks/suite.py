@@ -49,11 +49,12 @@ def _dispatch_rows(r: dict[str, Any]) -> list[Row]:
 
 
 def _depth_rows(r: dict[str, Any]) -> list[Row]:
-    empty, deep = r["phases"]
+    empty, deep = r["arms"]
     rows: list[Row] = []
     for key, what in (("enqueue_p99_ms", "enqueue"), ("dispatch_round_p99_ms", "dispatch round")):
         ratio = deep[key] / empty[key]
-        figure = f"{what} p99 at {deep['queued_jobs']:,} queued vs almost empty"
+        figure = (f"{what} p99 at {deep['queued_jobs']:,} queued vs almost empty "
+                  f"({r['allocator']} malloc)")  # fmt: skip
         measured = f"{deep[key]:.2f} / {empty[key]:.2f} ms = {ratio:.2f}x"
         rows.append((figure, measured, "<= 2x", ratio <= 2))
     beyond = r["memory_per_job_beyond_payload_bytes"]

@@ -14,13 +14,14 @@ pod restart would; the data directory lives until ``stop``.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import redis
@@ -57,7 +58,8 @@ class LocalRedis:
     """One private redis/valkey server process; use as a context manager.
 
     ``password`` turns on ``requirepass`` (the URL then carries it); ``extra_args``
-    are passed to the server as they are (e.g. ``["--maxmemory", "10mb"]``).
+    are passed to the server as they are (e.g. ``["--maxmemory", "10mb"]``); ``env``
+    is added to the server's environment (e.g. ``LD_PRELOAD`` of another allocator).
     """
 
     def __init__(
@@ -67,11 +69,13 @@ class LocalRedis:
         appendonly: bool = True,
         password: str | None = None,
         extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.port = port or free_port()
         self.password = password
         self._appendonly = appendonly
         self._extra_args = list(extra_args)
+        self._env = {**os.environ, **env} if env else None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -97,7 +101,10 @@ class LocalRedis:
         if self.password:
             args += ["--requirepass", self.password]
         self.process = subprocess.Popen(
-            [*args, *self._extra_args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            [*args, *self._extra_args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=self._env,
         )
         self._wait_ready(timeout_s)
         return self

@@ -40,9 +40,16 @@ local bands = tonumber(ARGV[6])
 local cap = tonumber(ARGV[4])
 local ids = {}
 local plain = 0  -- jobs dispatched that are not streamed
+local sent = 0   -- jobs dispatched by this call
 local FIXED = 7  -- KEYS before the band backlogs
 local picks = #KEYS - FIXED - bands
 local BAND_STEP = 1000000
+-- The endpoint's in-flight count, the bands' queued counts and join clocks change once per
+-- call, after the picks, by what the picks did: fewer commands per pick (each one's
+-- arguments and reply are allocations inside Redis, the cost that grows with a big heap).
+local inflight = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
+local popped = {}  -- band -> jobs taken from its queues
+local joins = {}   -- band -> its join score after the last pick that served it
 
 -- The head entry of a user's queue: its job id and payload ({'j', id, 'p', payload}).
 local function pop_head(queue)
@@ -76,9 +83,7 @@ local function to_ready(job_id, payload, band)
   local queued_ms = string.match(f[6] or '', '^%d+') or now_ms  -- 'qe' is 'ms-seq'
   redis.call('HSET', job, 'st', 'dispatched', 'tq', queued_ms, 'td', now_ms, 'ep', ARGV[1],
     're', entry)
-  redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
-  redis.call('HINCRBY', KEYS[4], ARGV[1], 1)
-  redis.call('HINCRBY', KEYS[7], ARGV[1], 1)
+  sent = sent + 1
   if f[3] == '0' then
     plain = plain + 1
   end
@@ -90,11 +95,11 @@ for i = 1, picks do
   local band = tonumber(ARGV[a])
   local backlog, queue, user = KEYS[FIXED + band], KEYS[FIXED + bands + i], ARGV[a + 1]
   ids[i] = ''
-  if tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0') < cap then
+  if inflight + sent < cap then
     local score, join = ARGV[a + 2], ARGV[a + 3]
     local job_id, payload = pop_head(queue)
     if job_id then
-      redis.call('HINCRBY', KEYS[6], ARGV[8 + bands + band], -1)
+      popped[band] = (popped[band] or 0) + 1
       ids[i] = to_ready(job_id, payload, band)
       if score == 'cost' then
         local job = ARGV[2] .. job_id
@@ -105,7 +110,7 @@ for i = 1, picks do
         score = tonumber(join) + tonumber(f[1] or '0') * per_token
         redis.call('HSET', job, 'cw', per_token)  -- complete.lua corrects to actual usage
       end
-      redis.call('HSET', KEYS[3], ARGV[8 + band], join)
+      joins[band] = join
     end
     if redis.call('XLEN', queue) == 0 then
       redis.call('DEL', queue)
@@ -118,17 +123,25 @@ for i = 1, picks do
   end
 end
 
+for band = 1, bands do
+  if popped[band] then
+    redis.call('HINCRBY', KEYS[6], ARGV[8 + bands + band], -popped[band])
+    redis.call('HSET', KEYS[3], ARGV[8 + band], joins[band])
+  end
+end
+if sent > 0 then
+  redis.call('HINCRBY', KEYS[2], ARGV[1], sent)
+  redis.call('HINCRBY', KEYS[4], ARGV[1], sent)
+  redis.call('HINCRBY', KEYS[7], ARGV[1], sent)
+end
 if ARGV[8] ~= '' then
   redis.call('HSET', KEYS[3], 'rate', ARGV[8], 'rate_ms', now_ms)
 end
 -- A dispatch uses the room an express grant was computed from: revoke it, and bump the
 -- sequence so a grant computed before this dispatch is refused (grant.lua).
-for i = 1, picks do
-  if ids[i] ~= '' then
-    redis.call('HDEL', KEYS[3], 'xep', 'xexp')
-    redis.call('HINCRBY', KEYS[3], 'xs', 1)
-    break
-  end
+if sent > 0 then
+  redis.call('HDEL', KEYS[3], 'xep', 'xexp')
+  redis.call('HINCRBY', KEYS[3], 'xs', 1)
 end
 
 local out = {ids}
