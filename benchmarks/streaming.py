@@ -36,6 +36,7 @@ import yaml
 
 from benchmarks import _stream_fanout
 from benchmarks._stream_client import Load, run_load
+from benchmarks._wakeup import wakeup_floor_us
 from benchmarks.stats import machine, markdown_table, median, pct, save
 from fairq.localredis import free_port
 from fairq.stack import DEMO_MODELS, Stack, demo_config
@@ -207,11 +208,18 @@ def main(  # noqa: PLR0917 - click passes every option
     Path(out).mkdir(parents=True, exist_ok=True)
     rows = run_cpu(levels, seconds, tokens, Path(out) if profile else None) if levels else []
     fan = _stream_fanout.run(fanout, seconds, tokens) if fanout else None
+    floor = wakeup_floor_us(STEP_MS / 1000)
     cores = int(machine()["cores"] or 0)  # type: ignore[call-overload]
     result = {"benchmark": "streaming", "machine": machine(), "seconds": seconds,
               "tokens_per_request": tokens, "cpu": rows, "fanout": fan,
+              "wakeup_floor_us": floor,
               "note": "engine = fairq's simulator; its timings are estimates"}  # fmt: skip
     text = render_cpu(rows, cores) if rows else ""
+    text += (
+        f"\n\nThe machine's wake-up floor: an idle uvloop process spends {floor:.0f} µs "
+        f"of CPU per message when messages arrive {STEP_MS:.0f} ms apart "
+        "(benchmarks/_wakeup.py); with few streams each token wakes both hops."
+    )
     if fan is not None:
         text += "\n\n" + _stream_fanout.render(fan, cores)
     save(out, "streaming", result, text)
