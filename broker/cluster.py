@@ -11,8 +11,8 @@ against a cluster and are split here, per slot:
   a single Redis: one lane over all models, as before);
 * the gateway's multiplexed ``XREAD`` over the result streams it follows:
   ``ClusterResultReader`` runs one ``ResultReader`` per slot, on a plain
-  connection to the master serving that slot, so ``CLIENT ID``/``CLIENT UNBLOCK``
-  name a connection on that very node;
+  connection to the master serving that slot, with its bell stream in that slot
+  (tagged with a model the reader follows);
 * Lua scripts queued in a pipeline by SHA: redis-py refuses ``evalsha`` in a
   cluster pipeline, as it cannot load scripts there. ``_ScriptingPipeline``
   allows it; dispatchers and workers load every script on every master at start
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator, Generator, Sequence
 from importlib import resources
 from typing import Any, cast
@@ -267,8 +268,9 @@ class ClusterResultReader:
     async def _open(self, model: str) -> ResultReader:
         url = await node_of(self._cluster, model, self._url)
         blocking = plain_blocking(url, self._block_s)
-        control = Redis.from_url(url, decode_responses=False)  # CLIENT UNBLOCK on that node
-        reader = _NodeReader(blocking, control, block_ms=int(self._block_s * 1000))
+        control = Redis.from_url(url, decode_responses=False)  # rings the bell on that node
+        bell = keys.reader_bell(uuid.uuid4().hex, model)  # in the slot the reader follows
+        reader = _NodeReader(blocking, control, bell, block_ms=int(self._block_s * 1000))
         reader.start()
         return reader
 
@@ -276,8 +278,8 @@ class ClusterResultReader:
 class _NodeReader(ResultReader):
     """A ``ResultReader`` that also closes its control client (made for it alone)."""
 
-    def __init__(self, blocking: Redis, control: Redis, block_ms: int) -> None:
-        super().__init__(blocking, control, block_ms=block_ms)
+    def __init__(self, blocking: Redis, control: Redis, bell: str, block_ms: int) -> None:
+        super().__init__(blocking, control, bell, block_ms=block_ms)
         self._own_control = control
 
     async def close(self) -> None:

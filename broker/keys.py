@@ -23,6 +23,7 @@ data they read (a job id popped from a queue).
     fq:{m}:users             hash     user -> jobs dispatched and not yet terminal
     fq:{m}:queued            hash     band -> jobs queued
     fq:{m}:out:{id}          stream   the job's result chunks, then an end entry
+    fq:{m}:bell:{reader}     stream   wakes a result reader's XREAD (one server: fq:bell:{reader})
     fq:{m}:owner             string   the dispatcher that owns the model (a lease, PX)
     fq:dispatchers           zset     live dispatchers, score = when their heartbeat lapses (ms)
     fq:{m}:wake              channel  "something changed": new job, freed capacity
@@ -152,6 +153,12 @@ def queued_counts(model: str) -> str:
 
 def results(model: str, job_id: str) -> str:
     return f"{_tag(model)}:out:{job_id}"
+
+
+def reader_bell(reader_id: str, model: str | None = None) -> str:
+    """The stream that wakes one result reader's blocked XREAD (``broker.results``). On a
+    cluster it carries the tag of a model its reader follows, so it lives in that slot."""
+    return f"{_tag(model)}:bell:{reader_id}" if model is not None else f"fq:bell:{reader_id}"
 
 
 def owner(model: str) -> str:

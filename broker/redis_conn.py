@@ -5,10 +5,12 @@ With ``redis_cluster`` the same functions return cluster clients (``broker.clust
 
 from __future__ import annotations
 
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import BlockingConnectionPool, Redis
 
+from broker import keys
 from broker.results import ResultReader
 from broker.settings import Settings
 
@@ -76,11 +78,14 @@ def result_reader(
     settings: Settings, redis: Redis, block_s: float
 ) -> ResultReader | ClusterResultReader:
     """The process's one reader of result streams; ``redis`` is its shared client
-    (``connect``), used for ``CLIENT UNBLOCK``."""
+    (``connect``), used to ring the reader's bell stream."""
     if settings.redis_cluster:
         from broker.cluster import ClusterResultReader
 
         return ClusterResultReader(settings, redis, block_s)
     return ResultReader(
-        plain_blocking(settings.require_redis_url(), block_s), redis, block_ms=int(block_s * 1000)
+        plain_blocking(settings.require_redis_url(), block_s),
+        redis,
+        bell=keys.reader_bell(uuid.uuid4().hex),
+        block_ms=int(block_s * 1000),
     )

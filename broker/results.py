@@ -12,9 +12,12 @@ streams followed, as the read repeats every time any stream has news: the
 command is kept packed (one RESP segment per key and per position, re-encoded
 only for the streams that moved) and its reply is taken as Redis sent it,
 without redis-py's per-entry dict building. A new follower must join a read that is
-already blocked; it does so by ``CLIENT UNBLOCK``-ing the reader, which then
-re-issues the read with the new key. Redis connections per process stay at two
-whatever the number of concurrent streams. One stream may have several
+already blocked. Every read also names the reader's own *bell* stream, after the
+last bell entry it saw: a new follower adds an entry to it (``XADD``, at most one
+pending per read), and the read returns and is issued again with the new key.
+Whether Redis handles the ``XADD`` before the read or while it blocks, the read
+sees the entry, so no retry or poll is needed. Redis connections per process stay
+at two whatever the number of concurrent streams. One stream may have several
 followers (a client that reconnected while its first connection is not yet
 seen to be gone): the read starts at the earliest of their positions and each
 gets only the entries after its own.
@@ -105,9 +108,15 @@ async def read_after(redis: Redis, model: str, job_id: str, after: bytes) -> lis
 class ResultReader:
     """Follows many result streams with one blocking XREAD loop (start once per process)."""
 
-    def __init__(self, blocking: Redis, control: Redis, block_ms: int = 2000, count: int = 512):
+    def __init__(
+        self, blocking: Redis, control: Redis, bell: str, block_ms: int = 2000, count: int = 512
+    ) -> None:
         self._blocking = blocking  # dedicated single-connection client
-        self._control = control  # shared pool: CLIENT UNBLOCK and nothing else
+        self._control = control  # shared pool: rings the bell, nothing else
+        self._bell = bell.encode()
+        self._bell_arg = _bulk(self._bell)
+        self._bell_seen = _bulk(b"0-0")  # the last bell entry read (packed)
+        self._rung = False  # a bell entry is on its way for the read in flight
         self._block_ms = block_ms
         self._count = count
         self._followers: dict[bytes, list[_Follower]] = {}
@@ -117,9 +126,8 @@ class ResultReader:
         self._head = b"".join(_bulk(a) for a in (b"XREAD", b"COUNT", b"%d" % count, b"BLOCK",
                                                  b"%d" % block_ms, b"STREAMS"))  # fmt: skip
         self._reading: frozenset[bytes] = frozenset()
-        self._blocked = False
-        self._client_id: int | None = None
         self._changed = asyncio.Event()
+        self._ringing: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -130,6 +138,8 @@ class ResultReader:
         if self._task is not None:
             await stop_task(self._task)
             self._task = None
+        with contextlib.suppress(RedisError):
+            await self._control.delete(self._bell)
         await self._blocking.aclose()
 
     @contextlib.asynccontextmanager
@@ -143,11 +153,10 @@ class ResultReader:
         self._moved(key)
         # The caller need not wait for the reader to take the key in: events are read
         # from ``after`` on whenever that happens, so none can be missed.
-        wake = asyncio.create_task(self._wake(key))
+        self._wake()
         try:
             yield follower.queue
         finally:
-            wake.cancel()
             followers = self._followers[key]
             followers.remove(follower)
             if not followers:
@@ -165,18 +174,26 @@ class ResultReader:
                 if event.end is not None:
                     return
 
-    async def _wake(self, key: bytes) -> None:
-        """Make the reader include ``key`` in its next XREAD without waiting for its timeout."""
-        self._changed.set()
-        for _ in range(100):
-            if key in self._reading or self._task is None:
+    def _wake(self) -> None:
+        """Make the reader issue its read again, with every key followed now."""
+        self._changed.set()  # the reader waits on this while it follows nothing
+        if self._rung or not self._reading:
+            return  # a bell entry is on its way, or no read is in flight: the next has it
+        self._rung = True
+        task = asyncio.create_task(self._ring())
+        self._ringing.add(task)
+        task.add_done_callback(self._ringing.discard)
+
+    async def _ring(self) -> None:
+        backoff = 0.05
+        while self._rung:  # cleared once a new read is issued: that read has the key
+            try:
+                await self._control.xadd(self._bell, {b"r": b""}, maxlen=16, approximate=True)
                 return
-            if self._blocked and self._client_id is not None:
-                with contextlib.suppress(RedisError):
-                    if await self._control.client_unblock(self._client_id):
-                        return
-            # The reader is between reads, or its XREAD has not reached Redis yet.
-            await asyncio.sleep(0.0005)
+            except RedisError as exc:
+                log.warning("result reader bell failed (%r); retrying in %.2fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
 
     async def _run(self) -> None:
         backoff = 0.05
@@ -190,7 +207,7 @@ class ResultReader:
                 backoff = 0.05
             except Exception as exc:  # the reader must outlive any error: every stream waits on it
                 log.warning("result reader failed (%r); retrying in %.2fs", exc, backoff)
-                self._client_id = None
+                self._reading = frozenset()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
 
@@ -210,27 +227,28 @@ class ResultReader:
         self._id_args[key] = _bulk(after)
 
     def _command(self) -> bytes:
-        n = len(self._key_args)
+        n = len(self._key_args) + 1  # and the bell
         # Both dicts hold the same keys in the same order (added and removed together).
         return b"".join(
-            (b"*%d\r\n" % (6 + 2 * n), self._head, *self._key_args.values(),
-             *self._id_args.values())
+            (b"*%d\r\n" % (6 + 2 * n), self._head, *self._key_args.values(), self._bell_arg,
+             *self._id_args.values(), self._bell_seen)
         )  # fmt: skip
 
     async def _xread(self) -> list[Any]:
         """One blocking XREAD of every followed stream; the reply as Redis sent it."""
-        if self._client_id is None:
-            self._client_id = int(await self._blocking.client_id())
-        connection = self._blocking.connection  # set up by the CLIENT ID call
-        assert connection is not None
+        connection = self._blocking.connection
+        if connection is None:
+            await self._blocking.ping()  # sets up the client's one connection
+            connection = self._blocking.connection
+            assert connection is not None
         self._reading = frozenset(self._key_args)
+        self._rung = False  # this read names every key followed now
         command = self._command()
-        self._blocked = True
         try:
             await connection.send_packed_command(command, check_health=False)
             reply = await connection.read_response()
         finally:
-            self._blocked = False
+            self._reading = frozenset()
         if isinstance(reply, dict):  # RESP3: a map of key -> entries
             return list(reply.items())
         return reply or []
@@ -239,6 +257,9 @@ class ResultReader:
         if not self._key_args:  # the last follower left since the loop looked
             return
         for key, entries in await self._xread():
+            if key == self._bell:
+                self._bell_seen = _bulk(entries[-1][0])
+                continue
             followers = self._followers.get(key)
             if not followers:
                 continue
