@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
 
 import orjson
-from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.responses import Response
+from starlette.types import Message, Receive, Scope, Send
 
 from broker.errors import InvalidRequest
 from broker.gateway.errors import JOB_HEADER
@@ -38,6 +37,7 @@ HEARTBEAT_S = 15.0
 _KEEPALIVE = b": keep-alive\n\n"
 _DONE = b"data: [DONE]\n\n"
 _LULL = ResultEvent(b"lull")  # put in a queue by _Heartbeat: nothing came for a while
+_GONE = ResultEvent(b"gone")  # put in a queue by _watch_disconnect: the client left
 _EVENT_ID = re.compile(r"^(\d{1,20}-\d{1,20})(?:\.(\d{1,9}))?$")
 
 
@@ -92,7 +92,7 @@ async def _next_batch(queue: asyncio.Queue[ResultEvent]) -> list[ResultEvent] | 
     if first is _LULL:
         return None
     batch = [first]
-    while first.end is None and first is not SHUTDOWN and not queue.empty():
+    while first.end is None and first is not SHUTDOWN and first is not _GONE and not queue.empty():
         first = queue.get_nowait()
         batch.append(first)
     return batch
@@ -117,45 +117,79 @@ def _frames(batch: list[ResultEvent], job: FollowedJob) -> bytes:
     return b"".join(out)
 
 
-async def sse_events(job: FollowedJob) -> AsyncIterator[bytes]:
+async def _send_events(job: FollowedJob, send: Send) -> None:
+    """Send the job's events as they arrive, until its end, a shutdown or the client leaves."""
     heartbeat = _Heartbeat(job.events)
     try:
         while True:
             batch = await _next_batch(job.events)
             heartbeat.batches += 1
             if batch is None:
-                yield _KEEPALIVE
+                await send(_body(_KEEPALIVE))
                 continue
-            data = _frames(batch, job)
             last = batch[-1]
+            if last is _GONE:
+                return  # job.ended stays False: release cancels the job
+            data = _frames(batch, job)
             if last.end is not None:
                 job.ended = True  # before the write: a client leaving now cancels nothing
-                yield data
+                await send(_body(data))
                 return
             if last is SHUTDOWN:
-                yield data  # job.ended stays False: release cancels the job
+                await send(_body(data))  # job.ended stays False: release cancels the job
                 return
             if data:
                 job.delivered = True
-                yield data
+                await send(_body(data))
     finally:
         heartbeat.cancel()
 
 
-class JobStreamResponse(StreamingResponse):
-    """An SSE response that releases its job however the response ends."""
+def _body(data: bytes) -> Message:
+    return {"type": "http.response.body", "body": data, "more_body": True}
+
+
+async def _watch_disconnect(receive: Receive, events: asyncio.Queue[ResultEvent]) -> None:
+    """Put ``_GONE`` in the job's queue once the server reports the client gone."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    events.put_nowait(_GONE)
+
+
+class JobStreamResponse(Response):
+    """An SSE response that releases its job however the response ends.
+
+    A plain ASGI response rather than Starlette's ``StreamingResponse``, which runs a
+    task group and a body generator for each response and passes every chunk through
+    both. Here the task that sends also takes the events from the job's queue, and
+    one small task per response waits for the client's disconnect (the ASGI server
+    reports it only through ``receive``) and ends the stream through the queue.
+    """
+
+    media_type = "text/event-stream"
 
     def __init__(self, job: FollowedJob) -> None:
-        headers = {JOB_HEADER: job.id, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        self._events = sse_events(job)
-        super().__init__(self._events, headers=headers, media_type="text/event-stream")
+        # Response.__init__ would add a content-length: this body's length is not known.
+        self.status_code = 200
+        self.background = None
+        self.body = b""
+        self.raw_headers = [
+            (JOB_HEADER.lower().encode(), job.id.encode()),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+        ]
         self.job = job
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # Starlette watches for the client's disconnect and cancels the stream; the
-        # generator may never have started, so release here rather than in it.
+        watcher = asyncio.create_task(_watch_disconnect(receive, self.job.events))
         try:
-            await super().__call__(scope, receive, send)
+            start = {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
+            await send(start)
+            await _send_events(self.job, send)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:
+            pass  # the client is gone (a server that reports it by failing the send)
         finally:
-            await self._events.aclose()  # stops its heartbeat timer even if the send broke off
+            watcher.cancel()
             await self.job.gateway.finish(self.job.release())
