@@ -115,13 +115,15 @@ def _cpu(pids: dict[str, int]) -> dict[str, float]:
 
 async def _measure(
     url: str, body: dict[str, Any], streams: int, *, seconds: float, settle_s: float,
-    pids: dict[str, int], watch: Any,
+    stagger_s: float, pids: dict[str, int], watch: Any,
 ) -> dict[str, Any]:  # fmt: skip
     """Run the clients; after ``settle_s`` (all streams started) take CPU and tokens over
     the rest, and sample the gateway's Redis connections (the most seen)."""
     load = Load(window_start=time.perf_counter() + settle_s)
     task = asyncio.create_task(
-        run_load(url, body, KEY, streams, seconds=seconds + settle_s, load=load)
+        run_load(
+            url, body, KEY, streams, seconds=seconds + settle_s, load=load, stagger_s=stagger_s
+        )
     )
     await asyncio.sleep(settle_s)
     before, most, start = _cpu(pids), 0, time.perf_counter()
@@ -136,7 +138,10 @@ async def _measure(
 
 
 def run(streams: int, seconds: float, tokens: int) -> dict[str, Any]:
-    settle_s = 2.0 + streams / 200  # every client has submitted and streams by then
+    # The clients' first requests spread over one request's streaming time: arrivals as
+    # steady as a service's, not 1,000 at once every 2 s (closed-loop clients keep a wave).
+    stagger_s = tokens * STEP_MS / 1000
+    settle_s = stagger_s + 2.0 + streams / 200  # every client has submitted and streams by then
     ports = [free_port(), free_port()]
     config = demo_config(ports)
     config["models"] = config["models"][:1]
@@ -162,8 +167,8 @@ def run(streams: int, seconds: float, tokens: int) -> dict[str, Any]:
                 return gateway_redis_connections(redis_url, pids["gateway"])
 
             m = asyncio.run(
-                _measure(url, body, streams, seconds=seconds, settle_s=settle_s, pids=pids,
-                         watch=watch)
+                _measure(url, body, streams, seconds=seconds, settle_s=settle_s,
+                         stagger_s=stagger_s, pids=pids, watch=watch)
             )  # fmt: skip
         finally:
             producer.terminate()
@@ -172,7 +177,7 @@ def run(streams: int, seconds: float, tokens: int) -> dict[str, Any]:
     return {
         "streams": streams, "tokens": tokens, "requests": load.requests,
         "failed": load.failed, "tokens_per_s": tokens / seconds,
-        "settle_s": settle_s, "seconds": seconds,
+        "settle_s": settle_s, "stagger_s": stagger_s, "seconds": seconds,
         "cpu_s_per_s": {name: s / seconds for name, s in cpu.items()},
         "target_tokens_per_s": streams * 1000 / STEP_MS,
         "step_ms": STEP_MS, "itl_p50_ms": median(load.gaps_ms),
@@ -201,7 +206,8 @@ def render(result: dict[str, Any], cores: int) -> str:
     return (
         f"{markdown_table(header, rows)}\n\nFan-out: one gateway process; jobs run by a producer "
         f"that writes one token per job every {r['step_ms']:.0f} ms through the worker's "
-        f"ResultWriter (no engine); figures over {r['seconds']:.0f} s, from "
+        f"ResultWriter (no engine); the clients' first requests spread over "
+        f"{r.get('stagger_s', 0):.0f} s; figures over {r['seconds']:.0f} s, from "
         f"{r['settle_s']:.0f} s after the start (every stream started); "
         f"added ITL = client ITL p99 - the step; {cores} cores."
     )
