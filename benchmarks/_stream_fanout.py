@@ -19,6 +19,7 @@ Run through ``python -m benchmarks.streaming --fanout N``.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 from benchmarks._stream_client import Load, run_load
 from benchmarks.stats import markdown_table, median, pct
-from broker import Claimed, ExecutionStore, JobState, Outcome, Settings
+from broker import Claimed, ExecutionStore, JobState, Outcome, Settings, keys
 from broker.redis_conn import connect
 from broker.settings import load_settings
 from fairq.localredis import free_port
@@ -99,6 +100,28 @@ class Producer:
         task = asyncio.create_task(self._writer.finish(job, outcome))
         self._ends.add(task)
         task.add_done_callback(self._ends.discard)
+
+
+def ttft_split(redis_url: str, model: str, sample: int = 2000) -> dict[str, float]:
+    """Where the first token's wait went, from the jobs' own times (ms, medians over up to
+    ``sample`` jobs): queued (``td - tq``: enqueued to dispatched) and dispatched to
+    started (``tr - td``: the producer claimed it; its first token follows within a step).
+    The rest of a client's TTFT is the gateway's: request to enqueue, and the first
+    token to the client."""
+    queued, to_start = [], []
+    with redis.Redis.from_url(redis_url) as r:
+        names = list(itertools.islice(r.scan_iter(match=keys.job_pattern(model), count=1000),
+                                      sample))  # fmt: skip
+        with r.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.hmget(name, "tq", "td", "tr")
+            rows = pipe.execute()
+    for tq, td, tr in rows:
+        if tq and td and tr:
+            queued.append(int(td) - int(tq))
+            to_start.append(int(tr) - int(td))
+    return {"jobs": len(queued), "queued_p50_ms": median(queued),
+            "dispatched_to_started_p50_ms": median(to_start)}  # fmt: skip
 
 
 def gateway_redis_connections(redis_url: str, gateway_pid: int) -> int:
@@ -170,6 +193,7 @@ def run(streams: int, seconds: float, tokens: int) -> dict[str, Any]:
                 _measure(url, body, streams, seconds=seconds, settle_s=settle_s,
                          stagger_s=stagger_s, pids=pids, watch=watch)
             )  # fmt: skip
+            m["split"] = ttft_split(redis_url, DEMO_MODELS[0])
         finally:
             producer.terminate()
             producer.wait(10)
@@ -186,6 +210,7 @@ def run(streams: int, seconds: float, tokens: int) -> dict[str, Any]:
         "ttft_p50_ms": median(load.ttft_ms),
         "gateway_cpu_ms_per_1k_tokens": cpu["gateway"] * 1e6 / max(tokens, 1),
         "gateway_redis_connections": m["redis_connections"],
+        "ttft_split": m["split"],
     }  # fmt: skip
 
 
@@ -210,6 +235,18 @@ def render(result: dict[str, Any], cores: int) -> str:
         f"{r.get('stagger_s', 0):.0f} s; figures over {r['seconds']:.0f} s, from "
         f"{r['settle_s']:.0f} s after the start (every stream started); "
         f"added ITL = client ITL p99 - the step; {cores} cores."
+        + _render_split(r.get("ttft_split"))
+    )
+
+
+def _render_split(split: dict[str, float] | None) -> str:
+    if not split:
+        return ""
+    return (
+        f" Where the first token's wait went (medians over {split['jobs']:.0f} jobs, from "
+        f"their own times): enqueued to dispatched {split['queued_p50_ms']:.1f} ms, "
+        f"dispatched to started {split['dispatched_to_started_p50_ms']:.1f} ms (the first "
+        "token follows within a step); the rest is the gateway's."
     )
 
 
