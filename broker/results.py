@@ -125,7 +125,7 @@ class ResultReader:
         self._id_args: dict[bytes, bytes] = {}
         self._head = b"".join(_bulk(a) for a in (b"XREAD", b"COUNT", b"%d" % count, b"BLOCK",
                                                  b"%d" % block_ms, b"STREAMS"))  # fmt: skip
-        self._reading: frozenset[bytes] = frozenset()
+        self._reading = False  # a read is in flight (sent, its reply not yet taken)
         self._changed = asyncio.Event()
         self._ringing: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
@@ -199,7 +199,7 @@ class ResultReader:
         backoff = 0.05
         while True:
             if not self._followers:
-                self._reading = frozenset()
+                self._reading = False
                 await self._changed.wait()
             self._changed.clear()
             try:
@@ -207,7 +207,7 @@ class ResultReader:
                 backoff = 0.05
             except Exception as exc:  # the reader must outlive any error: every stream waits on it
                 log.warning("result reader failed (%r); retrying in %.2fs", exc, backoff)
-                self._reading = frozenset()
+                self._reading = False
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
 
@@ -241,14 +241,14 @@ class ResultReader:
             await self._blocking.ping()  # sets up the client's one connection
             connection = self._blocking.connection
             assert connection is not None
-        self._reading = frozenset(self._key_args)
+        self._reading = True
         self._rung = False  # this read names every key followed now
         command = self._command()
         try:
             await connection.send_packed_command(command, check_health=False)
             reply = await connection.read_response()
         finally:
-            self._reading = frozenset()
+            self._reading = False
         if isinstance(reply, dict):  # RESP3: a map of key -> entries
             return list(reply.items())
         return reply or []
