@@ -3,7 +3,10 @@
 Starts a private Redis (unless a URL is given), the engine simulators, a
 dispatcher, workers, a batch worker (RQ) and the gateway, each a child process running the same
 ``fairq`` command a production pod runs. Children die with the parent (Linux
-PR_SET_PDEATHSIG), and ``stop`` ends them all, so nothing is left behind.
+PR_SET_PDEATHSIG), and ``stop`` ends them all, so nothing is left behind. The kernel
+sends that signal when the *thread* that started the child ends, so every child is
+started by one thread the stack owns until ``stop``: a child restarted from a
+short-lived thread (a test's ``asyncio.to_thread``) would otherwise be stopped with it.
 Tests and benchmarks use the same class; a stack of simulators alone (no
 dispatcher, worker or gateway, as in a benchmark's direct arm) starts no Redis.
 """
@@ -17,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +78,7 @@ class Stack:
     _redis: LocalRedis | None = None
     _commands: dict[str, tuple[list[str], dict[str, str] | None]] = field(default_factory=dict)
     _dir: tempfile.TemporaryDirectory[str] | None = None
+    _spawner: ThreadPoolExecutor | None = None  # the one thread that starts children
 
     @property
     def gateway_url(self) -> str:
@@ -150,14 +155,17 @@ class Stack:
         log = None
         if self.log_dir is not None:
             log = (self.log_dir / f"{name.replace('/', '_')}.log").open("ab")
+        if self._spawner is None:
+            self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fairq-spawn")
         try:
-            self.processes[name] = subprocess.Popen(
+            self.processes[name] = self._spawner.submit(
+                subprocess.Popen,
                 [sys.executable, "-m", "fairq", *args],
                 env={**self.env, **(env or {})},
                 stdout=log,
                 stderr=log,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only ctypes prctl, no locks taken
-            )
+                preexec_fn=_die_with_parent,  # only ctypes prctl: no locks taken after the fork
+            ).result()
         finally:
             if log is not None:
                 log.close()  # the child has its own descriptor
@@ -191,6 +199,9 @@ class Stack:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        if self._spawner is not None:
+            self._spawner.shutdown()
+            self._spawner = None
         if self._redis is not None:
             self._redis.stop()
             self._redis = None

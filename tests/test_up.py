@@ -10,13 +10,16 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import time
 
+import httpx
 import openai
 import psutil
 import pytest
 
 from fairq.localredis import free_port
+from fairq.stack import Stack
 
 pytestmark = pytest.mark.integration
 
@@ -73,3 +76,18 @@ def test_fairq_up_serves_the_openai_client_and_ctrl_c_leaves_no_process() -> Non
     gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, f"left behind: {[p.pid for p in alive]}"
     assert len(gone) == len(children)
+
+
+def test_a_child_restarted_from_a_short_lived_thread_outlives_the_thread() -> None:
+    # Children die with their parent through PR_SET_PDEATHSIG, which the kernel sends when
+    # the *thread* that started them ends: the stack starts every child on its own thread.
+    port = free_port()
+    with Stack({"models": []}, gateway_port=free_port(), sims={port: "m"}, gateway=False,
+               workers=0, dispatchers=0, batch_workers=0) as stack:  # fmt: skip
+        restart = threading.Thread(target=stack.kill_and_restart, args=("sim-m",))
+        restart.start()
+        restart.join()
+        stack._wait_http(f"http://127.0.0.1:{port}/health", 30)
+        time.sleep(2.0)  # a SIGTERM from the thread's end stops the simulator within this
+        assert stack.dead() is None
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
