@@ -27,7 +27,7 @@ class Load:
     """What all the streams of one arm received."""
 
     tokens: int = 0
-    window_start: float = 0.0  # perf_counter time: gaps and window_tokens count from here
+    window_start: float = 0.0  # perf_counter time: gaps, TTFTs, window_tokens count from here
     window_tokens: int = 0
     requests: int = 0
     failed: int = 0
@@ -65,7 +65,8 @@ async def stream_once(url: str, body: bytes, api_key: str | None, load: Load) ->
                 now = time.perf_counter()
                 load.tokens += n
                 if last is None:
-                    load.ttft_ms.append((now - start) * 1000)
+                    if start >= load.window_start:  # requests sent inside the window only
+                        load.ttft_ms.append((now - start) * 1000)
                 elif now >= load.window_start:
                     load.gaps_ms.append((now - last) * 1000)
                     load.gaps_ms.extend([0.0] * (n - 1))
@@ -89,15 +90,22 @@ async def run_load(
     *,
     seconds: float,
     load: Load | None = None,
+    stagger_s: float = 0.0,
 ) -> Load:
-    """``streams`` clients, each sending one streamed request after another for ``seconds``."""
+    """``streams`` clients, each sending one streamed request after another for ``seconds``.
+
+    ``stagger_s`` spreads the clients' first requests evenly over that time. Without it,
+    they all start at once, and as each sends its next request when the last ends, their
+    requests keep arriving in waves.
+    """
     load = load or Load()
     payload = orjson.dumps(body)
     deadline = time.perf_counter() + seconds
 
-    async def client() -> None:
+    async def client(delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
         while time.perf_counter() < deadline:
             await stream_once(url, payload, api_key, load)
 
-    await asyncio.gather(*(client() for _ in range(streams)))
+    await asyncio.gather(*(client(i * stagger_s / streams) for i in range(streams)))
     return load

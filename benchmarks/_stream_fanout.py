@@ -19,6 +19,7 @@ Run through ``python -m benchmarks.streaming --fanout N``.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 from benchmarks._stream_client import Load, run_load
 from benchmarks.stats import markdown_table, median, pct
-from broker import Claimed, ExecutionStore, JobState, Outcome, Settings
+from broker import Claimed, ExecutionStore, JobState, Outcome, Settings, keys
 from broker.redis_conn import connect
 from broker.settings import load_settings
 from fairq.localredis import free_port
@@ -101,6 +102,28 @@ class Producer:
         task.add_done_callback(self._ends.discard)
 
 
+def ttft_split(redis_url: str, model: str, sample: int = 2000) -> dict[str, float]:
+    """Where the first token's wait went, from the jobs' own times (ms, medians over up to
+    ``sample`` jobs): queued (``td - tq``: enqueued to dispatched) and dispatched to
+    started (``tr - td``: the producer claimed it; its first token follows within a step).
+    The rest of a client's TTFT is the gateway's: request to enqueue, and the first
+    token to the client."""
+    queued, to_start = [], []
+    with redis.Redis.from_url(redis_url) as r:
+        names = list(itertools.islice(r.scan_iter(match=keys.job_pattern(model), count=1000),
+                                      sample))  # fmt: skip
+        with r.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.hmget(name, "tq", "td", "tr")
+            rows = pipe.execute()
+    for tq, td, tr in rows:
+        if tq and td and tr:
+            queued.append(int(td) - int(tq))
+            to_start.append(int(tr) - int(td))
+    return {"jobs": len(queued), "queued_p50_ms": median(queued),
+            "dispatched_to_started_p50_ms": median(to_start)}  # fmt: skip
+
+
 def gateway_redis_connections(redis_url: str, gateway_pid: int) -> int:
     """Connections in Redis's CLIENT LIST whose address is one of the gateway's sockets."""
     mine = {f"{c.laddr.ip}:{c.laddr.port}" for c in psutil.Process(gateway_pid).net_connections()
@@ -115,13 +138,15 @@ def _cpu(pids: dict[str, int]) -> dict[str, float]:
 
 async def _measure(
     url: str, body: dict[str, Any], streams: int, *, seconds: float, settle_s: float,
-    pids: dict[str, int], watch: Any,
+    stagger_s: float, pids: dict[str, int], watch: Any,
 ) -> dict[str, Any]:  # fmt: skip
     """Run the clients; after ``settle_s`` (all streams started) take CPU and tokens over
     the rest, and sample the gateway's Redis connections (the most seen)."""
     load = Load(window_start=time.perf_counter() + settle_s)
     task = asyncio.create_task(
-        run_load(url, body, KEY, streams, seconds=seconds + settle_s, load=load)
+        run_load(
+            url, body, KEY, streams, seconds=seconds + settle_s, load=load, stagger_s=stagger_s
+        )
     )
     await asyncio.sleep(settle_s)
     before, most, start = _cpu(pids), 0, time.perf_counter()
@@ -136,7 +161,10 @@ async def _measure(
 
 
 def run(streams: int, seconds: float, tokens: int) -> dict[str, Any]:
-    settle_s = 2.0 + streams / 200  # every client has submitted and streams by then
+    # The clients' first requests spread over one request's streaming time: arrivals as
+    # steady as a service's, not 1,000 at once every 2 s (closed-loop clients keep a wave).
+    stagger_s = tokens * STEP_MS / 1000
+    settle_s = stagger_s + 2.0 + streams / 200  # every client has submitted and streams by then
     ports = [free_port(), free_port()]
     config = demo_config(ports)
     config["models"] = config["models"][:1]
@@ -162,9 +190,10 @@ def run(streams: int, seconds: float, tokens: int) -> dict[str, Any]:
                 return gateway_redis_connections(redis_url, pids["gateway"])
 
             m = asyncio.run(
-                _measure(url, body, streams, seconds=seconds, settle_s=settle_s, pids=pids,
-                         watch=watch)
+                _measure(url, body, streams, seconds=seconds, settle_s=settle_s,
+                         stagger_s=stagger_s, pids=pids, watch=watch)
             )  # fmt: skip
+            m["split"] = ttft_split(redis_url, DEMO_MODELS[0])
         finally:
             producer.terminate()
             producer.wait(10)
@@ -172,7 +201,7 @@ def run(streams: int, seconds: float, tokens: int) -> dict[str, Any]:
     return {
         "streams": streams, "tokens": tokens, "requests": load.requests,
         "failed": load.failed, "tokens_per_s": tokens / seconds,
-        "settle_s": settle_s, "seconds": seconds,
+        "settle_s": settle_s, "stagger_s": stagger_s, "seconds": seconds,
         "cpu_s_per_s": {name: s / seconds for name, s in cpu.items()},
         "target_tokens_per_s": streams * 1000 / STEP_MS,
         "step_ms": STEP_MS, "itl_p50_ms": median(load.gaps_ms),
@@ -181,6 +210,7 @@ def run(streams: int, seconds: float, tokens: int) -> dict[str, Any]:
         "ttft_p50_ms": median(load.ttft_ms),
         "gateway_cpu_ms_per_1k_tokens": cpu["gateway"] * 1e6 / max(tokens, 1),
         "gateway_redis_connections": m["redis_connections"],
+        "ttft_split": m["split"],
     }  # fmt: skip
 
 
@@ -201,9 +231,22 @@ def render(result: dict[str, Any], cores: int) -> str:
     return (
         f"{markdown_table(header, rows)}\n\nFan-out: one gateway process; jobs run by a producer "
         f"that writes one token per job every {r['step_ms']:.0f} ms through the worker's "
-        f"ResultWriter (no engine); figures over {r['seconds']:.0f} s, from "
+        f"ResultWriter (no engine); the clients' first requests spread over "
+        f"{r.get('stagger_s', 0):.0f} s; figures over {r['seconds']:.0f} s, from "
         f"{r['settle_s']:.0f} s after the start (every stream started); "
         f"added ITL = client ITL p99 - the step; {cores} cores."
+        + _render_split(r.get("ttft_split"))
+    )
+
+
+def _render_split(split: dict[str, float] | None) -> str:
+    if not split:
+        return ""
+    return (
+        f" Where the first token's wait went (medians over {split['jobs']:.0f} jobs, from "
+        f"their own times): enqueued to dispatched {split['queued_p50_ms']:.1f} ms, "
+        f"dispatched to started {split['dispatched_to_started_p50_ms']:.1f} ms (the first "
+        "token follows within a step); the rest is the gateway's."
     )
 
 

@@ -32,6 +32,7 @@ already, and the lease should be far longer than any pause (``lease_ms``).
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -47,6 +48,8 @@ from broker.packed import PackedPipeline
 from broker.results import BODY_FIELD, CHUNK_FIELD
 from broker.scripts import Scripts, source
 from broker.settings import Settings
+
+log = logging.getLogger(__name__)
 
 # What the result writer builds one flush in: the same calls on either
 # (``execute_command``, ``evalsha``, ``len``, ``execute(raise_on_error=False)``).
@@ -140,12 +143,28 @@ class ExecutionStore:
             block=block_ms,  # type: ignore[arg-type]
         )
         by_key = {keys.ready(m).encode(): m for m in models}
-        return [
-            Claimed.from_entry(by_key[stream], entry_id, fields, consumer)
-            for stream, entries in reply or []
-            for entry_id, fields in entries
-            if fields  # an entry deleted meanwhile comes back without fields
-        ]
+        claimed, malformed = [], []
+        for stream, entries in reply or []:
+            for entry_id, fields in entries:
+                if not fields:  # an entry deleted meanwhile comes back without fields
+                    continue
+                job = _parsed(by_key[stream], entry_id, fields, consumer)
+                if job is None:
+                    malformed.append((by_key[stream], entry_id))
+                else:
+                    claimed.append(job)
+        if malformed:
+            await self._remove_entries(malformed)
+        return claimed
+
+    async def _remove_entries(self, entries: Sequence[tuple[str, bytes]]) -> None:
+        """Acknowledge and delete ready entries that can never run (see ``_parsed``), so
+        that no worker reads them again after a lease lapses."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for model, entry_id in entries:
+                pipe.xack(keys.ready(model), keys.READY_GROUP, entry_id)
+                pipe.xdel(keys.ready(model), entry_id)
+            await pipe.execute()
 
     async def start(self, claimed: Claimed, worker: str) -> int | None:
         """Record that ``worker`` runs the job; its attempt number, or None (and acked)
@@ -231,11 +250,16 @@ class ExecutionStore:
                 keys.results_prefix(model), s.job_max_attempts,
             ],
         )  # fmt: skip
-        out = []
+        out, malformed = [], []
         for decision, entry_id, attempts, flat in reply:
             fields = dict(zip(flat[::2], flat[1::2], strict=True))
-            job = Claimed.from_entry(model, entry_id, fields, worker)
-            out.append(Reclaimed(Reclaim(decision.decode()), int(attempts), job))
+            job = _parsed(model, entry_id, fields, worker)
+            if job is None:
+                malformed.append((model, entry_id))
+            else:
+                out.append(Reclaimed(Reclaim(decision.decode()), int(attempts), job))
+        if malformed:
+            await self._remove_entries(malformed)
         return out
 
     async def forget_gone_consumers(self, model: str) -> list[str]:
@@ -284,6 +308,25 @@ class ExecutionStore:
     def cancel_channels(self, models: Sequence[str]) -> dict[str, str]:
         """Channel -> model, for the channels that announce cancelled jobs."""
         return {keys.cancel_channel(m): m for m in models}
+
+
+def _parsed(model: str, entry_id: bytes, fields: dict[bytes, bytes], worker: str) -> Claimed | None:
+    """The entry as a job to run; None, logged, for an entry that lacks what a job needs.
+
+    Only fairq's scripts write ready entries, so this takes a bug or a hand-made entry.
+    Raising instead would stop the worker, and every worker after it would read the
+    entry again once its lease lapsed: one bad entry would stop the fleet.
+    """
+    try:
+        return Claimed.from_entry(model, entry_id, fields, worker)
+    except (KeyError, ValueError, UnicodeDecodeError) as exc:
+        names = sorted(name.decode(errors="replace") for name in fields)
+        log.error(
+            "ready entry %s of model %s is malformed (%s: %s); it is removed, as no worker "
+            "could run it (fields: %s)",
+            entry_id.decode(), model, type(exc).__name__, exc, names,
+        )  # fmt: skip
+        return None
 
 
 def _json(value: object | None) -> str:

@@ -162,6 +162,9 @@ class Settings(BaseSettings):
     worker_concurrency: int = Field(default=64, ge=1)
     worker_drain_timeout_s: float = Field(default=30.0, ge=0)
     stream_linger_ms: float = Field(default=2.0, ge=0)
+    # Net allocations between young garbage collections in the long-running processes
+    # (broker/heap.py); 0 keeps CPython's defaults (700, and nothing frozen).
+    gc_young_threshold: int = Field(default=50_000, ge=0)
     engine_connect_timeout_s: float = Field(default=5.0, gt=0)
     engine_read_timeout_s: float = Field(default=300.0, gt=0)
 

@@ -9,7 +9,7 @@ import logging
 from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 
-from broker import Settings, connect, connect_blocking, telemetry
+from broker import Settings, connect, connect_blocking, heap, telemetry
 from broker.cluster import load_scripts
 from dispatcher.service import Dispatcher
 from dispatcher.status import DispatcherCollector, StatusPublisher
@@ -31,6 +31,7 @@ async def run_dispatcher(settings: Settings, stop: asyncio.Event) -> None:
             "dispatcher %s sharing models: %s",
             dispatcher.name, ", ".join(m.name for m in settings.models),
         )  # fmt: skip
+        heap.settle(settings)
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(dispatcher.run(stop))
             tasks.create_task(publisher.run(stop))
@@ -49,6 +50,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event, concurrency: int |
         REGISTRY.register(WorkerCollector(models, lambda: worker.running, running))
         telemetry.serve_metrics(settings)
         log.info("worker %s serving models: %s", worker.name, ", ".join(models))
+        heap.settle(settings)
         timings = asyncio.create_task(worker.telemetry.loop(redis))
         try:
             await worker.run(stop)

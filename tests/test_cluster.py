@@ -23,8 +23,10 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 from redis.crc import key_slot
 
-from broker import keys
+from broker import Settings, keys
 from broker.cluster import node_url, slot_groups, slot_of
+from broker.gateway.restarts import RestartWatch, restarted
+from broker.redis_conn import connect
 from fairq.localcluster import LocalCluster
 from fairq.localredis import free_port
 from fairq.stack import Stack, demo_config
@@ -248,3 +250,23 @@ def test_a_node_url_keeps_credentials_scheme_and_options() -> None:
         "rediss://user:secret@10.0.0.7:7001/0?ssl_cert_reqs=none"
     )
     assert node_url("redis://127.0.0.1:1/0", "127.0.0.1", 2) == "redis://127.0.0.1:2/0"
+
+
+async def test_the_restart_watch_reads_every_masters_run_id(cluster: LocalCluster) -> None:
+    settings = Settings(redis_url=cluster.url, redis_cluster=True)
+    client = connect(settings)
+    try:
+        run_ids = await RestartWatch(client, {}).run_ids()
+    finally:
+        await client.aclose()
+    assert len(run_ids) == len(cluster.ports)  # one per master, not the default node only
+    assert len(set(run_ids.values())) == len(cluster.ports)
+
+
+def test_a_restart_is_a_run_id_that_changed_or_a_master_that_came_or_went() -> None:
+    before = {"a:1": "r1", "b:2": "r2"}
+    assert not restarted(None, before)  # the first read: nothing to compare with
+    assert not restarted(before, dict(before))
+    assert restarted(before, {"a:1": "r1", "b:2": "r9"})  # b restarted
+    assert restarted(before, {"a:1": "r1", "c:3": "r3"})  # b failed over to c
+    assert restarted(before, {"a:1": "r1"})  # b left

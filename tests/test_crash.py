@@ -200,3 +200,29 @@ async def test_the_names_of_gone_workers_leave_the_ready_group_never_one_holding
     names = {c["name"].decode() for c in await aredis.xinfo_consumers(ready, group)}
     assert names == {"holding", "live"}  # the held job stays for reclaim to find
     assert (await aredis.xpending(ready, group))["pending"] == 1
+
+
+async def test_a_malformed_ready_entry_is_removed_and_the_jobs_beside_it_run(
+    aredis: Redis, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = "poison-test"
+    settings = Settings(
+        redis_url=redis_url, models=[{"name": model, "endpoints": ["http://127.0.0.1:9"]}]
+    )
+    store = ExecutionStore(aredis, settings)
+    await store.ensure_groups([model])
+    ready = keys.ready(model)
+    good = {"j": "job-1", "p": "{}", "k": "chat", "s": "1", "ep": "http://e", "b": "default",
+            "u": "alice"}  # fmt: skip
+    bad = await aredis.xadd(ready, {"j": "job-0", "k": "no-such-kind"})  # no payload either
+    await aredis.xadd(ready, good)
+    blocking = Redis.from_url(redis_url)
+    try:
+        claimed = await store.claim(blocking, [model], "w1", count=10, block_ms=100)
+    finally:
+        await blocking.aclose()
+    assert [job.job_id for job in claimed] == ["job-1"]
+    assert bad not in [entry_id for entry_id, _ in await aredis.xrange(ready)]
+    pending = await aredis.xpending_range(ready, keys.READY_GROUP, "-", "+", 10)
+    assert [p["message_id"] for p in pending] == [claimed[0].entry_id]  # only the good one
+    assert "is malformed" in caplog.text and bad.decode() in caplog.text

@@ -162,6 +162,11 @@ class Worker:
                     with contextlib.suppress(RedisError):
                         await self._store.ensure_groups(models)
                 continue
+            except Exception:  # a bug must not stop the worker and strand the jobs it runs
+                log.exception("claiming jobs failed; retrying in %.2fs", backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
             finally:
                 self._reserved -= free
             for entry in claimed:

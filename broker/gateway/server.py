@@ -15,6 +15,7 @@ import socket
 import uvicorn
 from fastapi import FastAPI
 
+from broker import heap
 from broker.gateway.app import create_app
 from broker.gateway.state import Gateway
 from broker.serving import QuietSignalServer, quiet_config
@@ -38,4 +39,5 @@ class _Server(QuietSignalServer):
 def serve(settings: Settings, host: str, port: int) -> None:
     """Serve the gateway on ``host:port`` until SIGINT or SIGTERM (blocking)."""
     app = create_app(settings)
+    heap.settle(settings)
     _Server(quiet_config(app, host, port, GRACEFUL_SHUTDOWN_S), app).run()
