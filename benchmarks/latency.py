@@ -34,12 +34,15 @@ import click
 import httpx
 import orjson
 import psutil
+import redis
 
 from benchmarks._load import Target, capacity
 from benchmarks.stats import machine, markdown_table, median, pct, save
+from broker import keys
 from fairq.localredis import free_port
 from fairq.stack import DEMO_MODELS, Stack, demo_config
 
+JOB_HEADER = "X-Fairq-Job-Id"
 KEY = "fq-demo-alice"
 BACKGROUND_KEY = "fq-demo-bob"  # the background load is another user's
 
@@ -52,15 +55,27 @@ class Arm:
     ttft_ms: list[float] = field(default_factory=list)
     gaps_ms: list[float] = field(default_factory=list)
     tokens: int = 0
+    probes: list[Probe] = field(default_factory=list)  # fairq's arm: what to trace
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One fairq probe: its job id and client-side times (epoch ms) to split it by."""
+
+    job_id: str
+    sent_ms: float
+    ttft_ms: float
 
 
 def one_request(client: httpx.Client, arm: Arm, tokens: int) -> None:
     body = {"model": DEMO_MODELS[0], "stream": True, "max_tokens": tokens,
             "messages": [{"role": "user", "content": "Say something."}]}  # fmt: skip
+    sent_ms = time.time() * 1000
     start = time.perf_counter()
     last: float | None = None
     with client.stream("POST", arm.url, json=body, headers=arm.headers) as response:
         response.raise_for_status()
+        job_id = response.headers.get(JOB_HEADER)
         for line in response.iter_lines():
             if not line.startswith("data: {"):
                 continue
@@ -70,6 +85,8 @@ def one_request(client: httpx.Client, arm: Arm, tokens: int) -> None:
             now = time.perf_counter()
             if last is None:
                 arm.ttft_ms.append((now - start) * 1000)
+                if job_id is not None:
+                    arm.probes.append(Probe(job_id, sent_ms, arm.ttft_ms[-1]))
             else:
                 arm.gaps_ms.append((now - last) * 1000)
             last = now
@@ -160,10 +177,49 @@ def run(requests: int, tokens: int, load: Load | None = None) -> dict[str, objec
                 if load and i % 10 == 0:
                     sample_engine(client, sim_url, load)
             cpu_fairq = cpu_s(fairq_pids) - cpu_before
+        traced = trace(stack.redis_url, fairq.probes) if stack.redis_url else None
     result = report(direct, fairq, cpu_fairq, requests, tokens)
+    if traced is not None:
+        result["trace"] = traced
     if load:
         result["load"] = load.public()
     return result
+
+
+_PARTS = ("gateway", "queued", "pickup", "engine", "delivery")
+
+
+def trace(redis_url: str, probes: list[Probe], slowest: float = 95) -> dict[str, object]:
+    """Split the fairq probes' TTFT by the times their job hashes keep (ms): client send ->
+    enqueued ``tq`` (gateway), -> dispatched ``td`` (queued), -> started by a worker
+    ``tr`` (pickup), -> first token ``tf`` (engine), -> the client's first token
+    (delivery). The probes at or above the ``slowest`` percentile one by one, all by
+    median; ``express`` says the job was never queued (no queue entry 'qe')."""
+    client = redis.Redis.from_url(redis_url)
+    fields = ("qe", "tq", "td", "tr", "tf")
+    with client.pipeline(transaction=False) as pipe:
+        for p in probes:
+            pipe.hmget(keys.job(DEMO_MODELS[0], p.job_id), *fields)
+        rows = pipe.execute()
+    client.close()
+    split = []
+    for p, (qe, *times) in zip(probes, rows, strict=True):
+        if not all(times):
+            continue
+        tq, td, tr, tf = (int(t) for t in times)
+        marks = (p.sent_ms, tq, td, tr, tf, p.sent_ms + p.ttft_ms)
+        parts = {n: marks[i + 1] - marks[i] for i, n in enumerate(_PARTS)}
+        split.append({"job": p.job_id, "ttft_ms": p.ttft_ms, "express": qe is None, **parts})
+    cut = pct([s["ttft_ms"] for s in split], slowest)
+    slow = sorted((s for s in split if s["ttft_ms"] >= cut), key=lambda s: s["ttft_ms"])
+    medians = {n: median([s[n] for s in split]) for n in _PARTS}
+    return {"traced": len(split), "express_share": _share(split), "median": medians,
+            "slowest_percentile": slowest, "slowest": slow,
+            "slowest_express_share": _share(slow)}  # fmt: skip
+
+
+def _share(split: list[dict[str, object]]) -> float:
+    return sum(1 for s in split if s["express"]) / len(split) if split else float("nan")
 
 
 @contextmanager
@@ -211,6 +267,23 @@ def render(result: dict[str, object]) -> str:
         f"{table}\n\n{result['requests_per_arm']} requests per arm, "
         f"{result['tokens_per_request']} tokens each, one at a time, {m['cores']} cores; "
         f"{_render_cpu(result)}{result['note']}.{_render_load(result.get('load'))}"
+        f"{_render_trace(result.get('trace'))}"
+    )
+
+
+def _render_trace(traced: object) -> str:
+    if not isinstance(traced, dict) or not traced["slowest"]:
+        return ""
+    header = ["job", "TTFT ms", "express", *(f"{n} ms" for n in _PARTS)]
+    rows = [[s["job"], s["ttft_ms"], s["express"], *(s[n] for n in _PARTS)]
+            for s in traced["slowest"]]  # fmt: skip
+    rows.append(["median of all", "", f"{traced['express_share']:.0%}",
+                 *(traced["median"][n] for n in _PARTS)])  # fmt: skip
+    return (
+        f"\n\nfairq probes at or above their p{traced['slowest_percentile']:g} TTFT, split by "
+        "the job's own times (gateway: sent -> enqueued; queued: -> dispatched; pickup: -> "
+        "a worker started it; engine: -> first token written; delivery: -> the client's "
+        f"first token):\n\n{markdown_table(header, rows)}"
     )
 
 

@@ -15,6 +15,7 @@ from broker.dispatching import (
     ModelSnapshot,
     Newcomer,
     Pick,
+    Unseen,
     express_send,
     parse_wake,
 )
@@ -91,6 +92,7 @@ __all__ = [
     "Submission",
     "Unauthorized",
     "UnknownModel",
+    "Unseen",
     "add_latency",
     "connect",
     "connect_blocking",

@@ -106,6 +106,13 @@ class Grant:
 HANDED_KEEP_MS = 1000
 
 
+class Unseen(NamedTuple):
+    """Jobs an endpoint's metrics cannot show yet (``DispatchStore.unseen``)."""
+
+    held: int  # on their way, or handed over and not streamed: may wait until a scrape
+    streamed: int  # handed over, streamed, no first token yet: wait only until it
+
+
 class Dispatched(NamedTuple):
     """What one ``dispatch.lua`` call did."""
 
@@ -148,18 +155,18 @@ class DispatchStore:
         flat = [[v for user, score in users for v in (user, score)] for users in ranges]
         return _state(bands, flat, joins, _flat(inflight), _flat(unstarted))
 
-    async def unseen(self, models: Sequence[str], endpoint: str, lag_ms: int) -> int:
+    async def unseen(self, models: Sequence[str], endpoint: str, lag_ms: int) -> Unseen:
         """Jobs of ``models`` that ``endpoint``'s metrics cannot show yet: on their way to
         it (dispatched, no worker has started them), or handed to it within ``lag_ms``
         (at most ``HANDED_KEEP_MS``). Read just before each scrape (``unseen.lua``)."""
         async with self._redis.pipeline(transaction=False) as pipe:
             for model in models:
                 await self._scripts.unseen(
-                    keys=[keys.transit(model), keys.handed(model)], args=[endpoint, lag_ms],
-                    client=pipe,
+                    keys=[keys.transit(model), keys.handed(model)],
+                    args=[endpoint, lag_ms, keys.job_prefix(model)], client=pipe,
                 )  # fmt: skip
             counts = await pipe.execute()
-        return sum(int(c) for c in counts)
+        return Unseen(sum(int(c[0]) for c in counts), sum(int(c[1]) for c in counts))
 
     async def dispatch(
         self,

@@ -7,13 +7,19 @@ jobs, where the estimate of its queue is the larger of
 * what it last reported waiting, plus fairq's jobs that scrape could not show
   (on their way to it, or handed over within the engine's metrics lag), plus
   what fairq sent it since that may still wait: none of these is in the sample,
-  so they add up. Of the jobs sent since, a non-streamed one may wait unseen
-  until the next scrape; a streamed one waits only until its first token, so
-  those that still may are at most the lag-free count below; and
+  so they add up. A streamed job waits in the engine only until its first token,
+  which fairq sees at once; so of the streamed jobs handed over just before the
+  scrape and those sent since, the ones that still may wait are at most the
+  lag-free count below. A job on its way at the scrape, or one not streamed
+  (whose first token is invisible until its whole answer), may wait unseen until
+  the next scrape; and
 * fairq's own count of jobs sent to it that have not started yet: lag-free. A
   streamed job has started at its first token (so prefill counts too); a
-  non-streamed job, whose first token is invisible until its whole answer, once
-  the worker has handed the request to the engine.
+  non-streamed job once the worker has handed the request to the engine.
+
+The terms read at the scrape stay until the next one, and a newer sample may show
+that their jobs have left the engine's queue: ``held_by_unseen`` says when only they
+hold a band back, so the dispatcher scrapes again soon rather than on the next tick.
 
 A queue estimate of 0 with a target of 3 admits 3 at once (a burst). While the
 recent time per output token is over the model's ceiling nothing more is
@@ -59,15 +65,21 @@ class EndpointState:
     waiting: float = 0.0  # engine queue at the last scrape
     running: float = 0.0  # engine batch at the last scrape
     tpot_s: float | None = None  # recent mean time per output token
-    unseen_at_scrape: int = 0  # fairq: jobs the last scrape could not show
+    unseen_at_scrape: int = 0  # fairq: jobs the last scrape could not show, but for:
+    unseen_streamed: int = 0  # those handed over streamed, without a first token then
     admitted_since_scrape: int = 0  # fairq sent these after the last scrape began
     plain_since_scrape: int = 0  # of them not streamed
 
     @property
     def queue_estimate(self) -> float:
-        streamed = self.admitted_since_scrape - self.plain_since_scrape
-        unseen = self.unseen_at_scrape + self.plain_since_scrape + min(streamed, self.unstarted)
-        return max(self.waiting + unseen, float(self.unstarted))
+        return max(self.waiting + self.unseen_now, float(self.unstarted))
+
+    @property
+    def unseen_now(self) -> int:
+        """fairq's jobs that the last scrape did not show and that may wait in the engine
+        now. Each streamed one that still may has no first token yet, so is unstarted."""
+        streamed = self.unseen_streamed + self.admitted_since_scrape - self.plain_since_scrape
+        return self.unseen_at_scrape + self.plain_since_scrape + min(streamed, self.unstarted)
 
 
 @dataclass(frozen=True)
@@ -147,13 +159,16 @@ def choose_endpoint(
     return min(open_, key=lambda d: (-d.room, d.queue_estimate, d.running))
 
 
-def held_by_recent_sends(state: EndpointState, band: str, config: AdmissionConfig) -> bool:
-    """True when only the jobs sent since the last scrape keep ``band`` out of this
-    endpoint: a newer scrape may show that they have left the engine's queue already."""
-    if not (state.healthy and state.fresh) or state.admitted_since_scrape == 0:
+def held_by_unseen(state: EndpointState, band: str, config: AdmissionConfig) -> bool:
+    """True when only fairq's jobs that the last scrape did not show keep ``band`` out of
+    this endpoint: a newer scrape may show that they have left the engine's queue. Not
+    when what the engine reported waiting, or the lag-free count, holds it on its own:
+    then a newer scrape would change nothing until a job starts (which wakes the
+    dispatcher anyway)."""
+    if not (state.healthy and state.fresh) or state.unseen_now == 0:
         return False
-    without = max(state.waiting + state.unseen_at_scrape, float(state.unstarted))
-    return config.targets[band] - without >= 1
+    target = config.targets[band]
+    return target - state.queue_estimate < 1 <= target - max(state.waiting, state.unstarted)
 
 
 def plan_grant(

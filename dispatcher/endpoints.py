@@ -127,7 +127,8 @@ def _state(
         waiting=sample.waiting,
         running=sample.running,
         tpot_s=view.tpot_s,
-        unseen_at_scrape=view.unseen,
+        unseen_at_scrape=view.unseen.held,
+        unseen_streamed=view.unseen.streamed,
         # What was sent before the scrape is in ``unseen`` (on its way, or handed over
         # within the metrics lag) or in the sample: count only the sends after it.
         admitted_since_scrape=since.total,

@@ -15,7 +15,7 @@ failures; its ``scraped_at`` tells the reader how stale it is.
 Just before each scrape, ``unseen(endpoint)`` reads how many of fairq's jobs the
 sample cannot show: on their way to the engine (dispatched, not yet handed
 over), or handed over so recently that the engine's gauges may not count them
-yet. The view keeps that count beside the sample. When it cannot be
+yet (``broker.Unseen``). The view keeps those counts beside the sample. When they cannot be
 read (None: Redis unreachable) the scrape is skipped and the view ages, so
 admission falls back as for stale metrics rather than trusting half a picture.
 
@@ -36,16 +36,20 @@ from dataclasses import dataclass, replace
 
 import httpx
 
+from broker import Unseen
 from dispatcher.metrics import EngineSample, MetricsError, parse_metrics, recent_tpot_s
 
 log = logging.getLogger(__name__)
+
+
+_NOTHING_UNSEEN = Unseen(0, 0)
 
 
 @dataclass(frozen=True)
 class EndpointView:
     sample: EngineSample | None = None  # last good sample
     scraped_at: float | None = None  # clock() when the last good scrape was sent
-    unseen: int = 0  # fairq's jobs the sample cannot show (see the module docstring)
+    unseen: Unseen = _NOTHING_UNSEEN  # fairq's jobs the sample cannot show (module docstring)
     tpot_s: float | None = None  # mean time per output token between the last two good scrapes
     failures: int = 0  # consecutive failed scrapes
     healthy: bool = False  # a good scrape seen, and fewer than `unhealthy_after` failures since
@@ -70,7 +74,7 @@ class Scraper:
         unhealthy_after: int = 2,
         model_names: Mapping[str, str] | None = None,
         on_update: Callable[[str], None] | None = None,
-        unseen: Callable[[str], Awaitable[int | None]] | None = None,
+        unseen: Callable[[str], Awaitable[Unseen | None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if interval_s <= 0 or timeout_s <= 0 or unhealthy_after < 1:
@@ -166,7 +170,7 @@ class Scraper:
             # Sent time, not received time: what fairq admitted while the request was
             # in flight counts as not yet visible in the sample, the cautious side.
             sent_at = self._clock()
-            unseen = 0 if self._unseen is None else await self._unseen(endpoint)
+            unseen = _NOTHING_UNSEEN if self._unseen is None else await self._unseen(endpoint)
             if unseen is None:
                 log.debug("scrape of %s skipped: fairq's own counts are unreadable", endpoint)
                 return
@@ -196,7 +200,7 @@ class Scraper:
             raise _ScrapeFailed(str(exc)) from exc
 
     def _record_success(
-        self, endpoint: str, sample: EngineSample, sent_at: float, unseen: int
+        self, endpoint: str, sample: EngineSample, sent_at: float, unseen: Unseen
     ) -> None:
         old = self._views[endpoint]
         if old.failures >= self._unhealthy_after:

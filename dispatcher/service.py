@@ -54,7 +54,7 @@ from dispatcher.admission import (
     AdmissionPolicy,
     EndpointState,
     choose_endpoint,
-    held_by_recent_sends,
+    held_by_unseen,
     plan_grant,
     refusals,
 )
@@ -264,14 +264,15 @@ class Dispatcher:
     def _scrape_if_held(
         self, model: ModelConfig, snap: ModelSnapshot, config: AdmissionConfig
     ) -> None:
-        """Backlog is left and only recent sends hold an endpoint back: scrape it as soon
-        as those sends can show in its metrics, rather than at the next tick. Without this a
-        band whose target is 1 (batch) would get one job per scrape interval."""
+        """Backlog is left and only jobs the last scrape did not show hold an endpoint back:
+        scrape it as soon as they can show in its metrics, rather than at the next tick.
+        Without this a band whose target is 1 (batch) would get one job per scrape interval,
+        and a band held by a burst handed over just before a scrape would wait for the next."""
         if model.admission_policy != "metrics" or self._scraper is None:
             return
         band = snap.backlogs[0].band
         for state in self._states(model, snap):
-            if held_by_recent_sends(state, band, config):
+            if held_by_unseen(state, band, config):
                 self._scraper.scrape_after(state.endpoint, METRICS_LAG_S + 0.01)
 
     def _express_sent(self, model: str, endpoint: str, plain: bool) -> None:

@@ -14,7 +14,7 @@ from dispatcher.admission import (
     MetricsAdmission,
     StaticCap,
     choose_endpoint,
-    held_by_recent_sends,
+    held_by_unseen,
     plan_grant,
     refusals,
 )
@@ -73,19 +73,45 @@ def test_jobs_the_scrape_could_not_show_add_to_what_it_showed() -> None:
     assert sent_too.queue_estimate == 3
 
 
-def test_only_recent_sends_holding_a_band_back_asks_for_an_early_scrape() -> None:
+def test_streamed_jobs_handed_over_before_the_scrape_count_until_their_first_token() -> None:
+    # The measured case (issue 7 item 6): a burst handed over just before a scrape held a
+    # band for the whole scrape interval after the jobs had started.
+    burst = fresh(waiting=1, running=10, inflight=13, unseen_streamed=2, unstarted=2)
+    assert burst.queue_estimate == 3
+    assert METRICS.decide(burst, "default", CONFIG).room == 0
+    started = fresh(waiting=1, running=12, inflight=13, unseen_streamed=2, unstarted=0)
+    assert started.queue_estimate == 1
+    assert METRICS.decide(started, "default", CONFIG).room == 2
+
+
+def test_one_lag_free_count_bounds_streamed_jobs_handed_before_and_sent_after_the_scrape() -> None:
+    # Every one of them that may still wait is unstarted: together at most that count.
+    state = fresh(unseen_streamed=2, admitted_since_scrape=2, unstarted=3, inflight=4)
+    assert state.queue_estimate == 3
+    plain_too = fresh(unseen_at_scrape=1, unseen_streamed=2, unstarted=1, inflight=3)
+    assert plain_too.queue_estimate == 2  # the held one counts whatever has started
+
+
+def test_only_jobs_the_scrape_did_not_show_holding_a_band_back_asks_for_an_early_scrape() -> None:
     held = fresh(waiting=0, running=20, inflight=21, admitted_since_scrape=1, plain_since_scrape=1)
     assert METRICS.decide(held, "batch", CONFIG).room == 0
-    assert held_by_recent_sends(held, "batch", CONFIG)
-    # The engine's own queue or jobs on their way hold it: a new scrape cannot open it.
-    assert not held_by_recent_sends(fresh(waiting=1, admitted_since_scrape=1), "batch", CONFIG)
-    unseen = fresh(unseen_at_scrape=1, admitted_since_scrape=1)
-    assert not held_by_recent_sends(unseen, "batch", CONFIG)
-    assert not held_by_recent_sends(fresh(unstarted=1, admitted_since_scrape=1), "batch", CONFIG)
-    # Nothing sent since, or metrics not to be trusted: no early scrape either.
-    assert not held_by_recent_sends(fresh(waiting=1), "batch", CONFIG)
+    assert held_by_unseen(held, "batch", CONFIG)
+    # Jobs on their way or handed over just before the scrape: a newer one may show them.
+    plain = fresh(waiting=1, running=20, inflight=22, unseen_at_scrape=2)
+    assert METRICS.decide(plain, "default", CONFIG).room == 0
+    assert held_by_unseen(plain, "default", CONFIG)
+    streamed = fresh(waiting=1, inflight=2, unseen_streamed=2, unstarted=2)
+    assert held_by_unseen(streamed, "default", CONFIG)
+    # The engine's own queue or the lag-free count hold it: a new scrape cannot open it.
+    assert not held_by_unseen(fresh(waiting=1, admitted_since_scrape=1), "batch", CONFIG)
+    assert not held_by_unseen(fresh(waiting=3, unseen_at_scrape=1), "default", CONFIG)
+    lag_free = fresh(unstarted=3, unseen_streamed=3, inflight=3)
+    assert not held_by_unseen(lag_free, "default", CONFIG)
+    # Room left, nothing unseen, or metrics not to be trusted: no early scrape either.
+    assert not held_by_unseen(fresh(unseen_at_scrape=1), "default", CONFIG)
+    assert not held_by_unseen(fresh(waiting=1), "batch", CONFIG)
     stale = fresh(fresh=False, admitted_since_scrape=1)
-    assert not held_by_recent_sends(stale, "batch", CONFIG)
+    assert not held_by_unseen(stale, "batch", CONFIG)
 
 
 def test_the_lag_free_count_of_unstarted_jobs_wins_when_larger() -> None:
@@ -158,7 +184,7 @@ def test_no_endpoint_with_room_chooses_none_and_says_why() -> None:
 
 
 def test_sends_before_the_scrape_count_through_its_unseen_count_and_later_ones_as_sent() -> None:
-    from broker import ModelSnapshot
+    from broker import ModelSnapshot, Unseen
     from dispatcher.endpoints import SentLog, endpoint_states
     from dispatcher.metrics import EngineSample
     from dispatcher.scraper import EndpointView
@@ -168,7 +194,7 @@ def test_sends_before_the_scrape_count_through_its_unseen_count_and_later_ones_a
     sent.record("http://a", 2, now=98.99)  # just before: still on their way (unseen)
     sent.record("http://a", 1, now=99.05, plain=1)  # after the scrape was sent
     sample = EngineSample(0, 0, None, None, None)
-    view = EndpointView(sample, scraped_at=99.0, unseen=2, healthy=True)
+    view = EndpointView(sample, scraped_at=99.0, unseen=Unseen(2, 0), healthy=True)
     snap = ModelSnapshot([], {"http://a": 4}, {})
     (state,) = endpoint_states(["http://a"], snap, {"http://a": view}, sent, now=99.1, stale_s=2)
     assert state.admitted_since_scrape == 1 and state.unseen_at_scrape == 2

@@ -25,6 +25,7 @@ from broker import (
     RequestKind,
     Settings,
     Submission,
+    Unseen,
     keys,
     parse_wake,
 )
@@ -364,14 +365,15 @@ async def test_jobs_a_scrape_cannot_show_are_in_transit_or_handed_over_just_now(
     jobs = [await q.submit(submission(u)) for u in ("u1", "u2", "u3")]
     picks = [Pick("default", u, i, i) for i, u in enumerate(("u1", "u2", "u3"), start=1)]
     await d.dispatch(MODEL, EP, 4, picks, 10)
-    assert await transit() == 3 and await d.unseen([MODEL], EP, 60_000) == 3
+    assert await transit() == 3 and await d.unseen([MODEL], EP, 60_000) == Unseen(3, 0)
     claimed = {c.job_id: c for c in await x.claim(r, [MODEL], "w1", count=10, block_ms=100)}
     assert await x.start(claimed[jobs[0]], "w1") == 1  # reached the engine
     assert await transit() == 2
-    # Within the engine's metrics lag the started job may be missing from a sample too.
-    assert await d.unseen([MODEL], EP, 60_000) == 3
+    # Within the engine's metrics lag the started job may be missing from a sample too
+    # (streamed: until its first token, which admission sees without a scrape).
+    assert await d.unseen([MODEL], EP, 60_000) == Unseen(2, 1)
     await asyncio.sleep(0.01)
-    assert await d.unseen([MODEL], EP, 5) == 2
+    assert await d.unseen([MODEL], EP, 5) == Unseen(2, 0)
     await q.cancel(jobs[1], "u2")  # cancelled on its way
     assert await transit() == 1
     await x.load_scripts()
@@ -386,7 +388,29 @@ async def test_jobs_a_scrape_cannot_show_are_in_transit_or_handed_over_just_now(
     assert await transit() == 1
     assert await x.start(taken.job, "w2") == 2
     assert await transit() == 0
-    assert await d.unseen([MODEL, "other"], "http://elsewhere", 60_000) == 0
+    assert await d.unseen([MODEL, "other"], "http://elsewhere", 60_000) == Unseen(0, 0)
+
+
+async def test_a_job_handed_over_just_now_is_unseen_until_the_scrape_if_plain_and_until_its_first_token_if_streamed(  # noqa: E501
+    r: Redis,
+) -> None:
+    s = settings()
+    q, d, x = JobQueue(r, s), DispatchStore(r, s), ExecutionStore(r, s)
+    await x.ensure_groups([MODEL])
+    await x.load_scripts()
+    plain = await q.submit(replace(submission("u1"), stream_flag="0"))
+    streamed = await q.submit(submission("u2"))
+    picks = [Pick("default", u, i, i) for i, u in enumerate(("u1", "u2"), start=1)]
+    await d.dispatch(MODEL, EP, 4, picks, 10)
+    for claimed in await x.claim(r, [MODEL], "w1", count=10, block_ms=100):
+        assert await x.start(claimed, "w1") == 1
+    assert await d.unseen([MODEL], EP, 60_000) == Unseen(1, 1)
+    for job_id in (plain, streamed):  # the plain one handed over its body, the other a token
+        pipe = x.pipeline()
+        x.add_first(pipe, MODEL, job_id)
+        await pipe.execute()
+    # The plain job may still wait in the engine's queue; the streamed one has left it.
+    assert await d.unseen([MODEL], EP, 60_000) == Unseen(1, 0)
 
 
 async def test_dispatch_counts_the_jobs_that_are_not_streamed(r: Redis) -> None:

@@ -23,6 +23,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 from servers import uvicorn_thread
 
+from broker import Unseen
 from dispatcher.metrics import EngineSample, MetricsError, parse_metrics, recent_tpot_s
 from dispatcher.scraper import Scraper
 
@@ -487,16 +488,16 @@ async def test_each_scrape_keeps_the_count_of_jobs_it_cannot_show_read_just_befo
     # The sample cannot show jobs still on their way to the engine: the view keeps their
     # count beside it. Unreadable (None: Redis down) skips the scrape; the view ages.
     fake, url = engine
-    counts: list[int | None] = [4, None]
+    counts: list[Unseen | None] = [Unseen(4, 1), None]
 
-    async def unseen(endpoint: str) -> int | None:
+    async def unseen(endpoint: str) -> Unseen | None:
         assert endpoint == url
         return counts.pop(0)
 
     scraper = Scraper([url], http, unseen=unseen)
     await scraper.scrape_once()
     first = scraper.view(url)
-    assert first.unseen == 4 and first.healthy and len(fake.arrivals) == 1
+    assert first.unseen == Unseen(4, 1) and first.healthy and len(fake.arrivals) == 1
     await scraper.scrape_once()
     assert scraper.view(url) == first and len(fake.arrivals) == 1  # skipped, not failed
 

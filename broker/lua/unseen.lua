@@ -2,17 +2,27 @@
 -- just before the dispatcher scrapes it: jobs on their way (state 'dispatched', in the
 -- transit hash) plus jobs handed to the engine within the engine's metrics lag (vLLM
 -- updates its gauges once per engine step), from the handed zset start.lua keeps.
+-- A handed streamed job waits in the engine only until its first token, which fairq sees
+-- at once (the unstarted count), so those are counted apart, and not at all once they
+-- have one ('ft'); a handed job whose record is gone has ended.
 -- KEYS[1] transit hash   fq:{m}:transit
 -- KEYS[2] handed zset    fq:{m}:handed ("endpoint\njob id" -> when it started, ms)
--- ARGV[1] endpoint   ARGV[2] the metrics lag in ms
--- Returns the count.
+-- ARGV[1] endpoint   ARGV[2] the metrics lag in ms   ARGV[3] job key prefix fq:{m}:job:
+-- Returns {jobs that may wait until a scrape shows them, handed streamed jobs without a
+-- first token}.
 local t = redis.call('TIME')
 local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
-local count = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+local held = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+local streamed = 0
 local prefix = ARGV[1] .. '\n'
 for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], now_ms - tonumber(ARGV[2]), '+inf')) do
   if string.sub(member, 1, #prefix) == prefix then
-    count = count + 1
+    local f = redis.call('HMGET', ARGV[3] .. string.sub(member, #prefix + 1), 's', 'ft')
+    if f[1] == '0' then
+      held = held + 1
+    elseif f[1] and not f[2] then
+      streamed = streamed + 1
+    end
   end
 end
-return count
+return {held, streamed}
