@@ -131,16 +131,25 @@ class ExecutionStore:
             await ensure_ready_group(self._redis, model)
 
     async def claim(
-        self, blocking: Redis, models: Sequence[str], consumer: str, count: int, block_ms: int
+        self,
+        blocking: Redis,
+        models: Sequence[str],
+        consumer: str,
+        count: int,
+        block_ms: int,
+        *,
+        history: bool = False,
     ) -> list[Claimed]:
-        """Read up to ``count`` new ready entries for this consumer, blocking up to ``block_ms``."""
-        streams = {keys.ready(m): ">" for m in models}
+        """Read up to ``count`` new ready entries for this consumer, blocking up to
+        ``block_ms``; with ``history``, the entries it holds already (its pending list:
+        those it runs, and any whose delivery it never saw), without blocking."""
+        streams = {keys.ready(m): "0" if history else ">" for m in models}
         reply = await blocking.xreadgroup(
             keys.READY_GROUP,
             consumer,
             streams,
             count=count,
-            block=block_ms,  # type: ignore[arg-type]
+            block=None if history else block_ms,  # type: ignore[arg-type]
         )
         by_key = {keys.ready(m).encode(): m for m in models}
         claimed, malformed = [], []

@@ -226,3 +226,37 @@ async def test_a_malformed_ready_entry_is_removed_and_the_jobs_beside_it_run(
     pending = await aredis.xpending_range(ready, keys.READY_GROUP, "-", "+", 10)
     assert [p["message_id"] for p in pending] == [claimed[0].entry_id]  # only the good one
     assert "is malformed" in caplog.text and bad.decode() in caplog.text
+
+
+async def _blocked_claims(redis: Redis) -> list[int]:
+    """Client ids of connections blocked in XREADGROUP (a worker's claim read)."""
+    return [int(c["id"]) for c in await redis.client_list()
+            if c["cmd"] == "xreadgroup" and "b" in c["flags"]]  # fmt: skip
+
+
+async def test_a_claim_whose_reply_was_lost_runs_without_waiting_for_a_lease(
+    redis_url: str, engine: str, aredis: Redis, client: AsyncClient
+) -> None:
+    # One place, and a lease far longer than the wait below: only the worker's own
+    # recovery can run the job in time.
+    cfg = config(engine, lease_ms=120_000, lease_renew_ms=1000, worker_concurrency=1)
+    async with components(Settings(redis_url=redis_url, **cfg)) as [worker]:
+        fault = {"kind": "hang", "after_tokens": 0}
+        busy = await client.submit(MODEL, messages=PROMPT, stream=True, sim_fault=fault)
+        await wait_until(lambda: state_is(aredis, busy, "running"), "the first job runs")
+        job_id = await client.submit(MODEL, messages=PROMPT, stream=True, max_tokens=4)
+        await wait_until(lambda: state_is(aredis, job_id, "dispatched"), "the job dispatched")
+        # Redis delivers the entry to the worker, whose reply is then lost: it never sees it.
+        delivered = await aredis.xreadgroup(
+            keys.READY_GROUP, worker.name, {keys.ready(MODEL): ">"}, count=1
+        )
+        assert delivered and delivered[0][1][0][1][b"j"].decode() == job_id
+        await client.cancel(busy)  # the worker's place frees; it reads again and blocks
+        [claim] = await wait_until(lambda: _blocked_claims(aredis), "the worker's next read")
+        await aredis.client_kill_filter(_id=claim)  # the connection breaks
+        async with asyncio.timeout(WAIT_S):
+            events, failure = await read_all(client, job_id)
+    assert failure is None and events[-1].end is JobState.COMPLETED
+    assert len(tokens(events)) == 1 + 4
+    job = await client.status(job_id)
+    assert job.attempts == 1  # run once, by the worker it was delivered to

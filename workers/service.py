@@ -149,12 +149,16 @@ class Worker:
             self._reserved += free
             try:
                 blocking = await lane.connection()
-                claimed = await self._store.claim(
-                    blocking, models, self.name, free, _CLAIM_BLOCK_MS
-                )
+                if lane.recover:
+                    claimed, lane.recover = await self._recover(blocking, models), False
+                else:
+                    claimed = await self._store.claim(
+                        blocking, models, self.name, free, _CLAIM_BLOCK_MS
+                    )
                 backoff = 0.05
             except RedisError as exc:
                 log.warning("claiming jobs failed (%s); retrying in %.2fs", exc, backoff)
+                lane.recover = True  # the reply may have been lost with the connection
                 await lane.reset()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
@@ -164,6 +168,7 @@ class Worker:
                 continue
             except Exception:  # a bug must not stop the worker and strand the jobs it runs
                 log.exception("claiming jobs failed; retrying in %.2fs", backoff)
+                lane.recover = True
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
@@ -173,6 +178,20 @@ class Worker:
                 self._spawn(entry, self._run_claimed(runner, entry))
             if len(claimed) < free:
                 self._slot_freed.set()  # places left unused: another lane may take them
+
+    async def _recover(self, blocking: Redis, models: list[str]) -> list[Claimed]:
+        """The entries Redis delivered to this worker that it never saw: a claim whose
+        reply was lost when its connection broke. Found in the worker's own pending list,
+        they run now rather than a whole lease later, when another worker would take them."""
+        # The pending list holds the jobs running here and one lost claim's: each at most
+        # ``concurrency`` entries per model, so twice that reads it whole.
+        held = await self._store.claim(
+            blocking, models, self.name, 2 * self._concurrency, 0, history=True
+        )
+        lost = [job for job in held if job.job_id not in self._running]
+        if lost:
+            log.warning("claimed %d job(s) whose claim reply was lost; running them", len(lost))
+        return lost
 
     def _spawn(self, job: Claimed, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
@@ -306,6 +325,7 @@ class _Lane:
     share: int  # most places the lane may claim at once
     blocking: Redis | None = None
     connections: SlotConnections | None = None
+    recover: bool = False  # a read failed: look for entries delivered but never seen
 
     async def connection(self) -> Redis:
         if self.blocking is not None:
