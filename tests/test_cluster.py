@@ -20,8 +20,8 @@ import httpx
 import openai
 import pytest
 import redis
-from prometheus_client.parser import text_string_to_metric_families
 from redis.crc import key_slot
+from stackparts import metric
 
 from broker import Settings, keys
 from broker.cluster import node_url, slot_groups, slot_of
@@ -168,15 +168,9 @@ def test_each_job_is_inspectable_through_the_gateway_on_a_cluster(stack: Stack) 
     assert job["status"] == "completed" and job["model"] == model
 
 
-def aborted_at_engine(sim_port: int) -> float:
-    text = httpx.get(f"http://127.0.0.1:{sim_port}/metrics").text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "vllm:request_success_total"
-        and sample.labels.get("finished_reason") == "abort"
-    )
+def aborted_at_engine(sim_port: int, model: str) -> float:
+    url = f"http://127.0.0.1:{sim_port}"
+    return metric(url, "vllm:request_success_total", model_name=model, finished_reason="abort")
 
 
 def test_a_cancel_published_on_one_master_reaches_the_worker_subscribed_on_another(
@@ -188,7 +182,7 @@ def test_a_cancel_published_on_one_master_reaches_the_worker_subscribed_on_anoth
     model = models[-1]
     assert slot_of(model) != slot_of(models[0])
     sim_port = next(port for port, served in stack.sims.items() if model in served.split(","))
-    before = aborted_at_engine(sim_port)
+    before = aborted_at_engine(sim_port, model)
     auth = {"Authorization": "Bearer fq-demo-alice"}
     body = {"model": model, "stream": True, "max_tokens": 3000,
             "messages": [{"role": "user", "content": "a long answer please"}]}  # fmt: skip
@@ -199,10 +193,10 @@ def test_a_cancel_published_on_one_master_reaches_the_worker_subscribed_on_anoth
             assert any(next(lines).startswith("data: {") for _ in range(6))
         # The client left mid-stream: the gateway cancels the job, the worker its call.
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and aborted_at_engine(sim_port) == before:
+        while time.monotonic() < deadline and aborted_at_engine(sim_port, model) == before:
             time.sleep(0.1)
         assert client.get(f"/v1/jobs/{job_id}").json()["status"] == "cancelled"
-    assert aborted_at_engine(sim_port) == before + 1
+    assert aborted_at_engine(sim_port, model) == before + 1
 
 
 def test_the_operator_status_reads_every_model_over_the_cluster(stack: Stack) -> None:
