@@ -156,20 +156,9 @@ class Worker:
                         blocking, models, self.name, free, _CLAIM_BLOCK_MS
                     )
                 backoff = 0.05
-            except RedisError as exc:
-                log.warning("claiming jobs failed (%s); retrying in %.2fs", exc, backoff)
+            except Exception as exc:  # a bug must not stop the worker and strand its jobs
                 lane.recover = True  # the reply may have been lost with the connection
-                await lane.reset()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
-                if "NOGROUP" in str(exc):  # Redis lost its data: the group must be made again
-                    with contextlib.suppress(RedisError):
-                        await self._store.ensure_groups(models)
-                continue
-            except Exception:  # a bug must not stop the worker and strand the jobs it runs
-                log.exception("claiming jobs failed; retrying in %.2fs", backoff)
-                lane.recover = True
-                await asyncio.sleep(backoff)
+                await self._claim_failed(lane, exc, backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
             finally:
@@ -178,6 +167,20 @@ class Worker:
                 self._spawn(entry, self._run_claimed(runner, entry))
             if len(claimed) < free:
                 self._slot_freed.set()  # places left unused: another lane may take them
+
+    async def _claim_failed(self, lane: _Lane, exc: Exception, backoff: float) -> None:
+        """Log a failed claim read and wait ``backoff`` before the next; after Redis lost
+        its data the ready groups are made again."""
+        if not isinstance(exc, RedisError):
+            log.error("claiming jobs failed; retrying in %.2fs", backoff, exc_info=exc)
+            await asyncio.sleep(backoff)
+            return
+        log.warning("claiming jobs failed (%s); retrying in %.2fs", exc, backoff)
+        await lane.reset()
+        await asyncio.sleep(backoff)
+        if "NOGROUP" in str(exc):
+            with contextlib.suppress(RedisError):
+                await self._store.ensure_groups(lane.models)
 
     async def _recover(self, blocking: Redis, models: list[str]) -> list[Claimed]:
         """The entries Redis delivered to this worker that it never saw: a claim whose
