@@ -35,8 +35,8 @@ import psutil
 import yaml
 
 from benchmarks import _stream_fanout
+from benchmarks._relay_floor import relay_floor_us
 from benchmarks._stream_client import Load, run_load
-from benchmarks._wakeup import wakeup_floor_us
 from benchmarks.stats import machine, markdown_table, median, pct, save
 from fairq.localredis import free_port
 from fairq.stack import DEMO_MODELS, Stack, demo_config
@@ -208,18 +208,17 @@ def main(  # noqa: PLR0917 - click passes every option
     Path(out).mkdir(parents=True, exist_ok=True)
     rows = run_cpu(levels, seconds, tokens, Path(out) if profile else None) if levels else []
     fan = _stream_fanout.run(fanout, seconds, tokens) if fanout else None
-    floor = wakeup_floor_us(STEP_MS / 1000)
+    floors = {n: relay_floor_us(n, period_s=STEP_MS / 1000) for n in levels}
     cores = int(machine()["cores"] or 0)  # type: ignore[call-overload]
     result = {"benchmark": "streaming", "machine": machine(), "seconds": seconds,
               "tokens_per_request": tokens, "cpu": rows, "fanout": fan,
-              "wakeup_floor_us": floor,
+              "relay_floor_us": {str(n): us for n, us in floors.items()},
               "note": "engine = fairq's simulator; its timings are estimates"}  # fmt: skip
     text = render_cpu(rows, cores) if rows else ""
-    text += (
-        f"\n\nThe machine's wake-up floor: an idle uvloop process spends {floor:.0f} µs "
-        f"of CPU per message when messages arrive {STEP_MS:.0f} ms apart "
-        "(benchmarks/_wakeup.py); with few streams each token wakes both hops."
-    )
+    text += "\n\nThe floor under both hops, a bare uvloop relay of the same streams (one read "
+    text += "and one write per token, no HTTP, no Redis; benchmarks/_relay_floor.py): "
+    text += ", ".join(f"{us:.0f} µs per token at {n} stream(s)" for n, us in floors.items())
+    text += "."
     if fan is not None:
         text += "\n\n" + _stream_fanout.render(fan, cores)
     save(out, "streaming", result, text)

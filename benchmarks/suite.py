@@ -93,9 +93,9 @@ def _streaming_rows(r: dict[str, Any]) -> list[Row]:
         hop = c["cpu_ms_per_1k_tokens"]["worker"] + c["cpu_ms_per_1k_tokens"]["gateway"]
         rows.append((f"worker + gateway CPU per 1,000 streamed tokens, {c['streams']} stream(s)",
                      f"{hop:.0f} ms", "<= 50 ms", hop <= 50))  # fmt: skip
-    if "wakeup_floor_us" in r:
-        rows.append(("machine: CPU per wake-up of an idle process (messages 20 ms apart)",
-                     f"{r['wakeup_floor_us']:.0f} µs", "-", None))  # fmt: skip
+    for streams, us in r.get("relay_floor_us", {}).items():
+        rows.append((f"floor: a bare relay's CPU per 1,000 tokens, {streams} stream(s)",
+                     f"{us:.0f} ms", "-", None))  # fmt: skip
     f = r.get("fanout")
     if f:
         rows += [

@@ -44,6 +44,7 @@ from redis.crc import key_slot
 from redis.exceptions import NoScriptError, RedisClusterException
 
 from broker import keys
+from broker.mailbox import Mailbox
 from broker.redis_conn import CLIENT_OPTIONS, plain_blocking
 from broker.results import ResultEvent, ResultReader
 from broker.scripts import source
@@ -202,7 +203,7 @@ class SlotConnections:
         slot = slot_of(models[0])
         if slot not in self._open:
             url = await node_of(self._cluster, models[0], self._url)
-            self._open[slot] = plain_blocking(url, self._block_s)
+            self._open[slot] = plain_blocking(url, self._block_s + 5.0)
         return self._open[slot]
 
     async def reset(self, models: Sequence[str]) -> None:
@@ -243,7 +244,7 @@ class ClusterResultReader:
     @contextlib.asynccontextmanager
     async def follow(
         self, model: str, job_id: str, after: bytes = b"0-0"
-    ) -> AsyncIterator[asyncio.Queue[ResultEvent]]:
+    ) -> AsyncIterator[Mailbox[ResultEvent]]:
         reader = await self._reader(model)
         async with reader.follow(model, job_id, after) as queue:
             yield queue
@@ -267,7 +268,7 @@ class ClusterResultReader:
 
     async def _open(self, model: str) -> ResultReader:
         url = await node_of(self._cluster, model, self._url)
-        blocking = plain_blocking(url, self._block_s)
+        blocking = plain_blocking(url, None)  # the reader bounds each read
         control = Redis.from_url(url, decode_responses=False)  # rings the bell on that node
         bell = keys.reader_bell(uuid.uuid4().hex, model)  # in the slot the reader follows
         reader = _NodeReader(blocking, control, bell, block_ms=int(self._block_s * 1000))

@@ -8,17 +8,24 @@ pipeline packs its arguments as RESP directly, sends them in one write on a
 connection of the client's own pool and reads every reply as Redis sent it.
 
 An error reply comes back in its place as its exception, as with redis-py's
-``execute(raise_on_error=False)``; a connection error or a cancellation drops the
-connection (its replies are unread) and propagates. It needs a single Redis
+``execute(raise_on_error=False)``; a connection error, a round trip past
+``ROUND_TRIP_S`` or a cancellation drops the connection (its replies are unread)
+and propagates. It needs a single Redis
 server: a cluster client routes commands by slot and keeps redis-py's pipeline.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+# The bound on one round trip: fairq's clients have no per-command socket time-out
+# (``broker.redis_conn``), so the pipeline bounds its send and all its replies at once.
+ROUND_TRIP_S = 10.0
 
 Arg = bytes | str | int | float
 
@@ -61,8 +68,13 @@ class PackedPipeline:
         pool = self._redis.connection_pool
         connection = await pool.get_connection()
         try:
-            await connection.send_packed_command(packed, check_health=False)
-            replies = [await _reply(connection) for _ in range(count)]
+            async with asyncio.timeout(ROUND_TRIP_S):
+                await connection.send_packed_command(packed, check_health=False)
+                replies = [await _reply(connection) for _ in range(count)]
+        except TimeoutError:
+            await connection.disconnect()
+            message = f"Redis did not answer a pipeline within {ROUND_TRIP_S:.0f} s"
+            raise RedisTimeoutError(message) from None
         except BaseException:
             await connection.disconnect()  # replies may be left unread on it
             raise

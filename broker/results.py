@@ -40,9 +40,11 @@ from typing import Any
 import orjson
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from broker import keys
 from broker.jobs import JobState
+from broker.mailbox import Mailbox
 from broker.tasks import stop_task
 
 log = logging.getLogger(__name__)
@@ -88,7 +90,7 @@ def _bulk(value: bytes) -> bytes:
 
 @dataclass(slots=True)
 class _Follower:
-    queue: asyncio.Queue[ResultEvent]
+    queue: Mailbox[ResultEvent]
     last_id: bytes
 
 
@@ -118,6 +120,9 @@ class ResultReader:
         self._bell_seen = _bulk(b"0-0")  # the last bell entry read (packed)
         self._rung = False  # a bell entry is on its way for the read in flight
         self._block_ms = block_ms
+        # The client has no socket time-out (a task per command, ``redis_conn``): each read
+        # is bounded here instead, by the block and a margin.
+        self._read_bound_s = block_ms / 1000 + 5.0
         self._count = count
         self._followers: dict[bytes, list[_Follower]] = {}
         # The XREAD's arguments, packed: per stream its key and the position to read after.
@@ -145,10 +150,10 @@ class ResultReader:
     @contextlib.asynccontextmanager
     async def follow(
         self, model: str, job_id: str, after: bytes = b"0-0"
-    ) -> AsyncIterator[asyncio.Queue[ResultEvent]]:
-        """Follow one job's results from entry ``after`` on; yields the queue they arrive in."""
+    ) -> AsyncIterator[Mailbox[ResultEvent]]:
+        """Follow one job's results from entry ``after`` on; yields the mailbox they arrive in."""
         key = keys.results(model, job_id).encode()
-        follower = _Follower(asyncio.Queue(), after)
+        follower = _Follower(Mailbox(), after)
         self._followers.setdefault(key, []).append(follower)
         self._moved(key)
         # The caller need not wait for the reader to take the key in: events are read
@@ -245,8 +250,14 @@ class ResultReader:
         self._rung = False  # this read names every key followed now
         command = self._command()
         try:
-            await connection.send_packed_command(command, check_health=False)
-            reply = await connection.read_response()
+            async with asyncio.timeout(self._read_bound_s):
+                await connection.send_packed_command(command, check_health=False)
+                reply = await connection.read_response()
+        except TimeoutError:
+            await connection.disconnect()
+            raise RedisTimeoutError(
+                f"the result read got no reply in {self._read_bound_s:.0f} s"
+            ) from None
         finally:
             self._reading = False
         if isinstance(reply, dict):  # RESP3: a map of key -> entries

@@ -27,6 +27,7 @@ from broker.errors import FairqError, InvalidRequest
 from broker.gateway.outcomes import SHUTDOWN
 from broker.gateway.state import Gateway
 from broker.jobs import JobRecord
+from broker.mailbox import Mailbox
 from broker.queue import Submission
 from broker.results import ResultEvent, read_after
 
@@ -36,7 +37,7 @@ _GENERATION = "cx"  # field of the job hash: the newest connection following the
 
 
 class FollowedJob:
-    """One request's job: its event queue, and the cleanup that must run exactly once."""
+    """One request's job: its events' mailbox, and the cleanup that must run exactly once."""
 
     def __init__(
         self,
@@ -45,7 +46,7 @@ class FollowedJob:
         model: str,
         owner: str,
         job_id: str,
-        events: asyncio.Queue[ResultEvent],
+        events: Mailbox[ResultEvent],
         stack: contextlib.AsyncExitStack,
     ) -> None:
         self.gateway = gateway
@@ -92,9 +93,9 @@ class FollowedJob:
             )
         after = _before(entry) if skip else entry
         stack = contextlib.AsyncExitStack()
-        events: asyncio.Queue[ResultEvent]
+        events: Mailbox[ResultEvent]
         if job.state.terminal:
-            events = asyncio.Queue()
+            events = Mailbox()
             for event in await read_after(gateway.redis, job.model, job.id, after):
                 events.put_nowait(event)
         else:

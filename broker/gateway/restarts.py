@@ -25,6 +25,7 @@ from redis.exceptions import RedisError
 
 from broker import keys
 from broker.jobs import JobState, model_of
+from broker.mailbox import Mailbox
 from broker.results import ResultEvent
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ class RestartWatch:
     def __init__(
         self,
         redis: Redis,
-        followed: Mapping[str, asyncio.Queue[ResultEvent]],
+        followed: Mapping[str, Mailbox[ResultEvent]],
         interval_s: float = 1.0,
     ) -> None:
         self._redis = redis

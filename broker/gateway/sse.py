@@ -31,13 +31,14 @@ from broker.errors import InvalidRequest
 from broker.gateway.errors import JOB_HEADER
 from broker.gateway.followed import FollowedJob
 from broker.gateway.outcomes import SHUTDOWN, ended_error
+from broker.mailbox import Mailbox
 from broker.results import ResultEvent
 
 HEARTBEAT_S = 15.0
 _KEEPALIVE = b": keep-alive\n\n"
 _DONE = b"data: [DONE]\n\n"
-_LULL = ResultEvent(b"lull")  # put in a queue by _Heartbeat: nothing came for a while
-_GONE = ResultEvent(b"gone")  # put in a queue by _watch_disconnect: the client left
+_LULL = ResultEvent(b"lull")  # put in a mailbox by _Heartbeat: nothing came for a while
+_GONE = ResultEvent(b"gone")  # put in a mailbox by _watch_disconnect: the client left
 _EVENT_ID = re.compile(r"^(\d{1,20}-\d{1,20})(?:\.(\d{1,9}))?$")
 
 
@@ -60,6 +61,8 @@ def resume_point(last_event_id: str | None) -> tuple[bytes, int]:
 
 def _with_ids(entry_id: bytes, events: bytes, skip: int = 0) -> bytes:
     """The entry's events, each with its id; the first ``skip`` left out (seen already)."""
+    if not skip and events.count(b"\n\n") == 1:  # the usual entry: one token's event
+        return b"id: %s.0\n%s" % (entry_id, events)
     parts = events.split(b"\n\n")
     parts.pop()  # what follows the last event's blank line: nothing
     prefix = b"id: " + entry_id + b"."
@@ -67,18 +70,18 @@ def _with_ids(entry_id: bytes, events: bytes, skip: int = 0) -> bytes:
 
 
 class _Heartbeat:
-    """Puts ``_LULL`` in a stream's queue when no event arrived for half a period twice."""
+    """Puts ``_LULL`` in a stream's mailbox when no event arrived for half a period twice."""
 
-    def __init__(self, queue: asyncio.Queue[ResultEvent]) -> None:
+    def __init__(self, events: Mailbox[ResultEvent]) -> None:
         self.batches = 0  # counted by the stream as it takes events
         self._seen = -1
-        self._queue = queue
+        self._events = events
         self._loop = asyncio.get_running_loop()
         self._handle = self._loop.call_later(HEARTBEAT_S / 2, self._tick)
 
     def _tick(self) -> None:
-        if self.batches == self._seen and self._queue.empty():
-            self._queue.put_nowait(_LULL)
+        if self.batches == self._seen and self._events.empty():
+            self._events.put_nowait(_LULL)
         self._seen = self.batches
         self._handle = self._loop.call_later(HEARTBEAT_S / 2, self._tick)
 
@@ -86,15 +89,17 @@ class _Heartbeat:
         self._handle.cancel()
 
 
-async def _next_batch(queue: asyncio.Queue[ResultEvent]) -> list[ResultEvent] | None:
-    """The events that have arrived (at least one, up to an end event); None on a lull."""
-    first = await queue.get()
-    if first is _LULL:
-        return None
-    batch = [first]
-    while first.end is None and first is not SHUTDOWN and first is not _GONE and not queue.empty():
-        first = queue.get_nowait()
-        batch.append(first)
+async def _next_batch(events: Mailbox[ResultEvent]) -> list[ResultEvent] | None:
+    """The events that have arrived (at least one, up to the first that ends the stream);
+    None on a lull."""
+    batch = await events.take()
+    if batch[0] is _LULL:  # put only into an empty mailbox: first if at all
+        del batch[0]
+        if not batch:
+            return None
+    for index, event in enumerate(batch):
+        if event.end is not None or event is SHUTDOWN or event is _GONE:
+            return batch[: index + 1]  # nothing after it is sent
     return batch
 
 
@@ -149,8 +154,8 @@ def _body(data: bytes) -> Message:
     return {"type": "http.response.body", "body": data, "more_body": True}
 
 
-async def _watch_disconnect(receive: Receive, events: asyncio.Queue[ResultEvent]) -> None:
-    """Put ``_GONE`` in the job's queue once the server reports the client gone."""
+async def _watch_disconnect(receive: Receive, events: Mailbox[ResultEvent]) -> None:
+    """Put ``_GONE`` in the job's mailbox once the server reports the client gone."""
     while (await receive())["type"] != "http.disconnect":
         pass
     events.put_nowait(_GONE)
@@ -161,9 +166,9 @@ class JobStreamResponse(Response):
 
     A plain ASGI response rather than Starlette's ``StreamingResponse``, which runs a
     task group and a body generator for each response and passes every chunk through
-    both. Here the task that sends also takes the events from the job's queue, and
+    both. Here the task that sends also takes the events from the job's mailbox, and
     one small task per response waits for the client's disconnect (the ASGI server
-    reports it only through ``receive``) and ends the stream through the queue.
+    reports it only through ``receive``) and ends the stream through the mailbox.
     """
 
     media_type = "text/event-stream"

@@ -29,6 +29,7 @@ from broker.errors import FairqError
 from broker.gateway.outcomes import SHUTDOWN
 from broker.gateway.restarts import RestartWatch
 from broker.jobs import JobState
+from broker.mailbox import Mailbox
 from broker.queue import JobQueue
 from broker.redis_conn import connect, result_reader
 from broker.results import ResultEvent
@@ -52,7 +53,7 @@ class Gateway:
         self.queue = JobQueue(self.redis, settings)
         self.reader = result_reader(settings, self.redis, block_s=_READER_BLOCK_S)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._followed: dict[str, asyncio.Queue[ResultEvent]] = {}  # job id -> its events
+        self._followed: dict[str, Mailbox[ResultEvent]] = {}  # job id -> its events
         self._released = asyncio.Event()
         self._restarts = RestartWatch(self.redis, self._followed)
         self._watch: asyncio.Task[None] | None = None
@@ -61,7 +62,7 @@ class Gateway:
         self.reader.start()
         self._watch = asyncio.create_task(self._restarts.run(), name="restart-watch")
 
-    def track(self, job_id: str, events: asyncio.Queue[ResultEvent]) -> None:
+    def track(self, job_id: str, events: Mailbox[ResultEvent]) -> None:
         self._followed[job_id] = events
 
     def untrack(self, job_id: str) -> None:

@@ -1,0 +1,58 @@
+"""A mailbox: items on their way from one producer callback to one waiting task.
+
+Every streamed token passes from the result reader to the request that follows its
+job. An ``asyncio.Queue`` spends a few microseconds per item on bookkeeping this
+path does not use (``join`` counters, a future per ``get``); a mailbox keeps a
+list, and its one reader takes everything that arrived since it last looked with
+one wake-up, however many items came.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Mailbox(Generic[T]):
+    """Unbounded, first in first out, for a single reading task at a time."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: list[T] = []
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: T) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def empty(self) -> bool:
+        return not self._items
+
+    async def take(self) -> list[T]:
+        """Every item that arrived, oldest first: at least one (waits for it)."""
+        await self._wait()
+        items, self._items = self._items, []
+        return items
+
+    async def get(self) -> T:
+        """The oldest item (waits for one)."""
+        await self._wait()
+        return self._items.pop(0)
+
+    async def _wait(self) -> None:
+        while not self._items:
+            if self._waiter is not None:
+                raise RuntimeError("a mailbox has a single reader: another task waits on it")
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                if self._waiter is waiter:  # cancelled before an item came
+                    self._waiter = None
