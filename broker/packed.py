@@ -65,26 +65,29 @@ class PackedPipeline:
             return []
         packed, count = b"".join(self._parts), self._count
         self._parts, self._count = [], 0
-        pool = self._redis.connection_pool
-        connection = await pool.get_connection()
         try:
             async with asyncio.timeout(ROUND_TRIP_S):
-                await connection.send_packed_command(packed, check_health=False)
-                replies = [await _reply(connection) for _ in range(count)]
+                replies = await self._round_trip(packed, count)
         except TimeoutError:
-            await connection.disconnect()
             message = f"Redis did not answer a pipeline within {ROUND_TRIP_S:.0f} s"
             raise RedisTimeoutError(message) from None
-        except BaseException:
-            await connection.disconnect()  # replies may be left unread on it
-            raise
-        finally:
-            await pool.release(connection)
         if raise_on_error:
             for reply in replies:
                 if isinstance(reply, ResponseError):
                     raise reply
         return replies
+
+    async def _round_trip(self, packed: bytes, count: int) -> list[Any]:
+        pool = self._redis.connection_pool
+        connection = await pool.get_connection()  # connects if need be
+        try:
+            await connection.send_packed_command(packed, check_health=False)
+            return [await _reply(connection) for _ in range(count)]
+        except BaseException:
+            await connection.disconnect()  # replies may be left unread on it
+            raise
+        finally:
+            await pool.release(connection)
 
 
 async def _reply(connection: Any) -> Any:

@@ -36,6 +36,7 @@ CLIENT_OPTIONS: dict[str, Any] = {
     "decode_responses": False,
     "health_check_interval": 30,
     "socket_timeout": None,
+    "socket_connect_timeout": 5.0,
     "socket_keepalive": True,
     "socket_keepalive_options": _keepalive_options(),
 }
@@ -85,6 +86,7 @@ def plain_blocking(url: str, socket_timeout_s: float | None) -> Redis:
         decode_responses=False,
         single_connection_client=True,
         socket_timeout=socket_timeout_s,
+        socket_connect_timeout=5.0,
         socket_keepalive=True,
         socket_keepalive_options=_keepalive_options(),
         retry=Retry(NoBackoff(), 0),

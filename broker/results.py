@@ -49,6 +49,9 @@ from broker.tasks import stop_task
 
 log = logging.getLogger(__name__)
 
+# A read that blocks for ``block_ms`` may take this much longer before it counts as lost.
+READ_MARGIN_S = 5.0
+
 CHUNK_FIELD = b"d"
 BODY_FIELD = b"b"
 _END_FIELD = b"end"
@@ -94,6 +97,11 @@ class _Follower:
     last_id: bytes
 
 
+def _said(exc: BaseException) -> str:
+    """An error's type and message for a log line (redis-py 8's ``repr`` drops the message)."""
+    return f"{type(exc).__name__}: {exc}"
+
+
 def entry_order(entry_id: bytes) -> tuple[int, int]:
     """A stream entry id as a sortable pair (``b"0-12"`` -> (0, 12))."""
     ms, _, seq = entry_id.partition(b"-")
@@ -122,7 +130,7 @@ class ResultReader:
         self._block_ms = block_ms
         # The client has no socket time-out (a task per command, ``redis_conn``): each read
         # is bounded here instead, by the block and a margin.
-        self._read_bound_s = block_ms / 1000 + 5.0
+        self._read_bound_s = block_ms / 1000 + READ_MARGIN_S
         self._count = count
         self._followers: dict[bytes, list[_Follower]] = {}
         # The XREAD's arguments, packed: per stream its key and the position to read after.
@@ -196,7 +204,7 @@ class ResultReader:
                 await self._control.xadd(self._bell, {b"r": b""}, maxlen=16, approximate=True)
                 return
             except RedisError as exc:
-                log.warning("result reader bell failed (%r); retrying in %.2fs", exc, backoff)
+                log.warning("result reader bell failed (%s); retry in %.2fs", _said(exc), backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
 
@@ -211,7 +219,7 @@ class ResultReader:
                 await self._read_once()
                 backoff = 0.05
             except Exception as exc:  # the reader must outlive any error: every stream waits on it
-                log.warning("result reader failed (%r); retrying in %.2fs", exc, backoff)
+                log.warning("result reader failed (%s); retrying in %.2fs", _said(exc), backoff)
                 self._reading = False
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
@@ -241,11 +249,7 @@ class ResultReader:
 
     async def _xread(self) -> list[Any]:
         """One blocking XREAD of every followed stream; the reply as Redis sent it."""
-        connection = self._blocking.connection
-        if connection is None:
-            await self._blocking.ping()  # sets up the client's one connection
-            connection = self._blocking.connection
-            assert connection is not None
+        connection = await self._connection()
         self._reading = True
         self._rung = False  # this read names every key followed now
         command = self._command()
@@ -255,14 +259,28 @@ class ResultReader:
                 reply = await connection.read_response()
         except TimeoutError:
             await connection.disconnect()
-            raise RedisTimeoutError(
-                f"the result read got no reply in {self._read_bound_s:.0f} s"
-            ) from None
+            raise self._no_reply() from None
         finally:
             self._reading = False
         if isinstance(reply, dict):  # RESP3: a map of key -> entries
             return list(reply.items())
         return reply or []
+
+    async def _connection(self) -> Any:
+        """The client's one connection, set up on first use (bounded like a read)."""
+        if self._blocking.connection is None:
+            try:
+                async with asyncio.timeout(self._read_bound_s):
+                    await self._blocking.ping()  # sets up the client's one connection
+            except TimeoutError:
+                raise self._no_reply() from None
+        assert self._blocking.connection is not None
+        return self._blocking.connection
+
+    def _no_reply(self) -> RedisTimeoutError:
+        return RedisTimeoutError(
+            f"Redis did not answer the result reader within {self._read_bound_s:.1f} s"
+        )
 
     async def _read_once(self) -> None:
         if not self._key_args:  # the last follower left since the loop looked

@@ -1,12 +1,14 @@
-"""Running an ASGI app under a real uvicorn on 127.0.0.1 in a thread, for tests."""
+"""Servers on 127.0.0.1 for tests: an ASGI app under a real uvicorn in a thread, and a
+TCP server that never answers."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import uvicorn
@@ -35,3 +37,25 @@ def uvicorn_thread(app: Any, *, lifespan: str = "on") -> Iterator[str]:
         thread.join(START_STOP_S)
         sock.close()
         assert not thread.is_alive(), "server did not shut down"
+
+
+@contextlib.asynccontextmanager
+async def silent_server() -> AsyncIterator[str]:
+    """A TCP server on 127.0.0.1 that takes every byte and never answers (a hung Redis);
+    yields its ``redis://`` URL."""
+    connections: list[asyncio.StreamWriter] = []
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        while await reader.read(65536):
+            pass
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        server.close()
+        for writer in connections:
+            writer.close()
+        await server.wait_closed()

@@ -5,8 +5,12 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from servers import silent_server
 
+from broker import packed
 from broker.packed import PackedPipeline
+from broker.redis_conn import CLIENT_OPTIONS
 
 
 async def test_replies_come_back_in_order_and_raw(aredis: Redis) -> None:
@@ -52,3 +56,17 @@ async def test_a_script_gets_its_keys_and_arguments(aredis: Redis) -> None:
 
 async def test_nothing_to_send_needs_no_connection(aredis: Redis) -> None:
     assert await PackedPipeline(aredis).execute() == []
+
+
+async def test_a_round_trip_that_gets_no_reply_fails_at_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """fairq's clients have no per-command socket time-out: the pipeline bounds itself."""
+    monkeypatch.setattr(packed, "ROUND_TRIP_S", 0.3)
+    async with silent_server() as url:
+        client = Redis.from_url(url, **CLIENT_OPTIONS)
+        pipe = PackedPipeline(client)
+        pipe.execute_command("XADD", "s", b"0-1", b"d", b"one")
+        with pytest.raises(RedisTimeoutError, match="did not answer a pipeline"):
+            await pipe.execute()
+        await client.aclose()

@@ -8,14 +8,17 @@ waits below (a few seconds) would fail.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
+from servers import silent_server
 
-from broker import keys
+from broker import keys, results
+from broker.mailbox import Mailbox
 from broker.redis_conn import plain_blocking
-from broker.results import ResultReader
+from broker.results import ResultEvent, ResultReader
 
 BLOCK_MS = 60_000
 WAIT_S = 5.0
@@ -24,9 +27,7 @@ MODEL = "m"
 
 @pytest.fixture
 async def reader(redis_url: str, aredis: Redis) -> AsyncIterator[ResultReader]:
-    reader = ResultReader(
-        plain_blocking(redis_url, BLOCK_MS / 1000), aredis, keys.reader_bell("t"), BLOCK_MS
-    )
+    reader = ResultReader(plain_blocking(redis_url, None), aredis, keys.reader_bell("t"), BLOCK_MS)
     reader.start()
     yield reader
     await reader.close()
@@ -75,7 +76,7 @@ async def test_many_joins_ring_the_bell_a_few_times_and_close_removes_it(
     redis_url: str, aredis: Redis
 ) -> None:
     bell = keys.reader_bell("many")
-    reader = ResultReader(plain_blocking(redis_url, BLOCK_MS / 1000), aredis, bell, BLOCK_MS)
+    reader = ResultReader(plain_blocking(redis_url, None), aredis, bell, BLOCK_MS)
     reader.start()
     async with reader.follow(MODEL, "first"):
         await _blocked(aredis)
@@ -97,9 +98,27 @@ class _following:
     def __init__(self, reader: ResultReader, jobs: list[str]) -> None:
         self._managers = [reader.follow(MODEL, job) for job in jobs]
 
-    async def __aenter__(self) -> list[asyncio.Queue]:  # type: ignore[type-arg]
+    async def __aenter__(self) -> list[Mailbox[ResultEvent]]:
         return [await m.__aenter__() for m in self._managers]
 
     async def __aexit__(self, *exc: object) -> None:
         for manager in reversed(self._managers):
             await manager.__aexit__(None, None, None)
+
+
+async def test_a_read_that_gets_no_reply_fails_at_its_bound_and_the_reader_retries(
+    monkeypatch: pytest.MonkeyPatch, aredis: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The reader's client has no socket time-out: a hung Redis must not hang it for good."""
+    monkeypatch.setattr(results, "READ_MARGIN_S", 0.2)
+    async with silent_server() as url:
+        reader = ResultReader(plain_blocking(url, None), aredis, keys.reader_bell("hung"), 100)
+        reader.start()
+        with caplog.at_level(logging.WARNING, logger="broker.results"):
+            async with reader.follow(MODEL, "x"):
+                for _ in range(250):  # a few seconds at most
+                    if caplog.text.count("did not answer the result reader") >= 2:  # retried
+                        break
+                    await asyncio.sleep(0.02)
+        await reader.close()
+    assert caplog.text.count("TimeoutError: Redis did not answer the result reader within") >= 2
