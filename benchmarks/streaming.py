@@ -200,29 +200,36 @@ def render_cpu(rows: list[dict[str, Any]], cores: int) -> str:
 @click.option("--fanout", default=200, show_default=True,
               help="streams of the fan-out arm (0: skip it)")  # fmt: skip
 @click.option("--profile", "profile", is_flag=True, help="py-spy the worker and gateway")
+@click.option("--floor/--no-floor", default=True, show_default=True,
+              help="also measure a bare relay's CPU per token at each concurrency")  # fmt: skip
 @click.option("--out", default="bench-out", show_default=True, type=click.Path())
 def main(  # noqa: PLR0917 - click passes every option
-    concurrency: str, seconds: float, tokens: int, fanout: int, profile: bool, out: str
+    concurrency: str, seconds: float, tokens: int, fanout: int, profile: bool, floor: bool, out: str
 ) -> None:
     levels = [int(c) for c in concurrency.split(",") if c]
     Path(out).mkdir(parents=True, exist_ok=True)
     rows = run_cpu(levels, seconds, tokens, Path(out) if profile else None) if levels else []
     fan = _stream_fanout.run(fanout, seconds, tokens) if fanout else None
-    floors = {n: relay_floor_us(n, period_s=STEP_MS / 1000) for n in levels}
+    floors = {n: relay_floor_us(n, period_s=STEP_MS / 1000) for n in levels} if floor else {}
     cores = int(machine()["cores"] or 0)  # type: ignore[call-overload]
     result = {"benchmark": "streaming", "machine": machine(), "seconds": seconds,
               "tokens_per_request": tokens, "cpu": rows, "fanout": fan,
               "relay_floor_us": {str(n): us for n, us in floors.items()},
               "note": "engine = fairq's simulator; its timings are estimates"}  # fmt: skip
     text = render_cpu(rows, cores) if rows else ""
-    text += "\n\nThe floor under both hops, a bare uvloop relay of the same streams (one read "
-    text += "and one write per token, no HTTP, no Redis; benchmarks/_relay_floor.py): "
-    text += ", ".join(f"{us:.0f} µs per token at {n} stream(s)" for n, us in floors.items())
-    text += "."
+    if floors:
+        text += _floor_text(floors)
     if fan is not None:
         text += "\n\n" + _stream_fanout.render(fan, cores)
     save(out, "streaming", result, text)
     click.echo(text)
+
+
+def _floor_text(floors: dict[int, float]) -> str:
+    text = "\n\nThe floor under both hops, a bare uvloop relay of the same streams (one read "
+    text += "and one write per token, no HTTP, no Redis; benchmarks/_relay_floor.py): "
+    text += ", ".join(f"{us:.0f} µs per token at {n} stream(s)" for n, us in floors.items())
+    return text + "."
 
 
 if __name__ == "__main__":

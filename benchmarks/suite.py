@@ -91,7 +91,8 @@ def _streaming_rows(r: dict[str, Any]) -> list[Row]:
         if c["arm"] != "fairq":
             continue
         hop = c["cpu_ms_per_1k_tokens"]["worker"] + c["cpu_ms_per_1k_tokens"]["gateway"]
-        rows.append((f"worker + gateway CPU per 1,000 streamed tokens, {c['streams']} stream(s)",
+        where = f"{c['streams']} stream(s), {r['tokens_per_request']} tokens/request"
+        rows.append((f"worker + gateway CPU per 1,000 streamed tokens, {where}",
                      f"{hop:.0f} ms", "<= 50 ms", hop <= 50))  # fmt: skip
     for streams, us in r.get("relay_floor_us", {}).items():
         rows.append((f"floor: a bare relay's CPU per 1,000 tokens, {streams} stream(s)",
@@ -121,6 +122,11 @@ STEPS = (
          lambda r: _latency_rows(r, "engine at 50% load", judged=False)),
     Step("streaming", "benchmarks.streaming", ("--concurrency", "1,50,200", "--fanout", "1000"),
          ("--concurrency", "1,50", "--seconds", "3", "--fanout", "100"), _streaming_rows),
+    # The same hot path with longer answers: per-request work spread over more tokens.
+    Step("streaming_long", "benchmarks.streaming",
+         ("--tokens", "400", "--concurrency", "50,200", "--fanout", "0", "--no-floor"),
+         ("--tokens", "400", "--concurrency", "50", "--seconds", "3", "--fanout", "0",
+          "--no-floor"), _streaming_rows),
 )  # fmt: skip
 
 
