@@ -246,8 +246,8 @@ class ClusterResultReader:
         self, model: str, job_id: str, after: bytes = b"0-0"
     ) -> AsyncIterator[Mailbox[ResultEvent]]:
         reader = await self._reader(model)
-        async with reader.follow(model, job_id, after) as queue:
-            yield queue
+        async with reader.follow(model, job_id, after) as events:
+            yield events
 
     async def events(
         self, model: str, job_id: str, after: bytes = b"0-0"

@@ -10,8 +10,8 @@ connection of the client's own pool and reads every reply as Redis sent it.
 An error reply comes back in its place as its exception, as with redis-py's
 ``execute(raise_on_error=False)``; a connection error, a round trip past
 ``ROUND_TRIP_S`` or a cancellation drops the connection (its replies are unread)
-and propagates. It needs a single Redis
-server: a cluster client routes commands by slot and keeps redis-py's pipeline.
+and propagates. It needs a single Redis server: a cluster client routes commands
+by slot and keeps redis-py's pipeline.
 """
 
 from __future__ import annotations

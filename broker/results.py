@@ -93,7 +93,7 @@ def _bulk(value: bytes) -> bytes:
 
 @dataclass(slots=True)
 class _Follower:
-    queue: Mailbox[ResultEvent]
+    mailbox: Mailbox[ResultEvent]
     last_id: bytes
 
 
@@ -168,7 +168,7 @@ class ResultReader:
         # from ``after`` on whenever that happens, so none can be missed.
         self._wake()
         try:
-            yield follower.queue
+            yield follower.mailbox
         finally:
             followers = self._followers[key]
             followers.remove(follower)
@@ -180,9 +180,9 @@ class ResultReader:
         self, model: str, job_id: str, after: bytes = b"0-0"
     ) -> AsyncIterator[ResultEvent]:
         """Every event of the job up to and including its end event."""
-        async with self.follow(model, job_id, after) as queue:
+        async with self.follow(model, job_id, after) as mailbox:
             while True:
-                event = await queue.get()
+                event = await mailbox.get()
                 yield event
                 if event.end is not None:
                     return
@@ -294,7 +294,7 @@ class ResultReader:
                 continue
             if len(followers) == 1:  # the usual case: no id comparisons
                 follower = followers[0]
-                put = follower.queue.put_nowait
+                put = follower.mailbox.put_nowait
                 for entry_id, fields in entries:
                     put(ResultEvent.from_reply(entry_id, fields))
                 follower.last_id = entries[-1][0]
@@ -304,5 +304,5 @@ class ResultReader:
                     for follower in followers:
                         if order > entry_order(follower.last_id):
                             follower.last_id = entry_id
-                            follower.queue.put_nowait(event)
+                            follower.mailbox.put_nowait(event)
             self._moved(key)
