@@ -39,10 +39,10 @@ import redis
 from benchmarks._load import Target, capacity
 from benchmarks.stats import machine, markdown_table, median, pct, save
 from broker import keys
+from broker.gateway.errors import JOB_HEADER
 from fairq.localredis import free_port
 from fairq.stack import DEMO_MODELS, Stack, demo_config
 
-JOB_HEADER = "X-Fairq-Job-Id"
 KEY = "fq-demo-alice"
 BACKGROUND_KEY = "fq-demo-bob"  # the background load is another user's
 

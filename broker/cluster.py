@@ -203,7 +203,7 @@ class SlotConnections:
         slot = slot_of(models[0])
         if slot not in self._open:
             url = await node_of(self._cluster, models[0], self._url)
-            self._open[slot] = plain_blocking(url, self._block_s + 5.0)
+            self._open[slot] = plain_blocking(url, self._block_s)
         return self._open[slot]
 
     async def reset(self, models: Sequence[str]) -> None:

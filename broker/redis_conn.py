@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from broker import keys
-from broker.results import ResultReader
+from broker.results import READ_MARGIN_S, ResultReader
 from broker.settings import Settings
 
 if TYPE_CHECKING:
@@ -68,28 +68,26 @@ def connect_blocking(settings: Settings, block_s: float) -> Redis:
     On a cluster it connects to the node the URL names; blocking reads of models
     elsewhere go through ``broker.cluster.SlotConnections``.
     """
-    return plain_blocking(settings.require_redis_url(), block_s + 5.0)
+    return plain_blocking(settings.require_redis_url(), block_s)
 
 
-def plain_blocking(url: str, socket_timeout_s: float | None) -> Redis:
-    """A one-connection client for a long blocking read loop.
+def plain_blocking(url: str, block_s: float | None) -> Redis:
+    """A one-connection client for a long blocking read loop, with ``CLIENT_OPTIONS``.
 
     It never retries on its own (the loop reconnects with backoff and must learn
-    its new CLIENT ID). Its socket timeout must outlast the longest block; ``None``
-    for a loop that bounds each read itself (the result reader: it reads often).
+    its new CLIENT ID). Its socket timeout outlasts the longest block (``block_s``)
+    by ``READ_MARGIN_S``; ``None`` for a loop that bounds each read itself (the result
+    reader: it reads often, and a socket timeout costs a task per command).
     """
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
+    timeout_s = None if block_s is None else block_s + READ_MARGIN_S
     return Redis.from_url(  # type: ignore[no-any-return]
         url,
-        decode_responses=False,
         single_connection_client=True,
-        socket_timeout=socket_timeout_s,
-        socket_connect_timeout=5.0,
-        socket_keepalive=True,
-        socket_keepalive_options=_keepalive_options(),
         retry=Retry(NoBackoff(), 0),
+        **{**CLIENT_OPTIONS, "socket_timeout": timeout_s},
     )
 
 

@@ -128,8 +128,8 @@ class ResultReader:
         self._bell_seen = _bulk(b"0-0")  # the last bell entry read (packed)
         self._rung = False  # a bell entry is on its way for the read in flight
         self._block_ms = block_ms
-        # The client has no socket time-out (a task per command, ``redis_conn``): each read
-        # is bounded here instead, by the block and a margin.
+        # The client has no socket time-out (a task per command, ``redis_conn``): each read,
+        # its connection set-up included, is bounded here instead, by the block and a margin.
         self._read_bound_s = block_ms / 1000 + READ_MARGIN_S
         self._count = count
         self._followers: dict[bytes, list[_Follower]] = {}
@@ -249,16 +249,16 @@ class ResultReader:
 
     async def _xread(self) -> list[Any]:
         """One blocking XREAD of every followed stream; the reply as Redis sent it."""
-        connection = await self._connection()
-        self._reading = True
-        self._rung = False  # this read names every key followed now
-        command = self._command()
         try:
             async with asyncio.timeout(self._read_bound_s):
-                await connection.send_packed_command(command, check_health=False)
+                connection = await self._connection()
+                self._reading = True
+                self._rung = False  # this read names every key followed now
+                await connection.send_packed_command(self._command(), check_health=False)
                 reply = await connection.read_response()
         except TimeoutError:
-            await connection.disconnect()
+            if self._blocking.connection is not None:
+                await self._blocking.connection.disconnect()
             raise self._no_reply() from None
         finally:
             self._reading = False
@@ -267,13 +267,9 @@ class ResultReader:
         return reply or []
 
     async def _connection(self) -> Any:
-        """The client's one connection, set up on first use (bounded like a read)."""
+        """The client's one connection, set up on first use."""
         if self._blocking.connection is None:
-            try:
-                async with asyncio.timeout(self._read_bound_s):
-                    await self._blocking.ping()  # sets up the client's one connection
-            except TimeoutError:
-                raise self._no_reply() from None
+            await self._blocking.ping()  # sets up the client's one connection
         assert self._blocking.connection is not None
         return self._blocking.connection
 

@@ -45,6 +45,7 @@ from broker import (
     Newcomer,
     OwnershipStore,
     Settings,
+    Unseen,
     stop_task,
     telemetry,
 )
@@ -163,7 +164,7 @@ class Dispatcher:
             for name in owners[endpoint]:
                 wake.event(name).set()
 
-        async def unseen(endpoint: str) -> int | None:
+        async def unseen(endpoint: str) -> Unseen | None:
             lag_ms = int(METRICS_LAG_S * 1000)
             try:
                 return await self._store.unseen(owners[endpoint], endpoint, lag_ms)

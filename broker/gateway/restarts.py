@@ -53,7 +53,7 @@ class RestartWatch:
         interval_s: float = 1.0,
     ) -> None:
         self._redis = redis
-        self._followed = followed  # job id -> its event queue, owned by the Gateway
+        self._followed = followed  # job id -> its events' mailbox, owned by the Gateway
         self._interval_s = interval_s
         self._run_ids: dict[str, str] | None = None  # node -> its server's run id
 
