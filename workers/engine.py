@@ -1,6 +1,8 @@
 """Talking to an engine over HTTP: send one job's payload, hand back its output.
 
-Streamed responses pass through as bytes: the reader cuts the byte stream at
+Streamed responses pass through as bytes, handed on from inside the HTTP
+client's protocol callback (``workers.engine_http``), so a token wakes no task.
+The cutter splits the byte stream at
 event boundaries and only looks inside the few events that accounting needs
 (the usage chunk and the one with a finish reason), found with a byte search,
 so a token costs no JSON parsing here. ``data: [DONE]`` is dropped: the
@@ -19,14 +21,18 @@ looked at event by event.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from types import SimpleNamespace
 
-import aiohttp
 import orjson
 
 from broker import Settings
+from workers.engine_http import (
+    ConnectFailed,
+    EngineClient,
+    HttpClientError,
+    SilenceTimeout,
+)
 from workers.errors import EngineError
 
 _DONE = b"data: [DONE]\n\n"
@@ -140,83 +146,62 @@ def _error_event(event: bytes) -> EngineError:
     )
 
 
-def open_session(settings: Settings) -> aiohttp.ClientSession:
-    """The worker's one HTTP client for every engine (create it inside the running loop).
+def open_client(settings: Settings) -> EngineClient:
+    """The worker's one HTTP client for every engine (create it inside the running loop)."""
+    return EngineClient(settings.engine_connect_timeout_s)
 
-    aiohttp rather than httpx: its C HTTP parser and O(1) connection pool cost a
-    fraction of httpx's CPU per streamed chunk and per request (the streaming
-    benchmark's profile: httpcore's pool scans every connection on each request).
+
+class _EventCutter:
+    """Cuts a streamed body at event boundaries and hands complete events on.
+
+    Called with each piece of body as it arrives (inside the client's protocol
+    callback); raises the stream's failure once its good events are handed on.
     """
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=_KEEPALIVE_S)
-    timeout = aiohttp.ClientTimeout(
-        total=None,
-        sock_connect=settings.engine_connect_timeout_s,
-        sock_read=settings.engine_read_timeout_s,
-    )
-    return aiohttp.ClientSession(
-        connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar(),
-        trace_configs=[_hand_over_trace()],
-    )  # fmt: skip
 
+    __slots__ = ("_accounting", "_keep_usage", "_on_events", "_tail")
 
-def _hand_over_trace() -> aiohttp.TraceConfig:
-    """Calls a request's ``trace_request_ctx``, when it is a callable, once its body is
-    written: the engine has a non-streamed request then (its answer comes only at the end),
-    and admission stops counting the job as on its way (``start.lua``)."""
+    def __init__(
+        self, accounting: Accounting, keep_usage: bool, on_events: Callable[[bytes], None]
+    ) -> None:
+        self._accounting = accounting
+        self._keep_usage = keep_usage
+        self._on_events = on_events
+        self._tail = b""
 
-    async def on_chunk_sent(_: aiohttp.ClientSession, context: SimpleNamespace, __: object) -> None:
-        if callable(context.trace_request_ctx):
-            context.trace_request_ctx()
-
-    config = aiohttp.TraceConfig()
-    config.on_request_chunk_sent.append(on_chunk_sent)
-    return config
-
-
-def stream_timeout(settings: Settings) -> aiohttp.ClientTimeout:
-    """A streamed call's timeouts: ``sock_read`` bounds the silence between two pieces."""
-    return aiohttp.ClientTimeout(
-        total=None,
-        sock_connect=settings.engine_connect_timeout_s,
-        sock_read=settings.engine_stream_idle_timeout_s,
-    )
+    def feed(self, piece: bytes) -> None:
+        tail = self._tail + (piece.replace(b"\r\n", b"\n") if b"\r" in piece else piece)
+        cut = tail.rfind(b"\n\n")
+        if cut < 0:
+            self._tail = tail
+            return
+        self._tail = tail[cut + 2 :]
+        events = self._accounting.scan(tail[: cut + 2], self._keep_usage)
+        if events:
+            self._on_events(events)
+        if self._accounting.failure is not None:
+            raise self._accounting.failure
 
 
 async def stream_events(
-    session: aiohttp.ClientSession,
+    client: EngineClient,
     url: str,
     payload: bytes,
     accounting: Accounting,
+    on_events: Callable[[bytes], None],
     *,
     keep_usage: bool,
-    timeout: aiohttp.ClientTimeout,
+    idle_timeout_s: float,
     on_response: Callable[[], None] | None = None,
-) -> AsyncIterator[bytes]:
-    """Yield complete SSE events as they arrive (several per item when they came together).
+) -> None:
+    """Stream a response, handing complete SSE events to ``on_events`` as they arrive
+    (several at once when they came together), from inside the client's protocol.
 
-    ``timeout.sock_read`` bounds the silence between two pieces: the engine's hang.
+    ``idle_timeout_s`` bounds the silence between two pieces: the engine's hang.
     ``on_response`` is called once the engine answered with its headers (it has the
     request), before the first event.
     """
-    try:
-        async with session.post(url, data=payload, headers=_HEADERS, timeout=timeout) as response:
-            if on_response is not None:
-                on_response()
-            if response.status != 200:
-                raise EngineError.from_response(response.status, await response.read())
-            tail = b""
-            async for piece in response.content.iter_any():
-                tail += piece.replace(b"\r\n", b"\n") if b"\r" in piece else piece
-                cut = tail.rfind(b"\n\n")
-                if cut < 0:
-                    continue
-                events, tail = accounting.scan(tail[: cut + 2], keep_usage), tail[cut + 2 :]
-                if events:
-                    yield events
-                if accounting.failure is not None:
-                    raise accounting.failure
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        raise _transport_error(exc, url, timeout) from exc
+    cutter = _EventCutter(accounting, keep_usage, on_events)
+    await _post_ok(client, url, payload, idle_timeout_s, cutter.feed, on_headers=on_response)
     if not accounting.done:
         raise EngineError(
             f"the engine's stream from {url} ended before the response was complete",
@@ -226,22 +211,20 @@ async def stream_events(
 
 
 async def complete(
-    session: aiohttp.ClientSession,
+    client: EngineClient,
     url: str,
     payload: bytes,
     accounting: Accounting,
+    *,
+    idle_timeout_s: float,
     on_sent: Callable[[], None] | None = None,
 ) -> bytes:
     """Send a non-streamed request; returns the engine's JSON body. ``on_sent`` is called
-    once the request's body is written."""
-    try:
-        post = session.post(url, data=payload, headers=_HEADERS, trace_request_ctx=on_sent)
-        async with post as response:
-            body = await response.read()
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        raise _transport_error(exc, url, session.timeout) from exc
-    if response.status != 200:
-        raise EngineError.from_response(response.status, body)
+    once the request is written: the engine has it then, and its answer comes only at
+    the end (admission stops counting the job as on its way, ``start.lua``)."""
+    pieces: list[bytes] = []
+    await _post_ok(client, url, payload, idle_timeout_s, pieces.append, on_written=on_sent)
+    body = b"".join(pieces)
     try:
         accounting.scan_body(body)
     except (orjson.JSONDecodeError, AttributeError) as exc:
@@ -251,19 +234,31 @@ async def complete(
     return body
 
 
-def _transport_error(exc: Exception, url: str, timeout: aiohttp.ClientTimeout) -> EngineError:
+async def _post_ok(
+    client: EngineClient,
+    url: str,
+    payload: bytes,
+    idle_timeout_s: float,
+    on_body: Callable[[bytes], None],
+    **hooks: Callable[[], None] | None,
+) -> None:
+    """POST to the engine; every failure, an error status included, as an ``EngineError``."""
+    try:
+        reply = await client.post(
+            url, payload, idle_timeout_s=idle_timeout_s, on_body=on_body, **hooks
+        )
+    except HttpClientError as exc:
+        raise _transport_error(exc, url) from exc
+    if reply.status != 200:
+        raise EngineError.from_response(reply.status, reply.body)
+
+
+def _transport_error(exc: HttpClientError, url: str) -> EngineError:
     """No connection, silence, or a connection that broke: all worth another call."""
-    if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
-        message, code = f"the engine at {url} could not be reached: {exc!r}", "engine_unreachable"
-    elif isinstance(exc, TimeoutError):  # aiohttp's SocketTimeoutError: sock_read ran out
-        message = f"the engine at {url} sent nothing for {timeout.sock_read}s: {type(exc).__name__}"
-        return EngineError(message, status=504, code="engine_timeout", retryable=True)
-    else:  # the server disconnected, a payload cut short, a reset
-        message, code = f"the engine connection broke at {url}: {exc!r}", "engine_stream_cut"
+    if isinstance(exc, ConnectFailed):
+        message, code = f"the engine at {url} could not be reached: {exc}", "engine_unreachable"
+    elif isinstance(exc, SilenceTimeout):
+        return EngineError(f"{exc} (from {url})", status=504, code="engine_timeout", retryable=True)
+    else:  # the server disconnected, a response cut short or not HTTP, a reset
+        message, code = f"the engine connection broke at {url}: {exc}", "engine_stream_cut"
     return EngineError(message, code=code, retryable=True)
-
-
-# Below the engine's own keep-alive (uvicorn's, and so vLLM's, is 5 s): a pooled
-# connection is dropped here before the server may close it under a new request.
-_KEEPALIVE_S = 4.0
-_HEADERS = {"content-type": "application/json", "accept": "text/event-stream, application/json"}

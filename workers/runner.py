@@ -21,11 +21,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import aiohttp
-
 from broker import Claimed, JobState, Outcome, Settings
 from workers import metrics
-from workers.engine import Accounting, complete, stream_events, stream_timeout
+from workers.engine import Accounting, complete, stream_events
+from workers.engine_http import EngineClient
 from workers.errors import EngineError
 from workers.writer import ResultWriter
 
@@ -60,13 +59,10 @@ class _Progress:
 
 
 class JobRunner:
-    def __init__(
-        self, writer: ResultWriter, http: aiohttp.ClientSession, settings: Settings
-    ) -> None:
+    def __init__(self, writer: ResultWriter, http: EngineClient, settings: Settings) -> None:
         self._writer = writer
         self._http = http
         self._settings = settings
-        self._stream_timeout = stream_timeout(settings)
         self.retries = 0  # engine calls made again
 
     async def run(self, job: Claimed, on_sent: Callable[[], None] | None = None) -> Outcome:
@@ -110,22 +106,26 @@ class JobRunner:
     async def _stream(
         self, job: Claimed, url: str, payload: bytes, accounting: Accounting, progress: _Progress
     ) -> None:
-        keep_usage, timeout = job.stream_flag == "2", self._stream_timeout
-        events_of = stream_events(
-            self._http, url, payload, accounting, keep_usage=keep_usage, timeout=timeout,
-            on_response=progress.on_sent,
-        )  # fmt: skip
-        async for events in events_of:
+        def on_events(events: bytes) -> None:  # runs inside the HTTP client's callback
             if progress.first_ms is None:
                 progress.first_ms = int(time.time() * 1000)
                 self._writer.chunk(job, events, first=True)
             else:
                 self._writer.chunk(job, events)
 
+        await stream_events(
+            self._http, url, payload, accounting, on_events, keep_usage=job.stream_flag == "2",
+            idle_timeout_s=self._settings.engine_stream_idle_timeout_s,
+            on_response=progress.on_sent,
+        )  # fmt: skip
+
     async def _plain(
         self, job: Claimed, url: str, payload: bytes, accounting: Accounting, progress: _Progress
     ) -> None:
         self._writer.mark_started(job)  # written with the next flush, once the request is out
-        body = await complete(self._http, url, payload, accounting, on_sent=progress.on_sent)
+        body = await complete(
+            self._http, url, payload, accounting,
+            idle_timeout_s=self._settings.engine_read_timeout_s, on_sent=progress.on_sent,
+        )  # fmt: skip
         progress.first_ms = int(time.time() * 1000)
         self._writer.body(job, body)

@@ -34,7 +34,7 @@ from broker.execution import Reclaim, Reclaimed
 from workers import metrics
 from workers.cancel import CancelListener
 from workers.deadlines import DeadlineSweeper
-from workers.engine import open_session
+from workers.engine import open_client
 from workers.lease import LeaseKeeper
 from workers.runner import JobRunner, backoff_s
 from workers.telemetry import WorkerTelemetry
@@ -90,7 +90,7 @@ class Worker:
     async def run(self, stop: asyncio.Event) -> None:
         await self._store.ensure_groups(self._models)
         await self._store.load_scripts()
-        async with open_session(self._settings) as http:
+        async with open_client(self._settings) as http:
             runner = JobRunner(self._writer, http, self._settings)
             background = [
                 asyncio.create_task(self._writer.run(), name="result-writer"),
