@@ -18,11 +18,13 @@ T = TypeVar("T")
 class Mailbox(Generic[T]):
     """Unbounded, first in first out, for a single reading task at a time."""
 
-    __slots__ = ("_items", "_waiter")
+    __slots__ = ("_items", "_loop", "_waiter")
 
     def __init__(self) -> None:
         self._items: list[T] = []
         self._waiter: asyncio.Future[None] | None = None
+        # Looked up once: on Python 3.11 ``get_running_loop`` costs a getpid() system call.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def put_nowait(self, item: T) -> None:
         self._items.append(item)
@@ -50,7 +52,9 @@ class Mailbox(Generic[T]):
         while not self._items:
             if self._waiter is not None:
                 raise RuntimeError("a mailbox has a single reader: another task waits on it")
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            waiter = self._waiter = self._loop.create_future()
             try:
                 await waiter
             finally:

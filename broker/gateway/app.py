@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
+from starlette.types import Receive, Scope, Send
 
 from broker.errors import NotSupported
 from broker.gateway import (
@@ -26,6 +27,7 @@ from broker.gateway import (
 )
 from broker.gateway.errors import install_handlers
 from broker.gateway.openapi import install_openapi
+from broker.gateway.sse import SERVER_SEND
 from broker.gateway.state import opened
 from broker.settings import Settings
 
@@ -39,7 +41,7 @@ def create_app(settings: Settings) -> FastAPI:
             app.state.gateway = gateway
             yield
 
-    app = FastAPI(
+    app = _GatewayApp(
         title="fairq gateway",
         lifespan=lifespan,
         docs_url=None,
@@ -55,6 +57,20 @@ def create_app(settings: Settings) -> FastAPI:
     install_handlers(app)
     install_openapi(app, settings)
     return app
+
+
+class _GatewayApp(FastAPI):
+    """FastAPI that also leaves the server's own ``send`` in each request's scope.
+
+    A streamed response sends its start through every middleware and then its body
+    messages straight to the server (``sse``): the middlewares only watch for the
+    start, and each layer they add costs every token a call.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scope[SERVER_SEND] = send
+        await super().__call__(scope, receive, send)
 
 
 def _batch_needs_single_redis() -> None:

@@ -35,6 +35,8 @@ from broker.mailbox import Mailbox
 from broker.results import ResultEvent
 
 HEARTBEAT_S = 15.0
+# The scope key of the server's own ``send`` (``app._GatewayApp``), for the body messages.
+SERVER_SEND = "fairq.server_send"
 _KEEPALIVE = b": keep-alive\n\n"
 _DONE = b"data: [DONE]\n\n"
 _LULL = ResultEvent(b"lull")  # put in a mailbox by _Heartbeat: nothing came for a while
@@ -190,9 +192,12 @@ class JobStreamResponse(Response):
         watcher = asyncio.create_task(_watch_disconnect(receive, self.job.events))
         try:
             start = {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
-            await send(start)
-            await _send_events(self.job, send)
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await send(start)  # through every middleware: they see the response begin
+            # The body goes straight to the server, past middlewares that only watch the
+            # start (none of ours changes a body; one that did would have to be outermost).
+            send_body: Send = scope.get(SERVER_SEND, send)
+            await _send_events(self.job, send_body)
+            await send_body({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:
             pass  # the client is gone (a server that reports it by failing the send)
         finally:
