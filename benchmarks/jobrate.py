@@ -7,9 +7,17 @@ machine:
 
 * ``fairq client``: ``broker.AsyncClient`` submits and awaits the results
   (enqueue -> dispatch -> worker -> result stream), ``--concurrency`` at a time;
-* ``fairq gateway``: the same through the OpenAI HTTP API (httpx client);
+* ``fairq gateway``: the same through the OpenAI HTTP API (httpx clients);
 * ``rq``: one plain RQ job per request (``benchmarks._rq_job.complete`` posts
   the request to the simulator with httpx), one ``rq worker`` per core.
+
+The fairq arms alternate for ``--rounds`` rounds and each reports its median;
+RQ, twenty times slower, runs once. The load generator is this process, on
+the same cores, so its own CPU per job is reported beside each arm. The gateway
+arm spreads its requests over several httpx clients of ``CONNECTIONS_PER_CLIENT``
+connections each: one httpx client with 128 connections spent 11 ms of CPU per
+request here (its connection pool's bookkeeping grows with the connections), so
+it, not the gateway, set the rate (about 85 jobs/s against about 800).
 
 fairq runs one gateway, one dispatcher and one worker. Its admission is the
 static in-flight cap (the engine admits freely here); the metric-driven
@@ -26,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +45,7 @@ import yaml
 from rq import Queue
 
 from benchmarks._rq_job import complete
-from benchmarks.stats import machine, markdown_table, save
+from benchmarks.stats import machine, markdown_table, median, save
 from broker import AsyncClient, Settings
 from fairq.localredis import LocalRedis, free_port
 from fairq.stack import DEMO_MODELS, Stack, demo_config
@@ -46,6 +55,7 @@ TOKENS = 4
 INSTANT = {"step_base_ms": 0.2, "step_per_seq_ms": 0.0, "prefill_ms_per_token": 0.0,
            "max_num_seqs": 256, "max_num_batched_tokens": 8192}  # fmt: skip
 MESSAGES = [{"role": "user", "content": "hi"}]
+CONNECTIONS_PER_CLIENT = 4
 
 
 async def _bounded(jobs: int, concurrency: int, one: Any) -> float:
@@ -73,16 +83,31 @@ async def client_arm(settings: Settings, jobs: int, concurrency: int) -> float:
 
 
 async def gateway_arm(url: str, jobs: int, concurrency: int) -> float:
-    limits = httpx.Limits(max_connections=concurrency)
     headers = {"Authorization": f"Bearer {KEY}"}
     body = {"model": DEMO_MODELS[0], "messages": MESSAGES, "max_tokens": TOKENS}
-    async with httpx.AsyncClient(limits=limits, timeout=60, headers=headers) as http:
+    limits = httpx.Limits(max_connections=CONNECTIONS_PER_CLIENT)
+    clients = [httpx.AsyncClient(limits=limits, timeout=60, headers=headers)
+               for _ in range(max(concurrency // CONNECTIONS_PER_CLIENT, 1))]  # fmt: skip
+    try:
 
-        async def one(_: int) -> None:
-            response = await http.post(f"{url}/v1/chat/completions", json=body)
+        async def one(i: int) -> None:
+            response = await clients[i % len(clients)].post(f"{url}/v1/chat/completions", json=body)
             response.raise_for_status()
 
         return await _bounded(jobs, concurrency, one)
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
+def _timed(arm: Callable[[], Coroutine[Any, Any, float]], jobs: int) -> dict[str, float]:
+    """One run of an arm: its rate and the load generator's (this process's) CPU per job."""
+    cpu = time.process_time()
+    seconds = asyncio.run(arm())
+    return {
+        "jobs_per_s": jobs / seconds,
+        "load_cpu_ms_per_job": (time.process_time() - cpu) * 1e3 / jobs,
+    }
 
 
 def rq_arm(sim_url: str, jobs: int) -> float:
@@ -108,11 +133,12 @@ def rq_arm(sim_url: str, jobs: int) -> float:
     return elapsed
 
 
-def run(jobs: int, rq_jobs: int, concurrency: int) -> dict[str, Any]:
+def run(jobs: int, rq_jobs: int, concurrency: int, rounds: int) -> dict[str, Any]:
     ports = [free_port(), free_port()]
     config = demo_config(ports)
     for model in config["models"]:
         model.update(admission="static", inflight_cap=concurrency)
+    runs: dict[str, list[dict[str, float]]] = {"fairq client": [], "fairq gateway": []}
     with tempfile.TemporaryDirectory() as tmp:
         profile = Path(tmp, "instant.yaml")
         profile.write_text(yaml.safe_dump(INSTANT))
@@ -122,25 +148,40 @@ def run(jobs: int, rq_jobs: int, concurrency: int) -> dict[str, Any]:
         with stack:
             settings = Settings(redis_url=stack.redis_url, **config)
             asyncio.run(client_arm(settings, 50, concurrency))  # warm-up
-            client_s = asyncio.run(client_arm(settings, jobs, concurrency))
-            gateway_s = asyncio.run(gateway_arm(stack.gateway_url, jobs, concurrency))
+            arms = {
+                "fairq client": lambda: client_arm(settings, jobs, concurrency),
+                "fairq gateway": lambda: gateway_arm(stack.gateway_url, jobs, concurrency),
+            }
+            for i in range(rounds):
+                for name in list(arms)[:: 1 if i % 2 == 0 else -1]:  # alternate who goes first
+                    runs[name].append(_timed(arms[name], jobs))
             rq_s = rq_arm(f"http://127.0.0.1:{ports[0]}", rq_jobs)
-    rates = {"fairq client": jobs / client_s, "fairq gateway": jobs / gateway_s,
-             "rq": rq_jobs / rq_s}  # fmt: skip
+    rates = {name: median([r["jobs_per_s"] for r in rs]) for name, rs in runs.items()}
+    rates["rq"] = rq_jobs / rq_s
     return {
         "benchmark": "jobrate", "machine": machine(), "jobs": jobs, "rq_jobs": rq_jobs,
-        "concurrency": concurrency, "jobs_per_s": rates,
+        "concurrency": concurrency, "rounds": rounds, "jobs_per_s": rates,
         "vs_rq": {k: v / rates["rq"] for k, v in rates.items() if k != "rq"},
+        "runs": runs,
+        "load_cpu_ms_per_job": {
+            name: median([r["load_cpu_ms_per_job"] for r in rs])
+            for name, rs in runs.items()
+        },
         "note": "engine = fairq's simulator answering at once; its timings are estimates",
     }  # fmt: skip
 
 
 def render(result: dict[str, Any]) -> str:
-    rows = [[arm, round(rate), f"{result['vs_rq'].get(arm, 1.0):.1f}x"]
+    load = result["load_cpu_ms_per_job"]
+    rows = [[arm, round(rate), f"{result['vs_rq'].get(arm, 1.0):.1f}x",
+             f"{load[arm]:.2f}" if arm in load else "-",
+             ", ".join(f"{r['jobs_per_s']:.0f}" for r in result["runs"].get(arm, []))]
             for arm, rate in result["jobs_per_s"].items()]  # fmt: skip
-    table = markdown_table(["arm", "jobs/s", "vs RQ"], rows)
+    headers = ["arm", "jobs/s (median)", "vs RQ", "load generator CPU ms/job", "each round"]
+    table = markdown_table(headers, rows)
     return (
-        f"{table}\n\n{result['jobs']} jobs per fairq arm ({result['concurrency']} at a time), "
+        f"{table}\n\n{result['jobs']} jobs per fairq arm per round, {result['rounds']} rounds "
+        f"({result['concurrency']} at a time), "
         f"{result['rq_jobs']} RQ jobs on {result['machine']['cores']} RQ workers, "
         f"{result['machine']['cores']} cores. {result['note']}."
     )
@@ -150,9 +191,10 @@ def render(result: dict[str, Any]) -> str:
 @click.option("--jobs", default=3000, show_default=True, help="jobs per fairq arm")
 @click.option("--rq-jobs", default=600, show_default=True, help="jobs of the RQ arm")
 @click.option("--concurrency", default=128, show_default=True)
+@click.option("--rounds", default=3, show_default=True, help="rounds of the fairq arms")
 @click.option("--out", default="bench-out", show_default=True, type=click.Path())
-def main(jobs: int, rq_jobs: int, concurrency: int, out: str) -> None:
-    result = run(jobs, rq_jobs, concurrency)
+def main(jobs: int, rq_jobs: int, concurrency: int, rounds: int, out: str) -> None:
+    result = run(jobs, rq_jobs, concurrency, rounds)
     text = render(result)
     save(out, "jobrate", result, text)
     click.echo(text)
