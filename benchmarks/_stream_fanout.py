@@ -32,7 +32,7 @@ import redis
 from redis.asyncio import Redis as AsyncRedis
 
 from benchmarks._stream_client import Load, run_load
-from benchmarks.stats import markdown_table, median, pct
+from benchmarks.stats import cpu_seconds, markdown_table, median, pct
 from broker import Claimed, ExecutionStore, JobState, Outcome, Settings, keys
 from broker.redis_conn import connect
 from broker.settings import load_settings
@@ -132,10 +132,6 @@ def gateway_redis_connections(redis_url: str, gateway_pid: int) -> int:
         return sum(1 for client in r.client_list() if client["addr"] in mine)
 
 
-def _cpu(pids: dict[str, int]) -> dict[str, float]:
-    return {name: sum(psutil.Process(pid).cpu_times()[:2]) for name, pid in pids.items()}
-
-
 async def _measure(
     url: str, body: dict[str, Any], streams: int, *, seconds: float, settle_s: float,
     stagger_s: float, pids: dict[str, int], watch: Any,
@@ -149,11 +145,11 @@ async def _measure(
         )
     )
     await asyncio.sleep(settle_s)
-    before, most, start = _cpu(pids), 0, time.perf_counter()
+    before, most, start = cpu_seconds(pids), 0, time.perf_counter()
     for _ in range(4):
         await asyncio.sleep(seconds / 4)
         most = max(most, await asyncio.to_thread(watch))
-    spent = {name: cpu - before[name] for name, cpu in _cpu(pids).items()}
+    spent = {name: cpu - before[name] for name, cpu in cpu_seconds(pids).items()}
     tokens, elapsed = load.window_tokens, time.perf_counter() - start
     await task
     return {"load": load, "tokens": tokens, "cpu_s": spent, "redis_connections": most,

@@ -33,11 +33,10 @@ from dataclasses import dataclass, field
 import click
 import httpx
 import orjson
-import psutil
 import redis
 
 from benchmarks._load import Target, capacity
-from benchmarks.stats import machine, markdown_table, median, pct, save
+from benchmarks.stats import cpu_seconds, machine, markdown_table, median, pct, save
 from broker import keys
 from broker.gateway.errors import JOB_HEADER
 from fairq.localredis import free_port
@@ -91,14 +90,6 @@ def one_request(client: httpx.Client, arm: Arm, tokens: int) -> None:
                 arm.gaps_ms.append((now - last) * 1000)
             last = now
             arm.tokens += 1
-
-
-def cpu_s(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        times = psutil.Process(pid).cpu_times()
-        total += times.user + times.system
-    return total
 
 
 @dataclass
@@ -168,15 +159,15 @@ def run(requests: int, tokens: int, load: Load | None = None) -> dict[str, objec
         for arm in (direct, fairq):  # warm-up: connections, script cache, JIT-free but lazy paths
             for _ in range(5):
                 one_request(client, Arm(arm.name, arm.url, arm.headers), tokens)
-        fairq_pids = [p.pid for n, p in stack.processes.items() if n in ("api", "worker-0")]
+        fairq_pids = {n: p.pid for n, p in stack.processes.items() if n in ("api", "worker-0")}
         with background(stack, load, sim_url) if load else _nothing():
-            cpu_before = cpu_s(fairq_pids)
+            cpu_before = sum(cpu_seconds(fairq_pids).values())
             for i in range(requests):
                 one_request(client, direct, tokens)
                 one_request(client, fairq, tokens)
                 if load and i % 10 == 0:
                     sample_engine(client, sim_url, load)
-            cpu_fairq = cpu_s(fairq_pids) - cpu_before
+            cpu_fairq = sum(cpu_seconds(fairq_pids).values()) - cpu_before
         traced = trace(stack.redis_url, fairq.probes) if stack.redis_url else None
     result = report(direct, fairq, cpu_fairq, requests, tokens)
     if traced is not None:

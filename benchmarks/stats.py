@@ -1,4 +1,4 @@
-"""Small helpers shared by the benchmarks: percentiles, tables, machine facts."""
+"""Small helpers shared by the benchmarks: percentiles, tables, machine facts, CPU."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ import json
 import os
 import platform
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+import psutil
 
 
 def pct(values: Sequence[float], p: float) -> float:
@@ -23,6 +25,15 @@ def pct(values: Sequence[float], p: float) -> float:
 
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def cpu_seconds(pids: Mapping[str, int]) -> dict[str, float]:
+    """Each named process's CPU so far (user + system), from its own counters."""
+    out = {}
+    for name, pid in pids.items():
+        times = psutil.Process(pid).cpu_times()
+        out[name] = times.user + times.system
+    return out
 
 
 def machine() -> dict[str, object]:

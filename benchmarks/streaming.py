@@ -31,13 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import click
-import psutil
 import yaml
 
 from benchmarks import _stream_fanout
 from benchmarks._relay_floor import relay_floor_us
 from benchmarks._stream_client import Load, run_load
-from benchmarks.stats import machine, markdown_table, median, pct, save
+from benchmarks.stats import cpu_seconds, machine, markdown_table, median, pct, save
 from fairq.localredis import free_port
 from fairq.stack import DEMO_MODELS, Stack, demo_config
 
@@ -51,14 +50,6 @@ def sim_profile(streams: int) -> dict[str, Any]:
             "kv_cache_tokens": 1_048_576}  # fmt: skip
 
 
-def cpu_s(pids: dict[str, int]) -> dict[str, float]:
-    out = {}
-    for name, pid in pids.items():
-        times = psutil.Process(pid).cpu_times()
-        out[name] = times.user + times.system
-    return out
-
-
 def _body(tokens: int) -> dict[str, Any]:
     return {"model": DEMO_MODELS[0], "stream": True, "max_tokens": tokens,
             "messages": [{"role": "user", "content": "Say something."}]}  # fmt: skip
@@ -68,9 +59,9 @@ def measure(
     url: str, key: str | None, pids: dict[str, int], *, streams: int, seconds: float, tokens: int
 ) -> dict[str, Any]:
     """One arm at one concurrency: what the clients got and what each process spent."""
-    before = cpu_s(pids)
+    before = cpu_seconds(pids)
     load: Load = asyncio.run(run_load(url, _body(tokens), key, streams, seconds=seconds))
-    spent = {n: s - before[n] for n, s in cpu_s(pids).items()}
+    spent = {n: s - before[n] for n, s in cpu_seconds(pids).items()}
     per_1k = {n: s * 1e6 / max(load.tokens, 1) for n, s in spent.items()}  # ms per 1,000
     return {
         "streams": streams, "tokens": load.tokens, "requests": load.requests,
