@@ -36,6 +36,7 @@ from broker.jobs import JobRecord, JobState, RequestKind
 from broker.ownership import OwnershipStore
 from broker.queue import JobQueue, Submission
 from broker.redis_conn import connect, connect_blocking
+from broker.resp import RespLink
 from broker.results import ResultEvent, ResultReader
 from broker.serving import QuietSignalServer, quiet_config
 from broker.settings import ApiKeyConfig, ModelConfig, Settings, load_settings
@@ -85,6 +86,7 @@ __all__ = [
     "QueueFull",
     "QuietSignalServer",
     "RequestKind",
+    "RespLink",
     "ResultEvent",
     "ResultReader",
     "Settings",

@@ -45,6 +45,7 @@ from broker import keys
 from broker.dispatching import HANDED_KEEP_MS, ensure_ready_group
 from broker.jobs import JobState, RequestKind
 from broker.packed import PackedPipeline
+from broker.resp import RespLink
 from broker.results import BODY_FIELD, CHUNK_FIELD
 from broker.scripts import Scripts, source
 from broker.settings import Settings
@@ -52,7 +53,7 @@ from broker.settings import Settings
 log = logging.getLogger(__name__)
 
 # What the result writer builds one flush in: the same calls on either
-# (``execute_command``, ``evalsha``, ``len``, ``execute(raise_on_error=False)``).
+# (``xadd``, ``evalsha``, ``len``, ``execute(raise_on_error=False)``).
 ResultPipeline = PackedPipeline | Pipeline
 
 
@@ -117,8 +118,11 @@ class Reclaimed:
 
 
 class ExecutionStore:
-    def __init__(self, redis: Redis, settings: Settings) -> None:
+    def __init__(self, redis: Redis, settings: Settings, results: RespLink | None = None) -> None:
+        """``results``: the lean connection the result writer's pipelines use (see
+        ``pipeline``); without it they are redis-py's."""
         self._redis = redis
+        self._results = results
         self._settings = settings
         self._scripts = Scripts.bind(redis)
         self._renew = redis.register_script(source("renew"))
@@ -197,11 +201,11 @@ class ExecutionStore:
     # The end entry gets a time-based id, so nothing can be added after it either.
     @staticmethod
     def add_chunk(pipe: ResultPipeline, model: str, job_id: str, seq: int, data: bytes) -> None:
-        pipe.execute_command("XADD", keys.results(model, job_id), b"0-%d" % seq, CHUNK_FIELD, data)
+        pipe.xadd(keys.results(model, job_id), {CHUNK_FIELD: data}, id=b"0-%d" % seq)
 
     @staticmethod
     def add_body(pipe: ResultPipeline, model: str, job_id: str, seq: int, body: bytes) -> None:
-        pipe.execute_command("XADD", keys.results(model, job_id), b"0-%d" % seq, BODY_FIELD, body)
+        pipe.xadd(keys.results(model, job_id), {BODY_FIELD: body}, id=b"0-%d" % seq)
 
     @staticmethod
     def is_duplicate_write(error: Exception) -> bool:
@@ -308,11 +312,11 @@ class ExecutionStore:
         return [(job_id.decode(), int(when)) for job_id, when in rows]
 
     def pipeline(self) -> ResultPipeline:
-        """A pipeline for the result writer: packed by hand on a single server (see
-        ``broker.packed``), redis-py's (routed by slot) on a cluster."""
-        if self._settings.redis_cluster:
+        """A pipeline for the result writer: packed by hand on the lean connection when the
+        store has one (``broker.packed``), else redis-py's (routed by slot on a cluster)."""
+        if self._results is None:
             return self._redis.pipeline(transaction=False)
-        return PackedPipeline(self._redis)
+        return PackedPipeline(self._results)
 
     def cancel_channels(self, models: Sequence[str]) -> dict[str, str]:
         """Channel -> model, for the channels that announce cancelled jobs."""

@@ -4,33 +4,30 @@ The worker's result writer sends one ``XADD`` per job per flush, and at ~50 toke
 per stream a flush holds about one token per job, so whatever a command costs is
 paid per token. redis-py's ``Pipeline`` spends about 10 µs of Python per command:
 encoding each argument, a response callback and a time-out scope per reply. This
-pipeline packs its arguments as RESP directly, sends them in one write on a
-connection of the client's own pool and reads every reply as Redis sent it.
+pipeline packs its arguments as RESP directly and sends them in one write on a
+lean connection of its own (``broker.resp``), which hands back every reply as
+Redis sent it.
 
 An error reply comes back in its place as its exception, as with redis-py's
 ``execute(raise_on_error=False)``; a connection error, a round trip past
-``ROUND_TRIP_S`` or a cancellation drops the connection (its replies are unread)
-and propagates. It needs a single Redis server: a cluster client routes commands
-by slot and keeps redis-py's pipeline.
+``resp.ROUND_TRIP_S`` or a cancellation drops the connection (its replies are
+unread) and propagates. It needs a single Redis server: a cluster client routes
+commands by slot and keeps redis-py's pipeline.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-# The bound on one round trip: fairq's clients have no per-command socket time-out
-# (``broker.redis_conn``), so the pipeline bounds its send and all its replies at once.
-ROUND_TRIP_S = 10.0
+from broker.resp import RespLink
 
 Arg = bytes | str | int | float
 
 
-def _bulk(value: Arg) -> bytes:
+def bulk(value: Arg) -> bytes:
+    """One argument in RESP, encoded as redis-py encodes it."""
     if isinstance(value, str):
         value = value.encode()
     elif isinstance(value, int):
@@ -43,8 +40,8 @@ def _bulk(value: Arg) -> bytes:
 class PackedPipeline:
     """Commands for one round trip; ``execute`` sends them and returns their replies."""
 
-    def __init__(self, redis: Redis) -> None:
-        self._redis = redis
+    def __init__(self, link: RespLink) -> None:
+        self._link = link
         self._parts: list[bytes] = []
         self._count = 0
 
@@ -53,7 +50,26 @@ class PackedPipeline:
 
     def execute_command(self, *args: Arg) -> None:
         self._parts.append(b"*%d\r\n" % len(args))
-        self._parts.extend(map(_bulk, args))
+        self._parts.extend(map(bulk, args))
+        self._count += 1
+
+    def xadd(self, name: str | bytes, fields: dict[bytes, bytes], id: bytes) -> None:
+        """``XADD name id field value ...``, as redis-py's ``Pipeline.xadd`` takes it. The
+        writer adds one per job per flush, so per token: packed in one format, not per
+        argument."""
+        key = name.encode() if isinstance(name, str) else name
+        head = b"*%d\r\n$4\r\nXADD\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (
+            3 + 2 * len(fields),
+            len(key),
+            key,
+            len(id),
+            id,
+        )
+        self._parts.append(head)
+        for field, value in fields.items():
+            self._parts.append(
+                b"$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(field), field, len(value), value)
+            )
         self._count += 1
 
     def evalsha(self, sha: str, numkeys: int, *keys_and_args: Arg) -> None:
@@ -65,33 +81,9 @@ class PackedPipeline:
             return []
         packed, count = b"".join(self._parts), self._count
         self._parts, self._count = [], 0
-        try:
-            async with asyncio.timeout(ROUND_TRIP_S):
-                replies = await self._round_trip(packed, count)
-        except TimeoutError:
-            message = f"Redis did not answer a pipeline within {ROUND_TRIP_S:.0f} s"
-            raise RedisTimeoutError(message) from None
+        replies = await self._link.round_trip(packed, count)
         if raise_on_error:
             for reply in replies:
                 if isinstance(reply, ResponseError):
                     raise reply
         return replies
-
-    async def _round_trip(self, packed: bytes, count: int) -> list[Any]:
-        pool = self._redis.connection_pool
-        connection = await pool.get_connection()  # connects if need be
-        try:
-            await connection.send_packed_command(packed, check_health=False)
-            return [await _reply(connection) for _ in range(count)]
-        except BaseException:
-            await connection.disconnect()  # replies may be left unread on it
-            raise
-        finally:
-            await pool.release(connection)
-
-
-async def _reply(connection: Any) -> Any:
-    try:
-        return await connection.read_response(disable_decoding=True)
-    except ResponseError as error:  # the reply was read whole: the next one follows
-        return error

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from broker.cluster import ClusterResultReader
 
 
-def _keepalive_options() -> dict[int, int]:
+def keepalive_options() -> dict[int, int]:
     """TCP keepalive probes that find a dead Redis host within ~25 s, and a bound of 30 s on
     data Redis never acknowledges (where the platform has these options)."""
     wanted = {"TCP_KEEPIDLE": 10, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3, "TCP_USER_TIMEOUT": 30_000}
@@ -38,7 +38,7 @@ CLIENT_OPTIONS: dict[str, Any] = {
     "socket_timeout": None,
     "socket_connect_timeout": 5.0,
     "socket_keepalive": True,
-    "socket_keepalive_options": _keepalive_options(),
+    "socket_keepalive_options": keepalive_options(),
 }
 
 

@@ -28,7 +28,16 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from broker import Claimed, ExecutionStore, JobState, ModelConfig, Outcome, Settings, stop_task
+from broker import (
+    Claimed,
+    ExecutionStore,
+    JobState,
+    ModelConfig,
+    Outcome,
+    RespLink,
+    Settings,
+    stop_task,
+)
 from broker.cluster import SlotConnections, slot_groups
 from broker.execution import Reclaim, Reclaimed
 from workers import metrics
@@ -65,7 +74,9 @@ class Worker:
         self._blocking = blocking  # dedicated connection for XREADGROUP BLOCK
         self._models = [m.name for m in (models if models is not None else settings.models)]
         self._concurrency = concurrency or settings.worker_concurrency
-        self._store = ExecutionStore(redis, settings)
+        # The result writer's own lean connection (single server; a cluster routes by slot).
+        self._results = None if settings.redis_cluster else RespLink(settings.require_redis_url())
+        self._store = ExecutionStore(redis, settings, self._results)
         self._writer = ResultWriter(self._store, settings.stream_linger_ms)
         self._cancels = CancelListener(redis, self._store.cancel_channels(self._models))
         self._running: dict[str, asyncio.Task[None]] = {}
@@ -105,6 +116,8 @@ class Worker:
             finally:
                 for task in background:
                     await stop_task(task)
+                if self._results is not None:
+                    self._results.close()
 
     def _keep_leases(self, runner: JobRunner) -> Coroutine[Any, Any, None]:
         async def on_reclaimed(taken: Reclaimed) -> None:

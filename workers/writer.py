@@ -16,10 +16,8 @@ is dropped while Redis is briefly away.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from redis.exceptions import NoScriptError, RedisError
 
@@ -28,15 +26,20 @@ from broker import Claimed, ExecutionStore, Outcome
 log = logging.getLogger(__name__)
 
 
-@dataclass
 class _JobBuffer:
-    job: Claimed
-    chunks: list[bytes] = field(default_factory=list)
-    body: bytes | None = None
-    outcome: Outcome | None = None
-    done: asyncio.Future[bool] | None = None
-    seq: int = 0  # the result entry id (0-seq) this flush writes
-    started: bool = False  # record that the job has started (first.lua) in this flush
+    """What one flush writes for one job (a plain class: one is made per job per flush,
+    so about one per token at 50 tokens/s per stream)."""
+
+    __slots__ = ("body", "chunks", "done", "job", "outcome", "seq", "started")
+
+    def __init__(self, job: Claimed) -> None:
+        self.job = job
+        self.chunks: list[bytes] = []
+        self.body: bytes | None = None
+        self.outcome: Outcome | None = None
+        self.done: asyncio.Future[bool] | None = None
+        self.seq = 0  # the result entry id (0-seq) this flush writes
+        self.started = False  # record that the job has started (first.lua) in this flush
 
 
 class ResultWriter:
@@ -45,8 +48,11 @@ class ResultWriter:
         self._linger_s = linger_ms / 1000
         self._pending: dict[str, _JobBuffer] = {}
         self._seq: dict[str, int] = {}  # job id -> last result entry seq written
-        self._has_data = asyncio.Event()
-        self._urgent = asyncio.Event()
+        # What ``run`` waits for: anything buffered; something to flush without lingering.
+        self._has_data = False
+        self._urgent = False
+        self._wake: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # looked up once (getpid on 3.11)
         self.flushes = 0
 
     def _buffer(self, job: Claimed) -> _JobBuffer:
@@ -58,29 +64,25 @@ class ResultWriter:
     def chunk(self, job: Claimed, data: bytes, *, first: bool = False) -> None:
         """Buffer SSE events of a job; ``first`` flushes without lingering."""
         self._buffer(job).chunks.append(data)
-        self._has_data.set()
-        if first:
-            self._urgent.set()
+        self._signal(urgent=first)
 
     def mark_started(self, job: Claimed) -> None:
         """Record soon that the job reached the engine (a non-streamed job shows no
         first token until it ends; admission must not count it as waiting that long)."""
         self._buffer(job).started = True
-        self._has_data.set()
-        self._urgent.set()
+        self._signal(urgent=True)
 
     def body(self, job: Claimed, body: bytes) -> None:
         """Buffer the whole response of a non-streamed job."""
         self._buffer(job).body = body
-        self._has_data.set()
+        self._signal(urgent=False)
 
     async def finish(self, job: Claimed, outcome: Outcome) -> bool:
         """End the job after its buffered chunks; True if this call ended it (not cancelled)."""
         buf = self._buffer(job)
         buf.outcome = outcome
         buf.done = asyncio.get_running_loop().create_future()
-        self._has_data.set()
-        self._urgent.set()
+        self._signal(urgent=True)
         return await buf.done
 
     def discard(self, job_id: str) -> None:
@@ -90,14 +92,35 @@ class ResultWriter:
         if buf is not None and buf.done is not None and not buf.done.done():
             buf.done.set_result(False)
 
+    def _signal(self, *, urgent: bool) -> None:
+        """Wake ``run`` when it waits for data, or, if ``urgent``, while it lingers."""
+        self._urgent = self._urgent or urgent
+        wake = self._wake
+        if wake is not None and (urgent or not self._has_data) and not wake.done():
+            wake.set_result(None)
+        self._has_data = True
+
     async def run(self) -> None:
         """Flush forever; cancel the task to stop (call ``drain`` first to flush the rest)."""
+        self._loop = asyncio.get_running_loop()
         while True:
-            await self._has_data.wait()
-            if not self._urgent.is_set() and self._linger_s > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._urgent.wait(), self._linger_s)
+            if not self._has_data:
+                await self._sleep(None)
+            if not self._urgent and self._linger_s > 0:
+                await self._sleep(self._linger_s)
             await self._flush()
+
+    async def _sleep(self, timeout_s: float | None) -> None:
+        """Until ``_signal`` wakes it (see there), or ``timeout_s`` passed."""
+        assert self._loop is not None
+        wake = self._wake = self._loop.create_future()
+        timer = None if timeout_s is None else self._loop.call_later(timeout_s, _end, wake)
+        try:
+            await wake
+        finally:
+            self._wake = None
+            if timer is not None:
+                timer.cancel()
 
     async def drain(self) -> None:
         if self._pending:
@@ -105,8 +128,7 @@ class ResultWriter:
 
     def _take(self) -> list[_JobBuffer]:
         """Everything buffered, each job with the entry id its write will use."""
-        self._has_data.clear()
-        self._urgent.clear()
+        self._has_data = self._urgent = False
         batch, self._pending = list(self._pending.values()), {}
         for buf in batch:
             job_id = buf.job.job_id
@@ -119,13 +141,15 @@ class ResultWriter:
 
     async def _flush(self) -> None:
         batch = self._take()
-        backoff = 0.05
+        backoff, reload = 0.05, False
         while True:
             try:
+                if reload:
+                    await self._store.load_scripts()
                 ended = await self._write(batch)
                 break
             except NoScriptError:
-                await self._store.load_scripts()  # Redis restarted and lost its scripts
+                reload = True  # Redis restarted and lost its scripts
             except RedisError as exc:
                 log.warning("result flush failed (%s); retrying in %.2fs", exc, backoff)
                 await asyncio.sleep(backoff)
@@ -154,3 +178,8 @@ class ResultWriter:
             if isinstance(reply, Exception) and not self._store.is_duplicate_write(reply):
                 raise reply
         return [(buf, replies[index] == 1) for buf, index in finishing]
+
+
+def _end(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

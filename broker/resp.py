@@ -1,0 +1,199 @@
+"""A lean Redis connection for the streaming hot path: an asyncio protocol, replies by hiredis.
+
+The result writer sends one pipeline per flush and needs every reply back, in order,
+as Redis sent them. redis-py's connection reads each reply through a chain of
+coroutines over an ``asyncio.StreamReader`` and, with a health-check interval,
+asks for the running loop once per reply (a ``getpid()`` system call on Python
+3.11): at one reply per streamed token that was a third of the writer's cost. This
+connection is an ``asyncio.Protocol``: its ``data_received`` feeds hiredis (the C
+parser redis-py uses too) and collects the replies, and one future per round trip
+ends when the last one is in.
+
+What it does: ``redis://``, ``rediss://`` (TLS, with redis-py's URL options) and
+``unix://`` URLs, ``AUTH`` and ``SELECT`` from the URL, TCP keepalive, one round
+trip at a time, each bounded by ``ROUND_TRIP_S``. RESP2 only. An error reply comes
+back in its place as a redis-py ``ResponseError`` (``NoScriptError`` for
+``NOSCRIPT``), so callers handle errors as they would with redis-py. Whatever
+breaks the connection (a reset, no answer in time, a cancelled round trip, bytes
+that are not RESP) closes it and raises a redis-py ``ConnectionError`` or
+``TimeoutError``: its replies are unknown, so it is never used again, and
+``RespLink`` opens a new one on the next call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from typing import Any, cast
+
+import hiredis
+from redis.asyncio.connection import RedisSSLContext, parse_url
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from broker.redis_conn import keepalive_options
+
+# The bound on one round trip, connection set-up included: the hot path's clients have
+# no per-command socket time-out (``broker.redis_conn``), so each round trip bounds itself.
+ROUND_TRIP_S = 10.0
+
+_MORE = object()  # hiredis: no whole reply in the buffer yet
+
+
+def _reply_error(message: str) -> ResponseError:
+    if message.startswith("NOSCRIPT"):
+        return NoScriptError(message)
+    return ResponseError(message)
+
+
+class _RespProtocol(asyncio.Protocol):
+    """One connection's bytes in and out; at most one round trip in flight."""
+
+    def __init__(self) -> None:
+        self._reader = hiredis.Reader(replyError=_reply_error, notEnoughData=_MORE)
+        self._transport: asyncio.Transport | None = None
+        self._waiter: asyncio.Future[list[Any]] | None = None
+        self._expected = 0
+        self._replies: list[Any] = []
+        self.broken: BaseException | None = None
+
+    def send(self, packed: bytes, count: int) -> asyncio.Future[list[Any]]:
+        """Write ``count`` packed commands; the future ends with their replies."""
+        assert self._transport is not None and self._waiter is None, "one round trip at a time"
+        if self.broken is not None:
+            raise RedisConnectionError(f"the Redis connection is closed: {self.broken}")
+        self._waiter = asyncio.get_running_loop().create_future()
+        self._expected, self._replies = count, []
+        self._transport.write(packed)
+        return self._waiter
+
+    def close(self) -> None:
+        if self.broken is None:
+            self.broken = RedisConnectionError("closed by fairq")
+        if self._transport is not None:
+            self._transport.abort()
+
+    # --- asyncio.Protocol ---
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses; they have its methods.
+        self._transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._reader.feed(data)
+        replies, gets = self._replies, self._reader.gets
+        while len(replies) < self._expected:
+            try:
+                reply = gets()
+            except hiredis.ProtocolError as exc:
+                self._fail(RedisConnectionError(f"Redis sent bytes that are not RESP: {exc}"))
+                self.close()
+                return
+            if reply is _MORE:
+                return
+            replies.append(reply)
+        waiter = self._waiter
+        if waiter is None:  # nothing was asked: RESP2 servers send nothing unasked
+            self._fail(RedisConnectionError("Redis sent a reply nobody asked for"))
+            self.close()
+            return
+        self._waiter = None
+        if not waiter.done():
+            waiter.set_result(replies)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        reason = f": {exc}" if exc is not None else ""
+        self.broken = self.broken or RedisConnectionError(f"Redis closed the connection{reason}")
+        self._fail(self.broken)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.broken = self.broken or exc
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+
+
+def _bulk(value: bytes) -> bytes:
+    return b"$%d\r\n%s\r\n" % (len(value), value)
+
+
+def pack(*args: bytes) -> bytes:
+    """One command in RESP (arguments already bytes)."""
+    return b"*%d\r\n" % len(args) + b"".join(map(_bulk, args))
+
+
+async def _open(url: str) -> _RespProtocol:
+    """Connect and authenticate as the URL says (redis-py's URL syntax and options)."""
+    options = cast(dict[str, Any], parse_url(url))
+    loop = asyncio.get_running_loop()
+    if "path" in options:
+        _, protocol = await loop.create_unix_connection(_RespProtocol, options["path"])
+    else:
+        host, port = options.get("host", "localhost"), options.get("port", 6379)
+        tls = _tls_context(options) if url.startswith("rediss://") else None
+        transport, protocol = await loop.create_connection(
+            _RespProtocol, host, port, ssl=tls, server_hostname=host if tls else None
+        )
+        _keepalive(transport.get_extra_info("socket"))
+    handshake = []
+    if options.get("password"):
+        auth = [options["username"]] if options.get("username") else []
+        handshake.append(pack(b"AUTH", *(v.encode() for v in [*auth, options["password"]])))
+    if options.get("db"):
+        handshake.append(pack(b"SELECT", b"%d" % int(options["db"])))
+    if handshake:
+        for reply in await protocol.send(b"".join(handshake), len(handshake)):
+            if isinstance(reply, ResponseError):
+                protocol.close()
+                raise reply
+    return protocol
+
+
+def _tls_context(options: dict[str, Any]) -> ssl.SSLContext:
+    """The context redis-py would build from the URL's ``ssl_*`` options."""
+    names = set(RedisSSLContext.__slots__) - {"context"}
+    wanted = {k[4:]: v for k, v in options.items() if k.startswith("ssl_") and k[4:] in names}
+    return RedisSSLContext(**wanted).get()
+
+
+def _keepalive(sock: socket.socket | None) -> None:
+    """Find a dead Redis host within ~25 s (as ``broker.redis_conn`` does for redis-py)."""
+    if sock is None:
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in keepalive_options().items():
+        sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
+class RespLink:
+    """One lean connection to Redis, opened on first use and again after any failure."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._protocol: _RespProtocol | None = None
+
+    async def round_trip(self, packed: bytes, count: int) -> list[Any]:
+        """Send ``count`` packed commands in one write; their replies in order (errors
+        as ``ResponseError`` values). Raises redis-py's ``ConnectionError`` or
+        ``TimeoutError`` when the connection failed (it is closed then)."""
+        try:
+            async with asyncio.timeout(ROUND_TRIP_S):
+                if self._protocol is None or self._protocol.broken is not None:
+                    self._protocol = await _open(self._url)
+                return await self._protocol.send(packed, count)
+        except TimeoutError:
+            self.close()
+            raise RedisTimeoutError(f"Redis did not answer within {ROUND_TRIP_S:.0f} s") from None
+        except OSError as exc:
+            self.close()
+            raise RedisConnectionError(f"cannot reach Redis: {exc}") from exc
+        except BaseException:  # a cancelled round trip: its replies are left unread
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self._protocol is not None:
+            self._protocol.close()
+            self._protocol = None
