@@ -46,6 +46,7 @@ from redis.exceptions import NoScriptError, RedisClusterException
 from broker import keys
 from broker.mailbox import Mailbox
 from broker.redis_conn import CLIENT_OPTIONS, plain_blocking
+from broker.resp import RespLink
 from broker.results import ResultEvent, ResultReader
 from broker.scripts import source
 from broker.settings import Settings
@@ -268,7 +269,7 @@ class ClusterResultReader:
 
     async def _open(self, model: str) -> ResultReader:
         url = await node_of(self._cluster, model, self._url)
-        blocking = plain_blocking(url, None)  # the reader bounds each read
+        blocking = RespLink(url)  # the reader bounds each read
         control = Redis.from_url(url, decode_responses=False)  # rings the bell on that node
         bell = keys.reader_bell(uuid.uuid4().hex, model)  # in the slot the reader follows
         reader = _NodeReader(blocking, control, bell, block_ms=int(self._block_s * 1000))
@@ -279,7 +280,7 @@ class ClusterResultReader:
 class _NodeReader(ResultReader):
     """A ``ResultReader`` that also closes its control client (made for it alone)."""
 
-    def __init__(self, blocking: Redis, control: Redis, bell: str, block_ms: int) -> None:
+    def __init__(self, blocking: RespLink, control: Redis, bell: str, block_ms: int) -> None:
         super().__init__(blocking, control, bell, block_ms=block_ms)
         self._own_control = control
 

@@ -5,25 +5,18 @@ With ``redis_cluster`` the same functions return cluster clients (``broker.clust
 
 from __future__ import annotations
 
-import socket
 import uuid
 from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from broker import keys
+from broker.resp import RespLink, keepalive_options
 from broker.results import READ_MARGIN_S, ResultReader
 from broker.settings import Settings
 
 if TYPE_CHECKING:
     from broker.cluster import ClusterResultReader
-
-
-def keepalive_options() -> dict[int, int]:
-    """TCP keepalive probes that find a dead Redis host within ~25 s, and a bound of 30 s on
-    data Redis never acknowledges (where the platform has these options)."""
-    wanted = {"TCP_KEEPIDLE": 10, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3, "TCP_USER_TIMEOUT": 30_000}
-    return {getattr(socket, name): value for name, value in wanted.items() if hasattr(socket, name)}
 
 
 # Every fairq client, single server or cluster: bytes replies (the hot path decodes what
@@ -71,23 +64,22 @@ def connect_blocking(settings: Settings, block_s: float) -> Redis:
     return plain_blocking(settings.require_redis_url(), block_s)
 
 
-def plain_blocking(url: str, block_s: float | None) -> Redis:
+def plain_blocking(url: str, block_s: float) -> Redis:
     """A one-connection client for a long blocking read loop, with ``CLIENT_OPTIONS``.
 
     It never retries on its own (the loop reconnects with backoff and must learn
     its new CLIENT ID). Its socket timeout outlasts the longest block (``block_s``)
-    by ``READ_MARGIN_S``; ``None`` for a loop that bounds each read itself (the result
-    reader: it reads often, and a socket timeout costs a task per command).
+    by ``READ_MARGIN_S``. (The result reader, which reads most often, has a lean
+    connection of its own instead: ``broker.resp``.)
     """
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
-    timeout_s = None if block_s is None else block_s + READ_MARGIN_S
     return Redis.from_url(  # type: ignore[no-any-return]
         url,
         single_connection_client=True,
         retry=Retry(NoBackoff(), 0),
-        **{**CLIENT_OPTIONS, "socket_timeout": timeout_s},
+        **{**CLIENT_OPTIONS, "socket_timeout": block_s + READ_MARGIN_S},
     )
 
 
@@ -101,7 +93,7 @@ def result_reader(
 
         return ClusterResultReader(settings, redis, block_s)
     return ResultReader(
-        plain_blocking(settings.require_redis_url(), None),
+        RespLink(settings.require_redis_url()),
         redis,
         bell=keys.reader_bell(uuid.uuid4().hex),
         block_ms=int(block_s * 1000),

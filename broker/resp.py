@@ -33,8 +33,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from broker.redis_conn import keepalive_options
-
 # The bound on one round trip, connection set-up included: the hot path's clients have
 # no per-command socket time-out (``broker.redis_conn``), so each round trip bounds itself.
 ROUND_TRIP_S = 10.0
@@ -158,6 +156,13 @@ def _tls_context(options: dict[str, Any]) -> ssl.SSLContext:
     return RedisSSLContext(**wanted).get()
 
 
+def keepalive_options() -> dict[int, int]:
+    """TCP keepalive probes that find a dead Redis host within ~25 s, and a bound of 30 s on
+    data Redis never acknowledges (where the platform has these options)."""
+    wanted = {"TCP_KEEPIDLE": 10, "TCP_KEEPINTVL": 5, "TCP_KEEPCNT": 3, "TCP_USER_TIMEOUT": 30_000}
+    return {getattr(socket, name): value for name, value in wanted.items() if hasattr(socket, name)}
+
+
 def _keepalive(sock: socket.socket | None) -> None:
     """Find a dead Redis host within ~25 s (as ``broker.redis_conn`` does for redis-py)."""
     if sock is None:
@@ -174,18 +179,22 @@ class RespLink:
         self._url = url
         self._protocol: _RespProtocol | None = None
 
-    async def round_trip(self, packed: bytes, count: int) -> list[Any]:
+    async def round_trip(
+        self, packed: bytes, count: int, timeout_s: float | None = None
+    ) -> list[Any]:
         """Send ``count`` packed commands in one write; their replies in order (errors
         as ``ResponseError`` values). Raises redis-py's ``ConnectionError`` or
-        ``TimeoutError`` when the connection failed (it is closed then)."""
+        ``TimeoutError`` when the connection failed (it is closed then). The round trip,
+        connecting included, is bounded by ``timeout_s`` (``ROUND_TRIP_S`` if None)."""
+        bound_s = ROUND_TRIP_S if timeout_s is None else timeout_s
         try:
-            async with asyncio.timeout(ROUND_TRIP_S):
+            async with asyncio.timeout(bound_s):
                 if self._protocol is None or self._protocol.broken is not None:
                     self._protocol = await _open(self._url)
                 return await self._protocol.send(packed, count)
         except TimeoutError:
             self.close()
-            raise RedisTimeoutError(f"Redis did not answer within {ROUND_TRIP_S:.0f} s") from None
+            raise RedisTimeoutError(f"Redis did not answer within {bound_s:.1f} s") from None
         except OSError as exc:
             self.close()
             raise RedisConnectionError(f"cannot reach Redis: {exc}") from exc

@@ -10,8 +10,9 @@ A job's result stream ``fq:{m}:out:{id}`` holds, in order:
 blocking ``XREAD`` on one connection. Its cost per read must not grow with the
 streams followed, as the read repeats every time any stream has news: the
 command is kept packed (one RESP segment per key and per position, re-encoded
-only for the streams that moved) and its reply is taken as Redis sent it,
-without redis-py's per-entry dict building. A new follower must join a read that is
+only for the streams that moved) and goes over a lean connection of its own
+(``broker.resp``), whose reply is taken as Redis sent it, without redis-py's
+per-entry dict building or its coroutines per reply. A new follower must join a read that is
 already blocked. Every read also names the reader's own *bell* stream, after the
 last bell entry it saw: a new follower adds an entry to it (``XADD``, at most one
 pending per read), and the read returns and is issued again with the new key.
@@ -35,7 +36,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from redis.asyncio import Redis
@@ -45,6 +46,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from broker import keys
 from broker.jobs import JobState
 from broker.mailbox import Mailbox
+from broker.resp import RespLink
 from broker.tasks import stop_task
 
 log = logging.getLogger(__name__)
@@ -58,9 +60,9 @@ _END_FIELD = b"end"
 _ERROR_FIELD = b"e"
 
 
-@dataclass(frozen=True, slots=True)
-class ResultEvent:
-    """One entry of a result stream."""
+class ResultEvent(NamedTuple):
+    """One entry of a result stream (a named tuple: one is made per streamed token, and a
+    tuple is built in C where a frozen dataclass sets each field through Python)."""
 
     id: bytes
     chunk: bytes | None = None
@@ -119,17 +121,17 @@ class ResultReader:
     """Follows many result streams with one blocking XREAD loop (start once per process)."""
 
     def __init__(
-        self, blocking: Redis, control: Redis, bell: str, block_ms: int = 2000, count: int = 512
+        self, blocking: RespLink, control: Redis, bell: str, block_ms: int = 2000, count: int = 512
     ) -> None:
-        self._blocking = blocking  # dedicated single-connection client
+        self._blocking = blocking  # its own lean connection (``broker.resp``): the blocking read
         self._control = control  # shared pool: rings the bell, nothing else
         self._bell = bell.encode()
         self._bell_arg = _bulk(self._bell)
         self._bell_seen = _bulk(b"0-0")  # the last bell entry read (packed)
         self._rung = False  # a bell entry is on its way for the read in flight
         self._block_ms = block_ms
-        # The client has no socket time-out (a task per command, ``redis_conn``): each read,
-        # its connection set-up included, is bounded here instead, by the block and a margin.
+        # The connection has no socket time-out: each read, its connection set-up included,
+        # is bounded by the block and a margin.
         self._read_bound_s = block_ms / 1000 + READ_MARGIN_S
         self._count = count
         self._followers: dict[bytes, list[_Follower]] = {}
@@ -153,7 +155,7 @@ class ResultReader:
             self._task = None
         with contextlib.suppress(RedisError):
             await self._control.delete(self._bell)
-        await self._blocking.aclose()
+        self._blocking.close()
 
     @contextlib.asynccontextmanager
     async def follow(
@@ -249,29 +251,17 @@ class ResultReader:
 
     async def _xread(self) -> list[Any]:
         """One blocking XREAD of every followed stream; the reply as Redis sent it."""
+        self._reading = True
+        self._rung = False  # this read names every key followed now
         try:
-            async with asyncio.timeout(self._read_bound_s):
-                connection = await self._connection()
-                self._reading = True
-                self._rung = False  # this read names every key followed now
-                await connection.send_packed_command(self._command(), check_health=False)
-                reply = await connection.read_response()
-        except TimeoutError:
-            if self._blocking.connection is not None:
-                await self._blocking.connection.disconnect()
+            [reply] = await self._blocking.round_trip(self._command(), 1, self._read_bound_s)
+        except RedisTimeoutError:
             raise self._no_reply() from None
         finally:
             self._reading = False
-        if isinstance(reply, dict):  # RESP3: a map of key -> entries
-            return list(reply.items())
+        if isinstance(reply, Exception):
+            raise reply
         return reply or []
-
-    async def _connection(self) -> Any:
-        """The client's one connection, set up on first use."""
-        if self._blocking.connection is None:
-            await self._blocking.ping()  # sets up the client's one connection
-        assert self._blocking.connection is not None
-        return self._blocking.connection
 
     def _no_reply(self) -> RedisTimeoutError:
         return RedisTimeoutError(

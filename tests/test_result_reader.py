@@ -17,7 +17,7 @@ from servers import silent_server
 
 from broker import keys, results
 from broker.mailbox import Mailbox
-from broker.redis_conn import plain_blocking
+from broker.resp import RespLink
 from broker.results import ResultEvent, ResultReader
 
 BLOCK_MS = 60_000
@@ -27,7 +27,7 @@ MODEL = "m"
 
 @pytest.fixture
 async def reader(redis_url: str, aredis: Redis) -> AsyncIterator[ResultReader]:
-    reader = ResultReader(plain_blocking(redis_url, None), aredis, keys.reader_bell("t"), BLOCK_MS)
+    reader = ResultReader(RespLink(redis_url), aredis, keys.reader_bell("t"), BLOCK_MS)
     reader.start()
     yield reader
     await reader.close()
@@ -76,7 +76,7 @@ async def test_many_joins_ring_the_bell_a_few_times_and_close_removes_it(
     redis_url: str, aredis: Redis
 ) -> None:
     bell = keys.reader_bell("many")
-    reader = ResultReader(plain_blocking(redis_url, None), aredis, bell, BLOCK_MS)
+    reader = ResultReader(RespLink(redis_url), aredis, bell, BLOCK_MS)
     reader.start()
     async with reader.follow(MODEL, "first"):
         await _blocked(aredis)
@@ -112,7 +112,7 @@ async def test_a_read_that_gets_no_reply_fails_at_its_bound_and_the_reader_retri
     """The reader's client has no socket time-out: a hung Redis must not hang it for good."""
     monkeypatch.setattr(results, "READ_MARGIN_S", 0.2)
     async with silent_server() as url:
-        reader = ResultReader(plain_blocking(url, None), aredis, keys.reader_bell("hung"), 100)
+        reader = ResultReader(RespLink(url), aredis, keys.reader_bell("hung"), 100)
         reader.start()
         with caplog.at_level(logging.WARNING, logger="broker.results"):
             async with reader.follow(MODEL, "x"):
