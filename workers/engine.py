@@ -37,6 +37,7 @@ from workers.errors import EngineError
 
 _DONE = b"data: [DONE]\n\n"
 _FINISH = re.compile(rb'"finish_reason":"([A-Za-z_]+)"')
+_FINISH_MARK = b'"finish_reason":"'
 _USAGE_MARK = b'"usage":{'
 _ERROR_EVENTS = (b'data: {"error"', b'data: {"object":"error"')
 
@@ -57,17 +58,28 @@ class Accounting:
         have come in the same read) are returned to be forwarded, then the caller
         raises it; nothing after it is looked at.
         """
+        if _one_token(events):  # the usual piece: skip the searches that cannot match
+            if events.startswith(_ERROR_EVENTS):
+                events = self._cut_at_error(events)
+            elif _FINISH_MARK in events or _USAGE_MARK in events:
+                events = self._note_end(events, keep_usage)  # the last token, or usage
+            return events
         if not _well_formed(events):
             events = self._checked(events)
         if _ERROR_EVENTS[0] in events or _ERROR_EVENTS[1] in events:
             events = self._cut_at_error(events)
-        if _FINISH.search(events):
-            self.finish_reason = _FINISH.findall(events)[-1].decode()
-        if _USAGE_MARK in events:
-            events = self._take_usage(events, keep_usage)
+        events = self._note_end(events, keep_usage)
         if _DONE in events:
             self.done = True
             return events.replace(_DONE, b"")
+        return events
+
+    def _note_end(self, events: bytes, keep_usage: bool) -> bytes:
+        """Note the finish reason and usage; the events without a usage chunk unless kept."""
+        if _FINISH_MARK in events:  # a byte search first: the pattern is rarely there
+            self.finish_reason = _FINISH.findall(events)[-1].decode()
+        if _USAGE_MARK in events:
+            events = self._take_usage(events, keep_usage)
         return events
 
     def _checked(self, events: bytes) -> bytes:
@@ -114,6 +126,16 @@ class Accounting:
             self.usage = parsed["usage"]
         choices = parsed.get("choices") or [{}]
         self.finish_reason = choices[0].get("finish_reason")
+
+
+def _one_token(events: bytes) -> bool:
+    """One well-formed event holding a JSON object, as nearly every piece of a stream is
+    (raw newlines cannot occur inside JSON: the only blank line is the one at its end)."""
+    return (
+        events.startswith(b"data: {")
+        and events.endswith(b"}\n\n")
+        and events.find(b"\n\n") == len(events) - 2
+    )
 
 
 def _well_formed(events: bytes) -> bool:
