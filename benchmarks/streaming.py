@@ -111,7 +111,7 @@ def _stack(ports: list[int], streams: int, tmp: str) -> Stack:
                       "FAIRQ_METRICS_PORT": "0"})  # fmt: skip
 
 
-def run_cpu(concurrency: list[int], seconds: float, tokens: int,
+def run_cpu(concurrency: list[int], seconds: float, tokens: int, rounds: int,
             profile_dir: Path | None) -> list[dict[str, Any]]:  # fmt: skip
     ports, proxy_port = [free_port(), free_port()], free_port()
     rows: list[dict[str, Any]] = []
@@ -137,20 +137,45 @@ def run_cpu(concurrency: list[int], seconds: float, tokens: int,
         for url, key, _ in arms.values():  # warm-up: connections, scripts, imports
             asyncio.run(run_load(url, _body(8), key, 4, seconds=1.0))
         for streams in concurrency:
-            for name, (url, key, pids) in arms.items():
-                spies = []
-                if profile_dir is not None and name == "fairq" and streams == max(concurrency):
-                    spies = _profile({k: pids[k] for k in ("worker", "gateway")}, seconds,
-                                     profile_dir)  # fmt: skip
-                row = measure(url, key, pids, streams=streams, seconds=seconds, tokens=tokens)
-                for spy in spies:
-                    spy.wait(timeout=60)
-                rows.append({"arm": name, **row})
-                click.echo(_row_line(rows[-1]), err=True)
+            # The arms take turns, ``rounds`` times: each sees the box's noise of the moment,
+            # and its row is the median of its rounds.
+            measured: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
+            for round_ in range(rounds):
+                for name, (url, key, pids) in arms.items():
+                    spies = []
+                    if (profile_dir is not None and name == "fairq" and round_ == 0
+                            and streams == max(concurrency)):  # fmt: skip
+                        spies = _profile({k: pids[k] for k in ("worker", "gateway")}, seconds,
+                                         profile_dir)  # fmt: skip
+                    row = measure(url, key, pids, streams=streams, seconds=seconds, tokens=tokens)
+                    for spy in spies:
+                        spy.wait(timeout=60)
+                    measured[name].append({"arm": name, **row})
+                    click.echo(_row_line(measured[name][-1]), err=True)
+            rows += [_median_row(name, runs) for name, runs in measured.items()]
     return rows
 
 
+def _median_row(arm: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One arm at one concurrency over its rounds: medians, and each round's hop CPU."""
+    cpu = {n: median([r["cpu_ms_per_1k_tokens"][n] for r in runs])
+           for n in runs[0]["cpu_ms_per_1k_tokens"]}  # fmt: skip
+    hops = [_hop_ms(r) for r in runs]
+    return {
+        "arm": arm, "streams": runs[0]["streams"], "rounds": len(runs),
+        "tokens": sum(r["tokens"] for r in runs), "requests": sum(r["requests"] for r in runs),
+        "failed": sum(r["failed"] for r in runs),
+        "tokens_per_s": median([r["tokens_per_s"] for r in runs]),
+        "cpu_ms_per_1k_tokens": cpu, "hop_ms_per_1k_tokens": median(hops),
+        "hop_ms_per_round": hops,
+        **{k: median([r[k] for r in runs]) for k in ("ttft_p50_ms", "itl_p50_ms", "itl_p99_ms")},
+    }  # fmt: skip
+
+
 def _hop_ms(row: dict[str, Any]) -> float:
+    """The hop's CPU per 1,000 tokens: worker + gateway (fairq), the proxy process (proxy)."""
+    if "hop_ms_per_1k_tokens" in row:  # a median row: the median of the rounds' hops
+        return float(row["hop_ms_per_1k_tokens"])
     cpu = row["cpu_ms_per_1k_tokens"]
     return {"fairq": cpu.get("worker", 0) + cpu.get("gateway", 0), "proxy": cpu.get("proxy", 0),
             "direct": 0.0}[row["arm"]]  # fmt: skip
@@ -162,22 +187,25 @@ def _row_line(row: dict[str, Any]) -> str:
 
 
 def render_cpu(rows: list[dict[str, Any]], cores: int) -> str:
-    header = ["streams", "arm", "tokens/s", "hop CPU ms / 1k tok", "vs proxy", "worker",
-              "gateway", "redis", "dispatcher", "simulator", "ITL p50 ms", "ITL p99 ms",
-              "failed"]  # fmt: skip
+    header = ["streams", "arm", "tokens/s", "hop CPU ms / 1k tok", "hop, each round",
+              "vs proxy", "worker", "gateway", "redis", "dispatcher", "simulator", "ITL p50 ms",
+              "ITL p99 ms", "failed"]  # fmt: skip
     proxy = {r["streams"]: _hop_ms(r) for r in rows if r["arm"] == "proxy"}
     table = []
     for r in rows:
         cpu, hop = r["cpu_ms_per_1k_tokens"], _hop_ms(r)
         ratio = f"{hop / proxy[r['streams']]:.2f}x" if r["arm"] != "direct" else "-"
-        table.append([r["streams"], r["arm"], round(r["tokens_per_s"]), round(hop, 1), ratio,
+        each = " / ".join(f"{h:.0f}" for h in r.get("hop_ms_per_round", [])) or "-"
+        table.append([r["streams"], r["arm"], round(r["tokens_per_s"]), round(hop, 1),
+                      each if r["arm"] != "direct" else "-", ratio,
                       *(round(cpu[k], 1) if k in cpu else "-"
                         for k in ("worker", "gateway", "redis", "dispatcher", "sim")),
                       r["itl_p50_ms"], r["itl_p99_ms"], r["failed"]])  # fmt: skip
     return (
         f"{markdown_table(header, table)}\n\nCPU in ms per 1,000 tokens received by the "
         f"clients, from each process's own counters; hop = worker + gateway (fairq) or the "
-        f"proxy process. Engine step {STEP_MS:.0f} ms (~{1000 / STEP_MS:.0f} tokens/s per "
+        f"proxy process; the arms took turns, and each row is the median of its rounds. "
+        f"Engine step {STEP_MS:.0f} ms (~{1000 / STEP_MS:.0f} tokens/s per "
         f"stream, one token per SSE chunk); {cores} cores. Engine = fairq's simulator: its "
         "timings are estimates."
     )
@@ -188,6 +216,8 @@ def render_cpu(rows: list[dict[str, Any]], cores: int) -> str:
               help="concurrent streams per CPU arm, comma-separated")  # fmt: skip
 @click.option("--seconds", default=8.0, show_default=True, help="length of each arm")
 @click.option("--tokens", default=100, show_default=True, help="output tokens per request")
+@click.option("--rounds", default=3, show_default=True,
+              help="rounds of the CPU arms, taking turns; each row is their median")  # fmt: skip
 @click.option("--fanout", default=200, show_default=True,
               help="streams of the fan-out arm (0: skip it)")  # fmt: skip
 @click.option("--profile", "profile", is_flag=True, help="py-spy the worker and gateway")
@@ -195,11 +225,19 @@ def render_cpu(rows: list[dict[str, Any]], cores: int) -> str:
               help="also measure a bare relay's CPU per token at each concurrency")  # fmt: skip
 @click.option("--out", default="bench-out", show_default=True, type=click.Path())
 def main(  # noqa: PLR0917 - click passes every option
-    concurrency: str, seconds: float, tokens: int, fanout: int, profile: bool, floor: bool, out: str
+    concurrency: str,
+    seconds: float,
+    tokens: int,
+    rounds: int,
+    fanout: int,
+    profile: bool,
+    floor: bool,
+    out: str,
 ) -> None:
     levels = [int(c) for c in concurrency.split(",") if c]
     Path(out).mkdir(parents=True, exist_ok=True)
-    rows = run_cpu(levels, seconds, tokens, Path(out) if profile else None) if levels else []
+    profile_dir = Path(out) if profile else None
+    rows = run_cpu(levels, seconds, tokens, rounds, profile_dir) if levels else []
     fan = _stream_fanout.run(fanout, seconds, tokens) if fanout else None
     floors = {n: relay_floor_us(n, period_s=STEP_MS / 1000) for n in levels} if floor else {}
     cores = int(machine()["cores"] or 0)  # type: ignore[call-overload]
