@@ -39,24 +39,22 @@ class Mailbox(Generic[T]):
 
     async def take(self) -> list[T]:
         """Every item that arrived, oldest first: at least one (waits for it)."""
-        await self._wait()
+        while not self._items:
+            await self._waiter_for_next()  # awaited here: a wake-up crosses no extra frame
         items, self._items = self._items, []
         return items
 
     async def get(self) -> T:
         """The oldest item (waits for one)."""
-        await self._wait()
+        while not self._items:
+            await self._waiter_for_next()
         return self._items.pop(0)
 
-    async def _wait(self) -> None:
-        while not self._items:
-            if self._waiter is not None:
-                raise RuntimeError("a mailbox has a single reader: another task waits on it")
-            if self._loop is None:
-                self._loop = asyncio.get_running_loop()
-            waiter = self._waiter = self._loop.create_future()
-            try:
-                await waiter
-            finally:
-                if self._waiter is waiter:  # cancelled before an item came
-                    self._waiter = None
+    def _waiter_for_next(self) -> asyncio.Future[None]:
+        """The future the next ``put_nowait`` completes (cancelling it is harmless)."""
+        if self._waiter is not None and not self._waiter.done():
+            raise RuntimeError("a mailbox has a single reader: another task waits on it")
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        waiter = self._waiter = self._loop.create_future()
+        return waiter

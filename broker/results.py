@@ -278,17 +278,18 @@ class ResultReader:
             followers = self._followers.get(key)
             if not followers:
                 continue
-            if len(followers) == 1:  # the usual case: no id comparisons
+            if len(followers) == 1:  # the usual case: no id comparisons, one position
                 follower = followers[0]
                 put = follower.mailbox.put_nowait
                 for entry_id, fields in entries:
                     put(ResultEvent.from_reply(entry_id, fields))
-                follower.last_id = entries[-1][0]
-            else:
-                for entry_id, fields in entries:
-                    event, order = ResultEvent.from_reply(entry_id, fields), entry_order(entry_id)
-                    for follower in followers:
-                        if order > entry_order(follower.last_id):
-                            follower.last_id = entry_id
-                            follower.mailbox.put_nowait(event)
+                follower.last_id = last = entries[-1][0]
+                self._id_args[key] = _bulk(last)  # what _moved does for a single follower
+                continue
+            for entry_id, fields in entries:
+                event, order = ResultEvent.from_reply(entry_id, fields), entry_order(entry_id)
+                for follower in followers:
+                    if order > entry_order(follower.last_id):
+                        follower.last_id = entry_id
+                        follower.mailbox.put_nowait(event)
             self._moved(key)

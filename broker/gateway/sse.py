@@ -91,10 +91,9 @@ class _Heartbeat:
         self._handle.cancel()
 
 
-async def _next_batch(events: Mailbox[ResultEvent]) -> list[ResultEvent] | None:
-    """The events that have arrived (at least one, up to the first that ends the stream);
-    None on a lull."""
-    batch = await events.take()
+def _to_send(batch: list[ResultEvent]) -> list[ResultEvent] | None:
+    """Of the events that have arrived, those to send: up to the first that ends the
+    stream; None on a lull."""
     if batch[0] is _LULL:  # put only into an empty mailbox: first if at all
         del batch[0]
         if not batch:
@@ -129,7 +128,7 @@ async def _send_events(job: FollowedJob, send: Send) -> None:
     heartbeat = _Heartbeat(job.events)
     try:
         while True:
-            batch = await _next_batch(job.events)
+            batch = _to_send(await job.events.take())
             heartbeat.batches += 1
             if batch is None:
                 await send(_body(_KEEPALIVE))
