@@ -166,12 +166,12 @@ async def test_a_cancelled_round_trip_drops_its_connection(link: RespLink) -> No
 
 
 async def test_bytes_that_are_not_resp_break_the_connection() -> None:
+    writers: list[asyncio.StreamWriter] = []
+
     async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
         await reader.read(100)
         writer.write(b"!not resp\r\n")
-        await writer.drain()
-        await reader.read(100)  # until the client drops the connection
-        writer.close()
 
     server = await asyncio.start_server(garbage, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -179,5 +179,8 @@ async def test_bytes_that_are_not_resp_break_the_connection() -> None:
     pipe.execute_command("PING")
     with pytest.raises(RedisConnectionError, match="not RESP"):
         await pipe.execute()
+    for writer in writers:
+        writer.close()
+        await writer.wait_closed()
     server.close()
     await server.wait_closed()
