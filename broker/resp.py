@@ -1,13 +1,15 @@
 """A lean Redis connection for the streaming hot path: an asyncio protocol, replies by hiredis.
 
 The result writer sends one pipeline per flush and needs every reply back, in order,
-as Redis sent them. redis-py's connection reads each reply through a chain of
-coroutines over an ``asyncio.StreamReader`` and, with a health-check interval,
-asks for the running loop once per reply (a ``getpid()`` system call on Python
-3.11): at one reply per streamed token that was a third of the writer's cost. This
-connection is an ``asyncio.Protocol``: its ``data_received`` feeds hiredis (the C
-parser redis-py uses too) and collects the replies, and one future per round trip
-ends when the last one is in.
+as Redis sent them; the result reader sends one XREAD after another. redis-py's
+connection reads each reply through a chain of coroutines over an
+``asyncio.StreamReader`` and, with a health-check interval, asks for the running
+loop once per reply (a ``getpid()`` system call on Python 3.11). The writer gets
+about one reply per streamed token: in a one-process harness its share of the
+worker's CPU fell from about 18 to 7 µs per token on this connection
+(``docs/performance.md``). It is an ``asyncio.Protocol``: its ``data_received``
+feeds hiredis (the C parser redis-py uses too) and collects the replies, and one
+future per round trip ends when the last one is in.
 
 What it does: ``redis://``, ``rediss://`` (TLS, with redis-py's URL options) and
 ``unix://`` URLs, ``AUTH`` and ``SELECT`` from the URL, TCP keepalive, one round
@@ -141,11 +143,15 @@ async def _open(url: str) -> _RespProtocol:
         handshake.append(pack(b"AUTH", *(v.encode() for v in [*auth, options["password"]])))
     if options.get("db"):
         handshake.append(pack(b"SELECT", b"%d" % int(options["db"])))
-    if handshake:
-        for reply in await protocol.send(b"".join(handshake), len(handshake)):
-            if isinstance(reply, ResponseError):
-                protocol.close()
-                raise reply
+    try:
+        replies = await protocol.send(b"".join(handshake), len(handshake)) if handshake else []
+    except BaseException:  # timed out or cancelled: the caller never gets this connection
+        protocol.close()
+        raise
+    for reply in replies:
+        if isinstance(reply, ResponseError):
+            protocol.close()
+            raise reply
     return protocol
 
 
