@@ -47,7 +47,7 @@ from broker.jobs import JobState, RequestKind
 from broker.packed import PackedPipeline
 from broker.resp import RespLink
 from broker.results import BODY_FIELD, CHUNK_FIELD
-from broker.scripts import Scripts, source
+from broker.scripts import Scripts, run_on, source
 from broker.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -119,8 +119,8 @@ class Reclaimed:
 
 class ExecutionStore:
     def __init__(self, redis: Redis, settings: Settings, results: RespLink | None = None) -> None:
-        """``results``: the lean connection the result writer's pipelines use (see
-        ``pipeline``); without it they are redis-py's."""
+        """``results``: the lean connection the result writer's pipelines and ``start``
+        use (see ``pipeline``); without it they are redis-py's."""
         self._redis = redis
         self._results = results
         self._settings = settings
@@ -182,14 +182,16 @@ class ExecutionStore:
     async def start(self, claimed: Claimed, worker: str) -> int | None:
         """Record that ``worker`` runs the job; its attempt number, or None (and acked)
         when the job ended meanwhile and must be dropped."""
-        reply = await self._scripts.start(
-            keys=[
-                keys.job(claimed.model, claimed.job_id),
-                keys.transit(claimed.model),
-                keys.handed(claimed.model),
-            ],
-            args=[worker, claimed.job_id, HANDED_KEEP_MS],
-        )
+        keys_ = [
+            keys.job(claimed.model, claimed.job_id),
+            keys.transit(claimed.model),
+            keys.handed(claimed.model),
+        ]
+        args = [worker, claimed.job_id, HANDED_KEEP_MS]
+        if self._results is not None:  # every job runs it: the lean connection, when there is one
+            reply = await run_on(self._results, self._scripts.start, keys_, args)
+        else:
+            reply = await self._scripts.start(keys=keys_, args=args)
         if reply[0] == 1:
             return int(reply[1])
         await self._redis.xack(keys.ready(claimed.model), keys.READY_GROUP, claimed.entry_id)

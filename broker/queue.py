@@ -16,7 +16,8 @@ from broker import keys, telemetry
 from broker.errors import BrokerUnavailable, NotFound, QueueFull
 from broker.jobs import JobRecord, JobState, RequestKind, model_of, new_job_id, owner_of
 from broker.position import QueuePosition
-from broker.scripts import Scripts
+from broker.resp import RespLink
+from broker.scripts import Scripts, run_on
 from broker.settings import Settings
 
 
@@ -41,20 +42,25 @@ _ROUTES = {1: "queued", 2: "express"}  # enqueue.lua's reply -> how the job went
 
 
 class JobQueue:
-    def __init__(self, redis: Redis, settings: Settings) -> None:
+    def __init__(self, redis: Redis, settings: Settings, link: RespLink | None = None) -> None:
+        """``link``: a lean connection (``broker.resp``) for ``enqueue.lua``, which every
+        request runs; without it, redis-py's."""
         self._redis = redis
         self._settings = settings
         self._scripts = Scripts.bind(redis)
+        self._link = link
 
     async def submit(self, sub: Submission) -> str:
         """Queue a job (or send it express, see ``broker.dispatching``) and return its id;
         raises QueueFull when the user's queue is full."""
         job_id = sub.job_id or new_job_id(sub.model)
+        keys_ = self._enqueue_keys(sub, job_id)
+        args = self._enqueue_args(sub, job_id, self._settings.max_queued_per_user)
         try:
-            reply = await self._scripts.enqueue(
-                keys=self._enqueue_keys(sub, job_id),
-                args=self._enqueue_args(sub, job_id, self._settings.max_queued_per_user),
-            )
+            if self._link is not None:
+                reply = await run_on(self._link, self._scripts.enqueue, keys_, args)
+            else:
+                reply = await self._scripts.enqueue(keys=keys_, args=args)
         except RedisError as exc:
             raise BrokerUnavailable(f"could not queue the request: {exc}") from exc
         if reply[0] in _ROUTES:

@@ -12,14 +12,15 @@ feeds hiredis (the C parser redis-py uses too) and collects the replies, and one
 future per round trip ends when the last one is in.
 
 What it does: ``redis://``, ``rediss://`` (TLS, with redis-py's URL options) and
-``unix://`` URLs, ``AUTH`` and ``SELECT`` from the URL, TCP keepalive, one round
-trip at a time, each bounded by ``ROUND_TRIP_S``. RESP2 only. An error reply comes
-back in its place as a redis-py ``ResponseError`` (``NoScriptError`` for
-``NOSCRIPT``), so callers handle errors as they would with redis-py. Whatever
-breaks the connection (a reset, no answer in time, a cancelled round trip, bytes
-that are not RESP) closes it and raises a redis-py ``ConnectionError`` or
-``TimeoutError``: its replies are unknown, so it is never used again, and
-``RespLink`` opens a new one on the next call.
+``unix://`` URLs, ``AUTH`` and ``SELECT`` from the URL, TCP keepalive, round trips
+pipelined from any number of tasks (replies go back in the order asked), each
+bounded by ``ROUND_TRIP_S``. RESP2 only. An error reply comes back in its place as
+a redis-py ``ResponseError`` (``NoScriptError`` for ``NOSCRIPT``), so callers
+handle errors as they would with redis-py. Whatever breaks the connection (a
+reset, no answer in time, bytes that are not RESP) closes it and raises a
+redis-py ``ConnectionError`` or ``TimeoutError`` in every round trip on it: their
+replies are unknown, so it is never used again, and ``RespLink`` opens a new one
+on the next call.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
+from collections import deque
 from typing import Any, cast
 
 import hiredis
@@ -48,30 +50,39 @@ def _reply_error(message: str) -> ResponseError:
     return ResponseError(message)
 
 
+class _RoundTrip:
+    """Commands sent in one write, waiting for their replies."""
+
+    __slots__ = ("count", "done", "replies")
+
+    def __init__(self, done: asyncio.Future[list[Any]], count: int) -> None:
+        self.done = done
+        self.count = count
+        self.replies: list[Any] = []
+
+
 class _RespProtocol(asyncio.Protocol):
-    """One connection's bytes in and out; at most one round trip in flight."""
+    """One connection's bytes in and out. Round trips may overlap: Redis answers in the
+    order it was asked, so the replies go to the round trips in the order they were sent."""
 
     def __init__(self) -> None:
         self._reader = hiredis.Reader(replyError=_reply_error, notEnoughData=_MORE)
         self._transport: asyncio.Transport | None = None
-        self._waiter: asyncio.Future[list[Any]] | None = None
-        self._expected = 0
-        self._replies: list[Any] = []
+        self._waiting: deque[_RoundTrip] = deque()
         self.broken: BaseException | None = None
 
     def send(self, packed: bytes, count: int) -> asyncio.Future[list[Any]]:
         """Write ``count`` packed commands; the future ends with their replies."""
-        assert self._transport is not None and self._waiter is None, "one round trip at a time"
+        assert self._transport is not None
         if self.broken is not None:
             raise RedisConnectionError(f"the Redis connection is closed: {self.broken}")
-        self._waiter = asyncio.get_running_loop().create_future()
-        self._expected, self._replies = count, []
+        done: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        self._waiting.append(_RoundTrip(done, count))
         self._transport.write(packed)
-        return self._waiter
+        return done
 
-    def close(self) -> None:
-        if self.broken is None:
-            self.broken = RedisConnectionError("closed by fairq")
+    def close(self, reason: BaseException | None = None) -> None:
+        self._fail(reason or RedisConnectionError("the connection was closed by fairq"))
         if self._transport is not None:
             self._transport.abort()
 
@@ -83,25 +94,29 @@ class _RespProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._reader.feed(data)
-        replies, gets = self._replies, self._reader.gets
-        while len(replies) < self._expected:
-            try:
+        try:
+            self._hand_out(self._reader.gets)
+        except hiredis.ProtocolError as exc:
+            self._fail(RedisConnectionError(f"Redis sent bytes that are not RESP: {exc}"))
+            self.close()
+
+    def _hand_out(self, gets: Any) -> None:
+        """Every whole reply to the round trip it belongs to, oldest first."""
+        waiting = self._waiting
+        while waiting:
+            trip = waiting[0]
+            replies = trip.replies
+            while len(replies) < trip.count:
                 reply = gets()
-            except hiredis.ProtocolError as exc:
-                self._fail(RedisConnectionError(f"Redis sent bytes that are not RESP: {exc}"))
-                self.close()
-                return
-            if reply is _MORE:
-                return
-            replies.append(reply)
-        waiter = self._waiter
-        if waiter is None:  # nothing was asked: RESP2 servers send nothing unasked
+                if reply is _MORE:
+                    return
+                replies.append(reply)
+            waiting.popleft()
+            if not trip.done.done():  # a caller that gave up: its replies are dropped
+                trip.done.set_result(replies)
+        if gets() is not _MORE:  # RESP2 servers send nothing unasked
             self._fail(RedisConnectionError("Redis sent a reply nobody asked for"))
             self.close()
-            return
-        self._waiter = None
-        if not waiter.done():
-            waiter.set_result(replies)
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f": {exc}" if exc is not None else ""
@@ -110,9 +125,10 @@ class _RespProtocol(asyncio.Protocol):
 
     def _fail(self, exc: BaseException) -> None:
         self.broken = self.broken or exc
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(exc)
+        waiting, self._waiting = self._waiting, deque()
+        for trip in waiting:
+            if not trip.done.done():
+                trip.done.set_exception(exc)
 
 
 def _bulk(value: bytes) -> bytes:
@@ -179,36 +195,52 @@ def _keepalive(sock: socket.socket | None) -> None:
 
 
 class RespLink:
-    """One lean connection to Redis, opened on first use and again after any failure."""
+    """One lean connection to Redis, opened on first use and again after any failure.
+
+    Any number of tasks may use it at once: their round trips are pipelined on the one
+    connection, and each gets its own replies. A caller that is cancelled leaves the
+    connection as it is (its replies are dropped when they come), so one client that
+    goes away does not fail the calls of others. A blocking command (``XREAD BLOCK``)
+    holds up every call behind it: a link that carries one has no other caller.
+    """
 
     def __init__(self, url: str) -> None:
         self._url = url
         self._protocol: _RespProtocol | None = None
+        self._opening = asyncio.Lock()  # one connection, however many callers find none
 
     async def round_trip(
         self, packed: bytes, count: int, timeout_s: float | None = None
     ) -> list[Any]:
         """Send ``count`` packed commands in one write; their replies in order (errors
         as ``ResponseError`` values). Raises redis-py's ``ConnectionError`` or
-        ``TimeoutError`` when the connection failed (it is closed then). The round trip,
-        connecting included, is bounded by ``timeout_s`` (``ROUND_TRIP_S`` if None)."""
+        ``TimeoutError`` when the connection failed (it is closed then, and every
+        round trip on it fails). The round trip, connecting included, is bounded by
+        ``timeout_s`` (``ROUND_TRIP_S`` if None)."""
         bound_s = ROUND_TRIP_S if timeout_s is None else timeout_s
         try:
             async with asyncio.timeout(bound_s):
-                if self._protocol is None or self._protocol.broken is not None:
-                    self._protocol = await _open(self._url)
-                return await self._protocol.send(packed, count)
+                protocol = await self._connected()
+                return await protocol.send(packed, count)
         except TimeoutError:
-            self.close()
-            raise RedisTimeoutError(f"Redis did not answer within {bound_s:.1f} s") from None
+            message = f"Redis did not answer within {bound_s:.1f} s"
+            self.close(RedisTimeoutError(message))
+            raise RedisTimeoutError(message) from None
         except OSError as exc:
             self.close()
             raise RedisConnectionError(f"cannot reach Redis: {exc}") from exc
-        except BaseException:  # a cancelled round trip: its replies are left unread
-            self.close()
-            raise
 
-    def close(self) -> None:
+    async def _connected(self) -> _RespProtocol:
+        protocol = self._protocol
+        if protocol is not None and protocol.broken is None:
+            return protocol
+        async with self._opening:
+            if self._protocol is None or self._protocol.broken is not None:
+                self._protocol = await _open(self._url)
+            return self._protocol
+
+    def close(self, reason: BaseException | None = None) -> None:
+        """Drop the connection; round trips still on it fail with ``reason``."""
         if self._protocol is not None:
-            self._protocol.close()
+            self._protocol.close(reason)
             self._protocol = None

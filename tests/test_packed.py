@@ -16,6 +16,7 @@ from servers import silent_server
 from broker import resp
 from broker.packed import PackedPipeline
 from broker.resp import RespLink
+from broker.scripts import run_on
 from fairq.localredis import LocalRedis
 
 
@@ -152,10 +153,11 @@ async def test_after_a_server_restart_the_next_round_trip_reconnects() -> None:
         link.close()
 
 
-async def test_a_cancelled_round_trip_drops_its_connection(link: RespLink) -> None:
-    """Its replies would arrive later, out of step with the next command: never reuse it."""
+async def test_a_cancelled_caller_leaves_the_connection_in_step(link: RespLink) -> None:
+    """Its replies still come, in their turn, and are dropped: the next caller on the same
+    connection gets its own reply, not the cancelled caller's."""
     pipe = PackedPipeline(link)
-    pipe.execute_command("BLPOP", "nothing", "5")
+    pipe.execute_command("BLPOP", "nothing", "0.3")  # answers nil after 0.3 s
     task = asyncio.ensure_future(pipe.execute())
     await asyncio.sleep(0.05)
     task.cancel()
@@ -163,6 +165,40 @@ async def test_a_cancelled_round_trip_drops_its_connection(link: RespLink) -> No
         await task
     pipe.execute_command("PING")
     assert await asyncio.wait_for(pipe.execute(), 2) == [b"PONG"]
+
+
+async def test_concurrent_callers_each_get_their_own_replies(link: RespLink, aredis: Redis) -> None:
+    """Round trips from many tasks are pipelined on one connection."""
+
+    async def bump(n: int) -> list[object]:
+        pipe = PackedPipeline(link)
+        pipe.execute_command("SET", f"k{n}", n)
+        pipe.execute_command("INCR", f"k{n}")
+        pipe.execute_command("GET", f"k{n}")
+        return await pipe.execute()
+
+    replies = await asyncio.gather(*(bump(n) for n in range(200)))
+    assert replies == [[b"OK", n + 1, b"%d" % (n + 1)] for n in range(200)]
+    clients = await aredis.client_list()
+    assert len(clients) == 2  # the link's one connection and this check's
+
+
+async def test_a_round_trip_that_times_out_fails_every_round_trip_on_its_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(resp, "ROUND_TRIP_S", 0.3)
+    async with silent_server() as url:
+        link = RespLink(url)
+
+        async def ping(timeout_s: float) -> list[object]:
+            return await link.round_trip(b"*1\r\n$4\r\nPING\r\n", 1, timeout_s)
+
+        late = asyncio.ensure_future(ping(5.0))
+        await asyncio.sleep(0.01)
+        with pytest.raises(RedisTimeoutError, match="did not answer"):
+            await ping(0.2)
+        with pytest.raises(RedisTimeoutError, match=r"did not answer within 0\.2 s"):
+            await late  # on the same connection: it fails with it, at once
 
 
 async def test_bytes_that_are_not_resp_break_the_connection() -> None:
@@ -184,3 +220,16 @@ async def test_bytes_that_are_not_resp_break_the_connection() -> None:
         await writer.wait_closed()
     server.close()
     await server.wait_closed()
+
+
+async def test_a_script_redis_lost_is_loaded_again_and_an_error_reply_is_raised(
+    link: RespLink, aredis: Redis
+) -> None:
+    """``scripts.run_on``: what the gateway's enqueue and the worker's start go through."""
+    script = aredis.register_script("return ARGV[1] .. KEYS[1]")
+    await aredis.script_flush()  # as after a Redis restart
+    assert await run_on(link, script, ["key"], ["value-"]) == b"value-key"
+    assert await run_on(link, script, ["key"], [7]) == b"7key"  # loaded now: by SHA
+    failing = aredis.register_script("return redis.error_reply('refused on purpose')")
+    with pytest.raises(ResponseError, match="refused on purpose"):
+        await run_on(link, failing, [], [])

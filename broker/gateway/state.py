@@ -32,6 +32,7 @@ from broker.jobs import JobState
 from broker.mailbox import Mailbox
 from broker.queue import JobQueue
 from broker.redis_conn import connect, result_reader
+from broker.resp import RespLink
 from broker.results import ResultEvent
 from broker.settings import Settings
 from broker.tasks import stop_task
@@ -50,7 +51,10 @@ class Gateway:
         self.settings = settings
         self.keyring = KeyRing(settings)
         self.redis: Redis = connect(settings)
-        self.queue = JobQueue(self.redis, settings)
+        # Every request's enqueue.lua goes over one lean connection (broker.resp), pipelined
+        # with the others in flight; a cluster routes by slot and keeps redis-py's.
+        self._link = None if settings.redis_cluster else RespLink(settings.require_redis_url())
+        self.queue = JobQueue(self.redis, settings, self._link)
         self.reader = result_reader(settings, self.redis, block_s=_READER_BLOCK_S)
         self._tasks: set[asyncio.Task[None]] = set()
         self._followed: dict[str, Mailbox[ResultEvent]] = {}  # job id -> its events
@@ -92,6 +96,8 @@ class Gateway:
         if self._watch is not None:
             await stop_task(self._watch)
         await self.reader.close()
+        if self._link is not None:
+            self._link.close()
         await self.redis.aclose()
 
     async def finish(self, work: Coroutine[Any, Any, None]) -> None:
