@@ -23,6 +23,7 @@ from broker.position import QueuePosition
 from broker.queue import JobQueue, Submission
 from broker.redis_conn import connect, result_reader
 from broker.requests import check_body, engine_payload, estimate_cost, wants_usage
+from broker.resp import RespLink
 from broker.results import ResultEvent
 from broker.settings import Settings, load_settings
 
@@ -38,7 +39,10 @@ class AsyncClient:
         self._settings = settings or load_settings()
         self._principal: Principal = KeyRing(self._settings).resolve(api_key)
         self._redis: Redis = connect(self._settings)
-        self._queue = JobQueue(self._redis, self._settings)
+        # enqueue.lua over a lean connection (broker.resp), as the gateway does.
+        cluster = self._settings.redis_cluster
+        self._link = None if cluster else RespLink(self._settings.require_redis_url())
+        self._queue = JobQueue(self._redis, self._settings, self._link)
         self._reader: ResultReader | ClusterResultReader | None = None
 
     async def __aenter__(self) -> AsyncClient:
@@ -50,6 +54,8 @@ class AsyncClient:
     async def aclose(self) -> None:
         if self._reader is not None:
             await self._reader.close()
+        if self._link is not None:
+            self._link.close()
         await self._redis.aclose()
 
     async def submit(self, model: str, *, band: str | None = None, **body: Any) -> str:
