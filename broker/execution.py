@@ -187,7 +187,7 @@ class ExecutionStore:
             keys.transit(claimed.model),
             keys.handed(claimed.model),
         ]
-        args = [worker, claimed.job_id, HANDED_KEEP_MS]
+        args: list[str | int] = [worker, claimed.job_id, HANDED_KEEP_MS]
         if self._results is not None:  # every job runs it: the lean connection, when there is one
             reply = await run_on(self._results, self._scripts.start, keys_, args)
         else:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
@@ -58,7 +58,7 @@ async def run_on(
         [reply] = await pipe.execute()
         if not isinstance(reply, NoScriptError):
             break
-        pipe.execute_command("SCRIPT", "LOAD", script.script)
+        pipe.execute_command("SCRIPT", "LOAD", cast(str, script.script))  # ``source``: text
         await pipe.execute(raise_on_error=True)
     if isinstance(reply, ResponseError):
         raise reply
