@@ -99,3 +99,11 @@ def test_a_token_whose_text_mentions_the_markers_is_only_a_token() -> None:
     accounting, out = _scan_pieces([text], keep_usage=False)
     assert out == text
     assert accounting.finish_reason is None and accounting.usage is None
+
+
+def test_a_finish_reason_that_is_not_a_word_is_passed_on_not_noted() -> None:
+    odd = b'data: {"choices":[{"delta":{},"finish_reason":"42"}]}\n\n'
+    accounting, out = _scan_pieces([odd + LAST], keep_usage=False)
+    assert out == odd + LAST and accounting.finish_reason == "length"
+    accounting, out = _scan_pieces([odd], keep_usage=False)
+    assert out == odd and accounting.finish_reason is None and accounting.failure is None

@@ -76,8 +76,9 @@ class Accounting:
 
     def _note_end(self, events: bytes, keep_usage: bool) -> bytes:
         """Note the finish reason and usage; the events without a usage chunk unless kept."""
-        if _FINISH_MARK in events:  # a byte search first: the pattern is rarely there
-            self.finish_reason = _FINISH.findall(events)[-1].decode()
+        found = _FINISH.findall(events) if _FINISH_MARK in events else None  # search first
+        if found:
+            self.finish_reason = found[-1].decode()
         if _USAGE_MARK in events:
             events = self._take_usage(events, keep_usage)
         return events
