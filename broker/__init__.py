@@ -35,8 +35,7 @@ from broker.execution import Claimed, ExecutionStore, Outcome
 from broker.jobs import JobRecord, JobState, RequestKind
 from broker.ownership import OwnershipStore
 from broker.queue import JobQueue, Submission
-from broker.redis_conn import connect, connect_blocking
-from broker.resp import RespLink
+from broker.redis_conn import connect, connect_blocking, lean_link
 from broker.results import ResultEvent, ResultReader
 from broker.serving import QuietSignalServer, quiet_config
 from broker.settings import ApiKeyConfig, ModelConfig, Settings, load_settings
@@ -86,7 +85,6 @@ __all__ = [
     "QueueFull",
     "QuietSignalServer",
     "RequestKind",
-    "RespLink",
     "ResultEvent",
     "ResultReader",
     "Settings",
@@ -101,6 +99,7 @@ __all__ = [
     "express_send",
     "hash_key",
     "keys",
+    "lean_link",
     "load_settings",
     "parse_wake",
     "publish_status",

@@ -21,9 +21,8 @@ from broker.errors import JobFailed, UnknownModel
 from broker.jobs import JobRecord, JobState, RequestKind, new_job_id
 from broker.position import QueuePosition
 from broker.queue import JobQueue, Submission
-from broker.redis_conn import connect, result_reader
+from broker.redis_conn import connect, lean_link, result_reader
 from broker.requests import check_body, engine_payload, estimate_cost, wants_usage
-from broker.resp import RespLink
 from broker.results import ResultEvent
 from broker.settings import Settings, load_settings
 
@@ -39,9 +38,7 @@ class AsyncClient:
         self._settings = settings or load_settings()
         self._principal: Principal = KeyRing(self._settings).resolve(api_key)
         self._redis: Redis = connect(self._settings)
-        # enqueue.lua over a lean connection (broker.resp), as the gateway does.
-        cluster = self._settings.redis_cluster
-        self._link = None if cluster else RespLink(self._settings.require_redis_url())
+        self._link = lean_link(self._settings)  # enqueue.lua, as the gateway does
         self._queue = JobQueue(self._redis, self._settings, self._link)
         self._reader: ResultReader | ClusterResultReader | None = None
 

@@ -47,7 +47,7 @@ from broker.jobs import JobState, RequestKind
 from broker.packed import PackedPipeline
 from broker.resp import RespLink
 from broker.results import BODY_FIELD, CHUNK_FIELD
-from broker.scripts import Scripts, run_on, source
+from broker.scripts import Scripts, run_script, source
 from broker.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -188,10 +188,8 @@ class ExecutionStore:
             keys.handed(claimed.model),
         ]
         args: list[str | int] = [worker, claimed.job_id, HANDED_KEEP_MS]
-        if self._results is not None:  # every job runs it: the lean connection, when there is one
-            reply = await run_on(self._results, self._scripts.start, keys_, args)
-        else:
-            reply = await self._scripts.start(keys=keys_, args=args)
+        # Every job runs it: on the lean connection, when there is one.
+        reply = await run_script(self._scripts.start, keys_, args, self._results)
         if reply[0] == 1:
             return int(reply[1])
         await self._redis.xack(keys.ready(claimed.model), keys.READY_GROUP, claimed.entry_id)

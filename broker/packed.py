@@ -9,10 +9,10 @@ lean connection of its own (``broker.resp``), which hands back every reply as
 Redis sent it.
 
 An error reply comes back in its place as its exception, as with redis-py's
-``execute(raise_on_error=False)``; a connection error, a round trip past
-``resp.ROUND_TRIP_S`` or a cancellation drops the connection (its replies are
-unread) and propagates. It needs a single Redis server: a cluster client routes
-commands by slot and keeps redis-py's pipeline.
+``execute(raise_on_error=False)``; a connection error or a round trip past
+``resp.ROUND_TRIP_S`` drops the connection and propagates (``broker.resp``). It
+needs a single Redis server: a cluster client routes commands by slot and keeps
+redis-py's pipeline.
 """
 
 from __future__ import annotations
@@ -21,20 +21,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from broker.resp import RespLink
-
-Arg = bytes | str | int | float
-
-
-def bulk(value: Arg) -> bytes:
-    """One argument in RESP, encoded as redis-py encodes it."""
-    if isinstance(value, str):
-        value = value.encode()
-    elif isinstance(value, int):
-        value = b"%d" % value
-    elif isinstance(value, float):
-        value = repr(value).encode()  # as redis-py encodes a float
-    return b"$%d\r\n%s\r\n" % (len(value), value)
+from broker.resp import Arg, RespLink, pack
 
 
 class PackedPipeline:
@@ -49,8 +36,7 @@ class PackedPipeline:
         return self._count
 
     def execute_command(self, *args: Arg) -> None:
-        self._parts.append(b"*%d\r\n" % len(args))
-        self._parts.extend(map(bulk, args))
+        self._parts.append(pack(*args))
         self._count += 1
 
     def xadd(self, name: str | bytes, fields: dict[bytes, bytes], id: bytes) -> None:

@@ -17,7 +17,7 @@ from broker.errors import BrokerUnavailable, NotFound, QueueFull
 from broker.jobs import JobRecord, JobState, RequestKind, model_of, new_job_id, owner_of
 from broker.position import QueuePosition
 from broker.resp import RespLink
-from broker.scripts import Scripts, run_on
+from broker.scripts import Scripts, run_script
 from broker.settings import Settings
 
 
@@ -57,10 +57,7 @@ class JobQueue:
         keys_ = self._enqueue_keys(sub, job_id)
         args = self._enqueue_args(sub, job_id, self._settings.max_queued_per_user)
         try:
-            if self._link is not None:
-                reply = await run_on(self._link, self._scripts.enqueue, keys_, args)
-            else:
-                reply = await self._scripts.enqueue(keys=keys_, args=args)
+            reply = await run_script(self._scripts.enqueue, keys_, args, self._link)
         except RedisError as exc:
             raise BrokerUnavailable(f"could not queue the request: {exc}") from exc
         if reply[0] in _ROUTES:

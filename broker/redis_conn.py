@@ -55,6 +55,13 @@ def connect(settings: Settings) -> Redis:
     return Redis.from_pool(pool)  # the client owns the pool and closes it
 
 
+def lean_link(settings: Settings) -> RespLink | None:
+    """The process's lean connection (``broker.resp``) for the calls made per token or per
+    request: the result writer's flushes, ``enqueue.lua``, ``start.lua``. None on a
+    cluster, whose client routes each command by slot (redis-py's stays in use there)."""
+    return None if settings.redis_cluster else RespLink(settings.require_redis_url())
+
+
 def connect_blocking(settings: Settings, block_s: float) -> Redis:
     """A one-connection client for a long blocking read loop (see ``plain_blocking``).
 

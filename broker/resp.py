@@ -131,13 +131,23 @@ class _RespProtocol(asyncio.Protocol):
                 trip.done.set_exception(exc)
 
 
-def _bulk(value: bytes) -> bytes:
+Arg = bytes | str | int | float
+
+
+def bulk(value: Arg) -> bytes:
+    """One argument in RESP, encoded as redis-py encodes it."""
+    if isinstance(value, str):
+        value = value.encode()
+    elif isinstance(value, int):
+        value = b"%d" % value
+    elif isinstance(value, float):
+        value = repr(value).encode()  # as redis-py encodes a float
     return b"$%d\r\n%s\r\n" % (len(value), value)
 
 
-def pack(*args: bytes) -> bytes:
-    """One command in RESP (arguments already bytes)."""
-    return b"*%d\r\n" % len(args) + b"".join(map(_bulk, args))
+def pack(*args: Arg) -> bytes:
+    """One command in RESP."""
+    return b"*%d\r\n" % len(args) + b"".join(map(bulk, args))
 
 
 async def _open(url: str) -> _RespProtocol:
@@ -156,9 +166,9 @@ async def _open(url: str) -> _RespProtocol:
     handshake = []
     if options.get("password"):
         auth = [options["username"]] if options.get("username") else []
-        handshake.append(pack(b"AUTH", *(v.encode() for v in [*auth, options["password"]])))
+        handshake.append(pack("AUTH", *auth, options["password"]))
     if options.get("db"):
-        handshake.append(pack(b"SELECT", b"%d" % int(options["db"])))
+        handshake.append(pack("SELECT", int(options["db"])))
     try:
         replies = await protocol.send(b"".join(handshake), len(handshake)) if handshake else []
     except BaseException:  # timed out or cancelled: the caller never gets this connection

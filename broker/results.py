@@ -46,7 +46,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from broker import keys
 from broker.jobs import JobState
 from broker.mailbox import Mailbox
-from broker.resp import RespLink
+from broker.resp import RespLink, bulk
 from broker.tasks import stop_task
 
 log = logging.getLogger(__name__)
@@ -88,11 +88,6 @@ class ResultEvent(NamedTuple):
         return cls.parse(entry_id, dict(zip(flat[::2], flat[1::2], strict=True)))
 
 
-def _bulk(value: bytes) -> bytes:
-    """One argument of a command in RESP, as redis-py would pack it."""
-    return b"$%d\r\n%s\r\n" % (len(value), value)
-
-
 @dataclass(slots=True)
 class _Follower:
     mailbox: Mailbox[ResultEvent]
@@ -126,8 +121,8 @@ class ResultReader:
         self._blocking = blocking  # its own lean connection (``broker.resp``): the blocking read
         self._control = control  # shared pool: rings the bell, nothing else
         self._bell = bell.encode()
-        self._bell_arg = _bulk(self._bell)
-        self._bell_seen = _bulk(b"0-0")  # the last bell entry read (packed)
+        self._bell_arg = bulk(self._bell)
+        self._bell_seen = bulk(b"0-0")  # the last bell entry read (packed)
         self._rung = False  # a bell entry is on its way for the read in flight
         self._block_ms = block_ms
         # The connection has no socket time-out: each read, its connection set-up included,
@@ -138,7 +133,7 @@ class ResultReader:
         # The XREAD's arguments, packed: per stream its key and the position to read after.
         self._key_args: dict[bytes, bytes] = {}
         self._id_args: dict[bytes, bytes] = {}
-        self._head = b"".join(_bulk(a) for a in (b"XREAD", b"COUNT", b"%d" % count, b"BLOCK",
+        self._head = b"".join(bulk(a) for a in (b"XREAD", b"COUNT", b"%d" % count, b"BLOCK",
                                                  b"%d" % block_ms, b"STREAMS"))  # fmt: skip
         self._reading = False  # a read is in flight (sent, its reply not yet taken)
         self._changed = asyncio.Event()
@@ -238,8 +233,8 @@ class ResultReader:
         else:
             after = min((f.last_id for f in followers), key=entry_order)
         if key not in self._key_args:
-            self._key_args[key] = _bulk(key)
-        self._id_args[key] = _bulk(after)
+            self._key_args[key] = bulk(key)
+        self._id_args[key] = bulk(after)
 
     def _command(self) -> bytes:
         n = len(self._key_args) + 1  # and the bell
@@ -273,23 +268,22 @@ class ResultReader:
             return
         for key, entries in await self._xread():
             if key == self._bell:
-                self._bell_seen = _bulk(entries[-1][0])
+                self._bell_seen = bulk(entries[-1][0])
                 continue
             followers = self._followers.get(key)
             if not followers:
                 continue
-            if len(followers) == 1:  # the usual case: no id comparisons, one position
+            if len(followers) == 1:  # the usual case: no id comparisons
                 follower = followers[0]
                 put = follower.mailbox.put_nowait
                 for entry_id, fields in entries:
                     put(ResultEvent.from_reply(entry_id, fields))
-                follower.last_id = last = entries[-1][0]
-                self._id_args[key] = _bulk(last)  # what _moved does for a single follower
-                continue
-            for entry_id, fields in entries:
-                event, order = ResultEvent.from_reply(entry_id, fields), entry_order(entry_id)
-                for follower in followers:
-                    if order > entry_order(follower.last_id):
-                        follower.last_id = entry_id
-                        follower.mailbox.put_nowait(event)
+                follower.last_id = entries[-1][0]
+            else:
+                for entry_id, fields in entries:
+                    event, order = ResultEvent.from_reply(entry_id, fields), entry_order(entry_id)
+                    for follower in followers:
+                        if order > entry_order(follower.last_id):
+                            follower.last_id = entry_id
+                            follower.mailbox.put_nowait(event)
             self._moved(key)

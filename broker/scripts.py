@@ -1,7 +1,7 @@
 """Loads the Lua scripts of ``broker/lua/`` and binds them to a Redis client.
 
 Each script is registered once per client; redis-py then calls it by SHA and
-reloads it transparently after a Redis restart (NOSCRIPT). ``run_on`` calls one
+reloads it transparently after a Redis restart (NOSCRIPT). ``run_script`` calls one
 over a lean connection (``broker.resp``) the same way, for the scripts every
 request runs.
 """
@@ -18,8 +18,8 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
-from broker.packed import Arg, PackedPipeline
-from broker.resp import RespLink
+from broker.packed import PackedPipeline
+from broker.resp import Arg, RespLink
 
 
 @cache
@@ -47,11 +47,14 @@ class Scripts:
         )
 
 
-async def run_on(
-    link: RespLink, script: AsyncScript, keys: Sequence[Arg], args: Sequence[Arg]
+async def run_script(
+    script: AsyncScript, keys: Sequence[str], args: Sequence[Arg], link: RespLink | None
 ) -> Any:
-    """``script``'s reply, called by SHA over ``link``; loaded first if Redis lost it (a
-    restart), as redis-py does. An error reply is raised, as redis-py raises it."""
+    """``script``'s reply: over ``link`` when there is one (by SHA, loaded first if Redis
+    lost it after a restart, as redis-py does), else through redis-py. An error reply is
+    raised, as redis-py raises it."""
+    if link is None:
+        return await script(keys=keys, args=args)
     for _ in range(2):
         pipe = PackedPipeline(link)
         pipe.evalsha(script.sha, len(keys), *keys, *args)

@@ -34,8 +34,8 @@ from broker import (
     JobState,
     ModelConfig,
     Outcome,
-    RespLink,
     Settings,
+    lean_link,
     stop_task,
 )
 from broker.cluster import SlotConnections, slot_groups
@@ -74,8 +74,7 @@ class Worker:
         self._blocking = blocking  # dedicated connection for XREADGROUP BLOCK
         self._models = [m.name for m in (models if models is not None else settings.models)]
         self._concurrency = concurrency or settings.worker_concurrency
-        # The result writer's own lean connection (single server; a cluster routes by slot).
-        self._results = None if settings.redis_cluster else RespLink(settings.require_redis_url())
+        self._results = lean_link(settings)  # the result writer's flushes and start.lua
         self._store = ExecutionStore(redis, settings, self._results)
         self._writer = ResultWriter(self._store, settings.stream_linger_ms)
         self._cancels = CancelListener(redis, self._store.cancel_channels(self._models))

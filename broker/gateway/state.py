@@ -31,8 +31,7 @@ from broker.gateway.restarts import RestartWatch
 from broker.jobs import JobState
 from broker.mailbox import Mailbox
 from broker.queue import JobQueue
-from broker.redis_conn import connect, result_reader
-from broker.resp import RespLink
+from broker.redis_conn import connect, lean_link, result_reader
 from broker.results import ResultEvent
 from broker.settings import Settings
 from broker.tasks import stop_task
@@ -51,9 +50,8 @@ class Gateway:
         self.settings = settings
         self.keyring = KeyRing(settings)
         self.redis: Redis = connect(settings)
-        # Every request's enqueue.lua goes over one lean connection (broker.resp), pipelined
-        # with the others in flight; a cluster routes by slot and keeps redis-py's.
-        self._link = None if settings.redis_cluster else RespLink(settings.require_redis_url())
+        # Every request's enqueue.lua, pipelined with the others in flight (broker.resp).
+        self._link = lean_link(settings)
         self.queue = JobQueue(self.redis, settings, self._link)
         self.reader = result_reader(settings, self.redis, block_s=_READER_BLOCK_S)
         self._tasks: set[asyncio.Task[None]] = set()
