@@ -2,9 +2,16 @@
 
 Tokens arrive far faster than Redis needs to see them. The writer buffers the
 chunks of all jobs and flushes them together: one round trip per flush, one
-``XADD`` per job per flush holding all its new events. A flush waits at most
-``linger_ms`` after the first buffered chunk, except that a job's first chunk
-and a job's end are flushed at once (time to first token is never held back).
+``XADD`` per job per flush holding all its new events. Flushes are at least
+``linger_ms`` apart: a chunk that comes after a quiet spell goes out at once
+(with whatever else arrived in the same wake-up of the event loop), and the
+chunks that follow it wait for the rest of the interval. A job's first chunk and
+a job's end never wait (time to first token is never held back).
+
+Why an interval rather than a delay after the first chunk: at low load each
+token would otherwise cost the worker a timer wake-up of its own and up to
+``linger_ms`` of added delay, for nothing to share the write with; under load
+the two give the same number of flushes.
 
 Order within a job is preserved: its chunks, then its end (``complete.lua``),
 which therefore always lands after the last chunk. A failed flush is retried,
@@ -48,10 +55,11 @@ class ResultWriter:
         self._linger_s = linger_ms / 1000
         self._pending: dict[str, _JobBuffer] = {}
         self._seq: dict[str, int] = {}  # job id -> last result entry seq written
-        # What ``run`` waits for: anything buffered; something to flush without lingering.
+        # What ``run`` waits for: anything buffered; something to flush without waiting.
         self._has_data = False
         self._urgent = False
         self._wake: asyncio.Future[None] | None = None
+        self._last_flush = float("-inf")  # loop time the last flush began
         self._loop: asyncio.AbstractEventLoop | None = None  # looked up once (getpid on 3.11)
         self.flushes = 0
 
@@ -62,7 +70,7 @@ class ResultWriter:
         return buf
 
     def chunk(self, job: Claimed, data: bytes, *, first: bool = False) -> None:
-        """Buffer SSE events of a job; ``first`` flushes without lingering."""
+        """Buffer SSE events of a job; ``first`` flushes without waiting for the interval."""
         self._buffer(job).chunks.append(data)
         self._signal(urgent=first)
 
@@ -93,7 +101,8 @@ class ResultWriter:
             buf.done.set_result(False)
 
     def _signal(self, *, urgent: bool) -> None:
-        """Wake ``run`` when it waits for data, or, if ``urgent``, while it lingers."""
+        """Wake ``run`` when it waits for data, or, if ``urgent``, while it waits out the
+        interval between flushes."""
         self._urgent = self._urgent or urgent
         wake = self._wake
         if wake is not None and (urgent or not self._has_data) and not wake.done():
@@ -106,8 +115,11 @@ class ResultWriter:
         while True:
             if not self._has_data:
                 await self._sleep(None)
-            if not self._urgent and self._linger_s > 0:
-                await self._sleep(self._linger_s)
+            if not self._urgent:
+                wait_s = self._last_flush + self._linger_s - self._loop.time()
+                if wait_s > 0:
+                    await self._sleep(wait_s)
+            self._last_flush = self._loop.time()
             await self._flush()
 
     async def _sleep(self, timeout_s: float | None) -> None:

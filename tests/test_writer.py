@@ -1,0 +1,94 @@
+"""The worker's result writer: when it flushes, and what lands in the result stream.
+
+Against the session's real Redis. The interval here is long (30 s), so "it did
+not flush yet" and "it flushed without waiting for the interval" cannot be a
+matter of timing: the waits asserted on are a hundred times shorter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from broker import Claimed, ExecutionStore, Outcome, keys
+from broker.jobs import JobState
+from broker.requests import RequestKind
+from broker.settings import Settings
+from workers.writer import ResultWriter
+
+MODEL = "m"
+LONG_MS = 30_000.0
+
+
+def _job(n: int) -> Claimed:
+    return Claimed(
+        MODEL, b"1-0", f"bQ.w{n}", b"{}", RequestKind.CHAT, "1", "http://e:1", "default", "u"
+    )
+
+
+@pytest.fixture
+async def writer(aredis: Redis, redis_url: str) -> AsyncIterator[ResultWriter]:
+    settings = Settings(redis_url=redis_url, models=[{"name": MODEL, "endpoints": ["http://e:1"]}])  # type: ignore[list-item]
+    store = ExecutionStore(aredis, settings)
+    await store.load_scripts()
+    w = ResultWriter(store, LONG_MS)
+    task = asyncio.create_task(w.run())
+    yield w
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def _flushes_reach(w: ResultWriter, n: int) -> None:
+    async with asyncio.timeout(5):
+        while w.flushes < n:
+            await asyncio.sleep(0.005)
+
+
+async def _chunks(redis: Redis, job: Claimed) -> list[bytes]:
+    entries = await redis.xrange(keys.results(MODEL, job.job_id))
+    return [fields[b"d"] for _, fields in entries if b"d" in fields]
+
+
+async def test_a_chunk_after_a_quiet_spell_is_written_without_waiting(
+    writer: ResultWriter, aredis: Redis
+) -> None:
+    job = _job(1)
+    writer.chunk(job, b"data: 1\n\n")  # the writer has never flushed: no interval to wait
+    await _flushes_reach(writer, 1)
+    assert await _chunks(aredis, job) == [b"data: 1\n\n"]
+
+
+async def test_chunks_that_follow_a_flush_wait_for_the_interval_and_share_one_write(
+    writer: ResultWriter, aredis: Redis
+) -> None:
+    first, second = _job(1), _job(2)
+    writer.chunk(first, b"data: a\n\n")
+    await _flushes_reach(writer, 1)
+    writer.chunk(first, b"data: b\n\n")
+    writer.chunk(second, b"data: x\n\n")
+    writer.chunk(first, b"data: c\n\n")
+    await asyncio.sleep(0.3)
+    assert writer.flushes == 1  # within the interval: buffered, not written
+    assert await _chunks(aredis, first) == [b"data: a\n\n"]
+    writer.chunk(second, b"data: y\n\n", first=True)  # urgent: goes now, with the rest
+    await _flushes_reach(writer, 2)
+    assert await _chunks(aredis, first) == [b"data: a\n\n", b"data: b\n\ndata: c\n\n"]
+    assert await _chunks(aredis, second) == [b"data: x\n\ndata: y\n\n"]
+
+
+async def test_an_end_is_written_at_once_after_its_jobs_last_chunks(
+    writer: ResultWriter, aredis: Redis
+) -> None:
+    job = _job(1)
+    writer.chunk(job, b"data: a\n\n")
+    await _flushes_reach(writer, 1)
+    writer.chunk(job, b"data: b\n\n")
+    # The job is not in Redis (never queued): complete.lua ends nothing and says so.
+    ended = await asyncio.wait_for(writer.finish(job, Outcome(JobState.COMPLETED)), 5)
+    assert ended is False
+    assert writer.flushes == 2
+    assert await _chunks(aredis, job) == [b"data: a\n\n", b"data: b\n\n"]
