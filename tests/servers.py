@@ -19,11 +19,22 @@ START_STOP_S = 10.0
 @contextlib.contextmanager
 def uvicorn_thread(app: Any, *, lifespan: str = "on") -> Iterator[str]:
     """``app`` served on a free loopback port; yields its base URL, stops it after."""
+    sock = free_socket()
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan=lifespan)
+    with running(uvicorn.Server(config), sock):
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def free_socket() -> socket.socket:
+    """A socket bound to a free loopback port."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan=lifespan)
-    server = uvicorn.Server(config)
+    return sock
+
+
+@contextlib.contextmanager
+def running(server: uvicorn.Server, sock: socket.socket) -> Iterator[threading.Thread]:
+    """``server`` on ``sock`` in a thread, started; stopped (and ``sock`` closed) after."""
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + START_STOP_S
@@ -31,7 +42,7 @@ def uvicorn_thread(app: Any, *, lifespan: str = "on") -> Iterator[str]:
         assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
         time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield thread
     finally:
         server.should_exit = True
         thread.join(START_STOP_S)

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import signal
-import socket
-import threading
-import time
 
 import httpx
 import pytest
+from servers import START_STOP_S, free_socket, running
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from broker import serving
-
-STOP_S = 10.0
 
 
 async def _hello(_: object) -> PlainTextResponse:
@@ -27,22 +23,13 @@ def test_a_stop_signal_ends_the_server_without_waiting_for_its_tick(
 ) -> None:
     # An hour between ticks: a server that waited for its next tick would not stop in time.
     monkeypatch.setattr(serving, "TICK_S", 3600.0)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock = free_socket()
     port = sock.getsockname()[1]
     app = Starlette(routes=[Route("/", _hello)])
     server = serving.QuietSignalServer(serving.quiet_config(app, "127.0.0.1", port, 1.0))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + STOP_S
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
-    try:
-        reply = httpx.get(f"http://127.0.0.1:{port}/", timeout=STOP_S)
+    with running(server, sock) as thread:
+        reply = httpx.get(f"http://127.0.0.1:{port}/", timeout=START_STOP_S)
         assert reply.text == "hello" and "date" in reply.headers
         server.handle_exit(signal.SIGTERM, None)  # what the signal handler calls
-        thread.join(STOP_S)
+        thread.join(START_STOP_S)
         assert not thread.is_alive(), "the server waited for its tick to see the signal"
-    finally:
-        sock.close()
