@@ -161,7 +161,7 @@ class Settings(BaseSettings):
     unhealthy_after_failures: int = Field(default=2, ge=1)
     worker_concurrency: int = Field(default=64, ge=1)
     worker_drain_timeout_s: float = Field(default=30.0, ge=0)
-    # Least time between two flushes of a worker's result writer (workers/writer.py).
+    # Longest a streamed chunk waits to share a Redis write with other jobs' (workers/writer.py).
     stream_linger_ms: float = Field(default=2.0, ge=0)
     # Net allocations between young garbage collections in the long-running processes
     # (broker/heap.py); 0 keeps CPython's defaults (700, and nothing frozen).

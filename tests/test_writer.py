@@ -1,8 +1,8 @@
 """The worker's result writer: when it flushes, and what lands in the result stream.
 
-Against the session's real Redis. The interval here is long (30 s), so "it did
-not flush yet" and "it flushed without waiting for the interval" cannot be a
-matter of timing: the waits asserted on are a hundred times shorter.
+Against the session's real Redis. The linger here is long (30 s), so "it did not
+flush yet" and "it flushed without lingering" cannot be a matter of timing: the
+waits asserted on are a hundred times shorter.
 """
 
 from __future__ import annotations
@@ -53,40 +53,44 @@ async def _chunks(redis: Redis, job: Claimed) -> list[bytes]:
     return [fields[b"d"] for _, fields in entries if b"d" in fields]
 
 
-async def test_a_chunk_after_a_quiet_spell_is_written_without_waiting(
+async def test_a_job_streaming_alone_is_written_without_lingering(
     writer: ResultWriter, aredis: Redis
 ) -> None:
     job = _job(1)
-    writer.chunk(job, b"data: 1\n\n")  # the writer has never flushed: no interval to wait
+    writer.chunk(job, b"data: 1\n\n", first=True)
     await _flushes_reach(writer, 1)
-    assert await _chunks(aredis, job) == [b"data: 1\n\n"]
+    writer.chunk(job, b"data: 2\n\n")  # nothing to share a write with: no 30 s wait
+    await _flushes_reach(writer, 2)
+    assert await _chunks(aredis, job) == [b"data: 1\n\n", b"data: 2\n\n"]
 
 
-async def test_chunks_that_follow_a_flush_wait_for_the_interval_and_share_one_write(
+async def test_while_others_stream_chunks_linger_and_share_one_write(
     writer: ResultWriter, aredis: Redis
 ) -> None:
     first, second = _job(1), _job(2)
-    writer.chunk(first, b"data: a\n\n")
+    writer.chunk(first, b"data: a\n\n", first=True)
+    writer.chunk(second, b"data: x\n\n", first=True)
     await _flushes_reach(writer, 1)
     writer.chunk(first, b"data: b\n\n")
-    writer.chunk(second, b"data: x\n\n")
+    writer.chunk(second, b"data: y\n\n")
     writer.chunk(first, b"data: c\n\n")
     await asyncio.sleep(0.3)
-    assert writer.flushes == 1  # within the interval: buffered, not written
+    assert writer.flushes == 1  # lingering: buffered, not written
     assert await _chunks(aredis, first) == [b"data: a\n\n"]
-    writer.chunk(second, b"data: y\n\n", first=True)  # urgent: goes now, with the rest
+    writer.mark_started(second)  # urgent: the write goes now, with everything buffered
     await _flushes_reach(writer, 2)
     assert await _chunks(aredis, first) == [b"data: a\n\n", b"data: b\n\ndata: c\n\n"]
-    assert await _chunks(aredis, second) == [b"data: x\n\ndata: y\n\n"]
+    assert await _chunks(aredis, second) == [b"data: x\n\n", b"data: y\n\n"]
 
 
 async def test_an_end_is_written_at_once_after_its_jobs_last_chunks(
     writer: ResultWriter, aredis: Redis
 ) -> None:
-    job = _job(1)
-    writer.chunk(job, b"data: a\n\n")
+    job, other = _job(1), _job(2)
+    writer.chunk(job, b"data: a\n\n", first=True)
+    writer.chunk(other, b"data: x\n\n", first=True)
     await _flushes_reach(writer, 1)
-    writer.chunk(job, b"data: b\n\n")
+    writer.chunk(job, b"data: b\n\n")  # lingers (another job streams) until the end comes
     # The job is not in Redis (never queued): complete.lua ends nothing and says so.
     ended = await asyncio.wait_for(writer.finish(job, Outcome(JobState.COMPLETED)), 5)
     assert ended is False

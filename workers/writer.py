@@ -2,16 +2,12 @@
 
 Tokens arrive far faster than Redis needs to see them. The writer buffers the
 chunks of all jobs and flushes them together: one round trip per flush, one
-``XADD`` per job per flush holding all its new events. Flushes are at least
-``linger_ms`` apart: a chunk that comes after a quiet spell goes out at once
-(with whatever else arrived in the same wake-up of the event loop), and the
-chunks that follow it wait for the rest of the interval. A job's first chunk and
-a job's end never wait (time to first token is never held back).
-
-Why an interval rather than a delay after the first chunk: at low load each
-token would otherwise cost the worker a timer wake-up of its own and up to
-``linger_ms`` of added delay, for nothing to share the write with; under load
-the two give the same number of flushes.
+``XADD`` per job per flush holding all its new events. While other jobs stream
+too, a flush waits at most ``linger_ms`` after the first buffered chunk, so that
+their chunks share the write. A job streaming alone is written at once, at the
+end of the event loop's pass: nothing would share its write, and the wait would
+cost a timer wake-up per token and add up to ``linger_ms`` to each. A job's first
+chunk and a job's end never wait (time to first token is never held back).
 
 Order within a job is preserved: its chunks, then its end (``complete.lua``),
 which therefore always lands after the last chunk. A failed flush is retried,
@@ -55,11 +51,10 @@ class ResultWriter:
         self._linger_s = linger_ms / 1000
         self._pending: dict[str, _JobBuffer] = {}
         self._seq: dict[str, int] = {}  # job id -> last result entry seq written
-        # What ``run`` waits for: anything buffered; something to flush without waiting.
+        # What ``run`` waits for: anything buffered; something to flush without lingering.
         self._has_data = False
         self._urgent = False
         self._wake: asyncio.Future[None] | None = None
-        self._last_flush = float("-inf")  # loop time the last flush began
         self._loop: asyncio.AbstractEventLoop | None = None  # looked up once (getpid on 3.11)
         self.flushes = 0
 
@@ -70,7 +65,7 @@ class ResultWriter:
         return buf
 
     def chunk(self, job: Claimed, data: bytes, *, first: bool = False) -> None:
-        """Buffer SSE events of a job; ``first`` flushes without waiting for the interval."""
+        """Buffer SSE events of a job; ``first`` flushes without lingering."""
         self._buffer(job).chunks.append(data)
         self._signal(urgent=first)
 
@@ -101,8 +96,7 @@ class ResultWriter:
             buf.done.set_result(False)
 
     def _signal(self, *, urgent: bool) -> None:
-        """Wake ``run`` when it waits for data, or, if ``urgent``, while it waits out the
-        interval between flushes."""
+        """Wake ``run`` when it waits for data, or, if ``urgent``, while it lingers."""
         self._urgent = self._urgent or urgent
         wake = self._wake
         if wake is not None and (urgent or not self._has_data) and not wake.done():
@@ -115,12 +109,13 @@ class ResultWriter:
         while True:
             if not self._has_data:
                 await self._sleep(None)
-            if not self._urgent:
-                wait_s = self._last_flush + self._linger_s - self._loop.time()
-                if wait_s > 0:
-                    await self._sleep(wait_s)
-            self._last_flush = self._loop.time()
+            if not self._urgent and self._linger_s > 0 and self._others_stream():
+                await self._sleep(self._linger_s)
             await self._flush()
+
+    def _others_stream(self) -> bool:
+        """More than one job has written output and not ended: a flush may be shared."""
+        return len(self._seq) > 1
 
     async def _sleep(self, timeout_s: float | None) -> None:
         """Until ``_signal`` wakes it (see there), or ``timeout_s`` passed."""
