@@ -90,7 +90,7 @@ class AsyncClient:
         """The job's raw result events, resumable from the start, until its end."""
         job = await self.status(job_id)  # ownership check before reading anything
         if self._reader is None:
-            self._reader = result_reader(self._settings, self._redis, 2.0)
+            self._reader = result_reader(self._settings, self._redis, 2.0, self._link)
             self._reader.start()
         async for event in self._reader.events(job.model, job_id):
             if event.end is not None and event.end is not JobState.COMPLETED:

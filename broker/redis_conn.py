@@ -91,10 +91,11 @@ def plain_blocking(url: str, block_s: float) -> Redis:
 
 
 def result_reader(
-    settings: Settings, redis: Redis, block_s: float
+    settings: Settings, redis: Redis, block_s: float, link: RespLink | None = None
 ) -> ResultReader | ClusterResultReader:
     """The process's one reader of result streams; ``redis`` is its shared client
-    (``connect``), used to ring the reader's bell stream."""
+    (``connect``), and ``link`` its shared lean connection (``lean_link``), if any: the
+    reader rings its bell stream over the one, else the other."""
     if settings.redis_cluster:
         from broker.cluster import ClusterResultReader
 
@@ -104,4 +105,5 @@ def result_reader(
         redis,
         bell=keys.reader_bell(uuid.uuid4().hex),
         block_ms=int(block_s * 1000),
+        ring_link=link,
     )

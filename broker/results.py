@@ -46,7 +46,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from broker import keys
 from broker.jobs import JobState
 from broker.mailbox import Mailbox
-from broker.resp import RespLink, bulk
+from broker.resp import RespLink, bulk, pack
 from broker.tasks import stop_task
 
 log = logging.getLogger(__name__)
@@ -116,11 +116,22 @@ class ResultReader:
     """Follows many result streams with one blocking XREAD loop (start once per process)."""
 
     def __init__(
-        self, blocking: RespLink, control: Redis, bell: str, block_ms: int = 2000, count: int = 512
+        self,
+        blocking: RespLink,
+        control: Redis,
+        bell: str,
+        block_ms: int = 2000,
+        count: int = 512,
+        *,
+        ring_link: RespLink | None = None,
     ) -> None:
         self._blocking = blocking  # its own lean connection (``broker.resp``): the blocking read
         self._control = control  # shared pool: rings the bell, nothing else
+        # The process's shared lean connection, if it has one: a bell per new stream is a
+        # call per request, cheaper there than through redis-py.
+        self._ring_link = ring_link
         self._bell = bell.encode()
+        self._ring_command = pack(b"XADD", self._bell, b"MAXLEN", b"~", b"16", b"*", b"r", b"")
         self._bell_arg = bulk(self._bell)
         self._bell_seen = bulk(b"0-0")  # the last bell entry read (packed)
         self._rung = False  # a bell entry is on its way for the read in flight
@@ -198,12 +209,20 @@ class ResultReader:
         backoff = 0.05
         while self._rung:  # cleared once a new read is issued: that read has the key
             try:
-                await self._control.xadd(self._bell, {b"r": b""}, maxlen=16, approximate=True)
+                await self._ring_once()
                 return
             except RedisError as exc:
                 log.warning("result reader bell failed (%s); retry in %.2fs", _said(exc), backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
+
+    async def _ring_once(self) -> None:
+        if self._ring_link is None:
+            await self._control.xadd(self._bell, {b"r": b""}, maxlen=16, approximate=True)
+            return
+        [reply] = await self._ring_link.round_trip(self._ring_command, 1)
+        if isinstance(reply, Exception):
+            raise reply
 
     async def _run(self) -> None:
         backoff = 0.05

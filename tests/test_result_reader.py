@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from redis.asyncio import Redis
@@ -25,9 +25,21 @@ WAIT_S = 5.0
 MODEL = "m"
 
 
+@pytest.fixture(params=["redis-py", "lean"])
+def ring_link(request: pytest.FixtureRequest, redis_url: str) -> Iterator[RespLink | None]:
+    """How the reader rings its bell: through redis-py, or a shared lean connection."""
+    link = RespLink(redis_url) if request.param == "lean" else None
+    yield link
+    if link is not None:
+        link.close()
+
+
 @pytest.fixture
-async def reader(redis_url: str, aredis: Redis) -> AsyncIterator[ResultReader]:
-    reader = ResultReader(RespLink(redis_url), aredis, keys.reader_bell("t"), BLOCK_MS)
+async def reader(
+    redis_url: str, aredis: Redis, ring_link: RespLink | None
+) -> AsyncIterator[ResultReader]:
+    bell = keys.reader_bell("t")
+    reader = ResultReader(RespLink(redis_url), aredis, bell, BLOCK_MS, ring_link=ring_link)
     reader.start()
     yield reader
     await reader.close()
@@ -73,10 +85,10 @@ async def test_events_written_before_the_follower_joined_are_read(
 
 
 async def test_many_joins_ring_the_bell_a_few_times_and_close_removes_it(
-    redis_url: str, aredis: Redis
+    redis_url: str, aredis: Redis, ring_link: RespLink | None
 ) -> None:
     bell = keys.reader_bell("many")
-    reader = ResultReader(RespLink(redis_url), aredis, bell, BLOCK_MS)
+    reader = ResultReader(RespLink(redis_url), aredis, bell, BLOCK_MS, ring_link=ring_link)
     reader.start()
     async with reader.follow(MODEL, "first"):
         await _blocked(aredis)

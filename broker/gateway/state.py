@@ -53,7 +53,7 @@ class Gateway:
         # Every request's enqueue.lua, pipelined with the others in flight (broker.resp).
         self._link = lean_link(settings)
         self.queue = JobQueue(self.redis, settings, self._link)
-        self.reader = result_reader(settings, self.redis, block_s=_READER_BLOCK_S)
+        self.reader = result_reader(settings, self.redis, _READER_BLOCK_S, self._link)
         self._tasks: set[asyncio.Task[None]] = set()
         self._followed: dict[str, Mailbox[ResultEvent]] = {}  # job id -> its events
         self._released = asyncio.Event()
