@@ -53,6 +53,15 @@ async def _chunks(redis: Redis, job: Claimed) -> list[bytes]:
     return [fields[b"d"] for _, fields in entries if b"d" in fields]
 
 
+async def _two_streaming(writer: ResultWriter) -> tuple[Claimed, Claimed]:
+    """Two jobs whose first chunks ("a", "x") are written: from now on the writer lingers."""
+    first, second = _job(1), _job(2)
+    writer.chunk(first, b"data: a\n\n", first=True)
+    writer.chunk(second, b"data: x\n\n", first=True)
+    await _flushes_reach(writer, 1)
+    return first, second
+
+
 async def test_a_job_streaming_alone_is_written_without_lingering(
     writer: ResultWriter, aredis: Redis
 ) -> None:
@@ -67,10 +76,7 @@ async def test_a_job_streaming_alone_is_written_without_lingering(
 async def test_while_others_stream_chunks_linger_and_share_one_write(
     writer: ResultWriter, aredis: Redis
 ) -> None:
-    first, second = _job(1), _job(2)
-    writer.chunk(first, b"data: a\n\n", first=True)
-    writer.chunk(second, b"data: x\n\n", first=True)
-    await _flushes_reach(writer, 1)
+    first, second = await _two_streaming(writer)
     writer.chunk(first, b"data: b\n\n")
     writer.chunk(second, b"data: y\n\n")
     writer.chunk(first, b"data: c\n\n")
@@ -86,10 +92,7 @@ async def test_while_others_stream_chunks_linger_and_share_one_write(
 async def test_an_end_is_written_at_once_after_its_jobs_last_chunks(
     writer: ResultWriter, aredis: Redis
 ) -> None:
-    job, other = _job(1), _job(2)
-    writer.chunk(job, b"data: a\n\n", first=True)
-    writer.chunk(other, b"data: x\n\n", first=True)
-    await _flushes_reach(writer, 1)
+    job, _ = await _two_streaming(writer)
     writer.chunk(job, b"data: b\n\n")  # lingers (another job streams) until the end comes
     # The job is not in Redis (never queued): complete.lua ends nothing and says so.
     ended = await asyncio.wait_for(writer.finish(job, Outcome(JobState.COMPLETED)), 5)
