@@ -201,6 +201,19 @@ async def test_a_round_trip_that_times_out_fails_every_round_trip_on_its_connect
             await late  # on the same connection: it fails with it, at once
 
 
+async def test_a_round_trip_after_an_answered_one_still_fails_at_its_own_bound(
+    link: RespLink,
+) -> None:
+    """The connection's one watchdog was armed for the first round trip, which was
+    answered; when it fires it must wait on for the second one's deadline."""
+    ping = b"*1\r\n$4\r\nPING\r\n"
+    assert await link.round_trip(ping, 1, 0.3) == [b"PONG"]
+    blpop = resp.pack("BLPOP", "nothing", "5")  # Redis answers it after 5 s
+    with pytest.raises(RedisTimeoutError, match=r"did not answer within 0\.6 s"):
+        await asyncio.wait_for(link.round_trip(blpop, 1, 0.6), 3)
+    assert await link.round_trip(ping, 1) == [b"PONG"]  # on a new connection
+
+
 async def test_bytes_that_are_not_resp_break_the_connection() -> None:
     writers: list[asyncio.StreamWriter] = []
 
