@@ -141,14 +141,15 @@ async def load_scripts(redis: Any) -> None:
             await redis.script_load(source(path.name.removesuffix(".lua")))
 
 
-def connect_cluster(settings: Settings) -> Redis:
+def connect_cluster(settings: Settings, options: dict[str, Any] | None = None) -> Redis:
     """An asyncio cluster client with bytes replies; it answers the commands fairq uses
-    as a ``Redis`` does (typed as one so that callers need not care)."""
+    as a ``Redis`` does (typed as one so that callers need not care). ``options``: the
+    client options (``redis_conn.CLIENT_OPTIONS`` unless given)."""
     client = _BoundedCluster.from_url(
         settings.require_redis_url(),
         permits=settings.redis_max_connections,
         max_connections=settings.redis_max_connections,
-        **CLIENT_OPTIONS,
+        **(CLIENT_OPTIONS if options is None else options),
     )
     return cast(Redis, client)
 

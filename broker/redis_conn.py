@@ -35,22 +35,24 @@ CLIENT_OPTIONS: dict[str, Any] = {
 }
 
 
-def connect(settings: Settings) -> Redis:
+def connect(settings: Settings, command_timeout_s: float | None = None) -> Redis:
     """An asyncio Redis client with bytes replies; connects lazily on first use.
 
     Its pool blocks when all ``redis_max_connections`` are busy: redis-py's default
     pool instead fails the 101st concurrent command, which a burst of requests at a
-    gateway reaches at once.
+    gateway reaches at once. ``command_timeout_s`` bounds each command (a redis-py
+    ``TimeoutError`` past it); None leaves them unbounded, as ``CLIENT_OPTIONS`` says why.
     """
+    options = {**CLIENT_OPTIONS, "socket_timeout": command_timeout_s}
     if settings.redis_cluster:
         from broker.cluster import connect_cluster
 
-        return connect_cluster(settings)
+        return connect_cluster(settings, options)
     pool = BlockingConnectionPool.from_url(
         settings.require_redis_url(),
         max_connections=settings.redis_max_connections,
         timeout=settings.redis_pool_timeout_s,
-        **CLIENT_OPTIONS,
+        **options,
     )
     return Redis.from_pool(pool)  # the client owns the pool and closes it
 

@@ -140,6 +140,11 @@ class Settings(BaseSettings):
     # connections add no throughput; 48 keeps a gateway under 50 with its reader.
     redis_max_connections: int = Field(default=48, ge=4)
     redis_pool_timeout_s: float = Field(default=10.0, gt=0)
+    # The gateway's bound on one Redis command off the streaming hot path (job status,
+    # cancel, resume, admin, files): a Redis that takes connections but does not answer
+    # (stopped, or stuck in a long script) gets its callers a 503, not a hang. The hot
+    # path's lean connection bounds its own round trips (broker/resp.py).
+    redis_command_timeout_s: float = Field(default=5.0, gt=0)
     bands: tuple[str, ...] = DEFAULT_BANDS
     models: tuple[ModelConfig, ...] = ()
     api_keys: tuple[ApiKeyConfig, ...] = ()

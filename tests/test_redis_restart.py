@@ -18,6 +18,7 @@ hang; and new jobs after the restart complete.
 from __future__ import annotations
 
 import shutil
+import signal
 import threading
 import time
 from collections import Counter
@@ -343,3 +344,36 @@ def test_a_client_waiting_on_a_job_redis_lost_gets_an_error_not_a_hang(
             redis_server.start()
             text = "".join(response.iter_text())
     assert '"code":"job_lost"' in text and text.endswith("data: [DONE]\n\n")
+
+
+@pytest.mark.timeout(60)
+def test_a_redis_that_stops_answering_gets_requests_a_503_in_bounded_time_not_a_hang() -> None:
+    """SIGSTOP: the kernel still takes the connections, nothing answers. Every request
+    off the streaming path (each a redis-py command: a job's status, the dead letters,
+    readiness) ends with a 503 within ``redis_command_timeout_s``; once Redis runs
+    again, the same requests are answered."""
+    with LocalRedis() as server:
+        settings = Settings(
+            redis_url=server.url,
+            models=[{"name": "m", "endpoints": ["http://e:1"]}],  # type: ignore[list-item]
+            api_keys=[{"sha256": hash_key("k"), "user": "u", "admin": True}],  # type: ignore[list-item]
+            redis_command_timeout_s=0.5,
+        )
+        paths = [f"/v1/jobs/{new_job_id('m')}", "/v1/admin/dead-letters?model=m", "/readyz"]
+        headers = {"Authorization": "Bearer k"}
+        with uvicorn_thread(create_app(settings)) as url, httpx.Client(timeout=20) as client:
+            assert [client.get(url + p, headers=headers).status_code for p in paths] == [
+                404, 200, 200
+            ]  # fmt: skip
+            assert server.process is not None
+            server.process.send_signal(signal.SIGSTOP)
+            try:
+                for path in paths:  # a hang would end in the client's time-out (20 s)
+                    response = client.get(url + path, headers=headers)
+                    assert response.status_code == 503, response.text
+                    assert response.json()["error"]["code"] == "redis_unavailable"
+            finally:
+                server.process.send_signal(signal.SIGCONT)
+            assert [client.get(url + p, headers=headers).status_code for p in paths] == [
+                404, 200, 200
+            ]  # fmt: skip

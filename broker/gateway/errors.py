@@ -2,9 +2,11 @@
 
 ``{"error": {"message", "type", "code"}}`` with the status of the ``FairqError``
 (see ``broker.errors``); routing errors (404, 405) and FastAPI's validation
-errors get the same shape. An unexpected exception is logged once (type and
-route; never headers or bodies, which hold API keys and prompts) and answered
-with a 500 by ``CatchAll``, the outermost middleware.
+errors get the same shape. A Redis error that no route turned into a
+``FairqError`` (Redis down, or not answering within ``redis_command_timeout_s``)
+is a 503 ``redis_unavailable``: the request may be sent again. An unexpected
+exception is logged once (type and route; never headers or bodies, which hold API
+keys and prompts) and answered with a 500 by ``CatchAll``, the outermost middleware.
 """
 
 from __future__ import annotations
@@ -15,12 +17,20 @@ from collections.abc import Mapping
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from broker.errors import BodyTooLarge, FairqError, InvalidRequest, QueueFull, Unauthorized
+from broker.errors import (
+    BodyTooLarge,
+    BrokerUnavailable,
+    FairqError,
+    InvalidRequest,
+    QueueFull,
+    Unauthorized,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +77,15 @@ async def _on_fairq_error(request: Request, exc: Exception) -> Response:
     return error_response(exc)
 
 
+async def _on_redis_error(request: Request, exc: Exception) -> Response:
+    log.warning("%s %s: Redis failed (%s)", request.method, request.url.path, type(exc).__name__)
+    return error_response(
+        BrokerUnavailable(
+            f"Redis did not answer this request ({type(exc).__name__}: {exc}); retry it shortly"
+        )
+    )
+
+
 async def _on_http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     where = f"{request.method} {request.url.path}"
@@ -89,6 +108,7 @@ async def _on_validation_error(request: Request, exc: Exception) -> Response:
 
 def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(FairqError, _on_fairq_error)
+    app.add_exception_handler(RedisError, _on_redis_error)
     app.add_exception_handler(HTTPException, _on_http_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_middleware(CatchAll)

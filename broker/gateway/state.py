@@ -49,7 +49,7 @@ class Gateway:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.keyring = KeyRing(settings)
-        self.redis: Redis = connect(settings)
+        self.redis: Redis = connect(settings, settings.redis_command_timeout_s)
         # Every request's enqueue.lua, pipelined with the others in flight (broker.resp).
         self._link = lean_link(settings)
         self.queue = JobQueue(self.redis, settings, self._link)
