@@ -17,8 +17,9 @@ call and two context switches); asleep, the worker takes them in with one. The
 flush goes out when it would have; what the nap holds back, by at most
 ``NAP_MAX_S``, is whatever else arrives meanwhile: a first chunk or a job's end
 (then written at once), a claim, a cancel. Side by side at 50 streams the
-worker's CPU per token fell by a tenth (``docs/performance.md``). The rest of a
-longer linger is awaited: an urgent write ends it.
+worker's CPU per token fell by a tenth while the machine was busy, and did not
+move while it was quiet (``docs/performance.md``). The rest of a longer linger is
+awaited: an urgent write ends it.
 
 Order within a job is preserved: its chunks, then its end (``complete.lua``),
 which therefore always lands after the last chunk. A failed flush is retried,
