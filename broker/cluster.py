@@ -90,7 +90,9 @@ class _BoundedCluster(_StreamRouted):
     def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> Any:
         if transaction or shard_hint:  # MULTI needs one slot: redis-py checks it
             return super().pipeline(transaction, shard_hint)
-        return _ScriptingPipeline(self)
+        # redis-py's CommandsProtocol declares _event_dispatcher, which ClusterPipeline never
+        # sets (it does not use it), so mypy takes every ClusterPipeline for abstract.
+        return _ScriptingPipeline(self)  # type: ignore[abstract]
 
 
 class _ScriptingPipeline(ClusterPipeline):
@@ -183,6 +185,7 @@ async def node_of(cluster: Redis, model: str, url: str) -> str:
     client = cast(RedisCluster, cluster)
     await client.initialize()  # the slot map (made on the first command otherwise)
     node = client.get_node_from_key(keys.ready(model))
+    assert node is not None  # None only for a replica; a slot without a master raises
     return node_url(url, node.host, int(node.port))
 
 

@@ -40,8 +40,9 @@ import orjson
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
+from redis.typing import KeyT, StreamIdT
 
-from broker import keys
+from broker import keys, replies
 from broker.dispatching import HANDED_KEEP_MS, ensure_ready_group
 from broker.jobs import JobState, RequestKind
 from broker.packed import PackedPipeline
@@ -147,17 +148,17 @@ class ExecutionStore:
         """Read up to ``count`` new ready entries for this consumer, blocking up to
         ``block_ms``; with ``history``, the entries it holds already (its pending list:
         those it runs, and any whose delivery it never saw), without blocking."""
-        streams = {keys.ready(m): "0" if history else ">" for m in models}
+        streams: dict[KeyT, StreamIdT] = {keys.ready(m): "0" if history else ">" for m in models}
         reply = await blocking.xreadgroup(
             keys.READY_GROUP,
             consumer,
             streams,
             count=count,
-            block=None if history else block_ms,  # type: ignore[arg-type]
+            block=None if history else block_ms,
         )
         by_key = {keys.ready(m).encode(): m for m in models}
         claimed, malformed = [], []
-        for stream, entries in reply or []:
+        for stream, entries in replies.deliveries(reply or []):
             for entry_id, fields in entries:
                 if not fields:  # an entry deleted meanwhile comes back without fields
                     continue
@@ -309,7 +310,7 @@ class ExecutionStore:
     async def dead_letters(self, model: str, limit: int) -> list[tuple[str, int]]:
         """The newest dead-lettered jobs of a model: (job id, when in ms)."""
         rows = await self._redis.zrevrange(keys.dead_letters(model), 0, limit - 1, withscores=True)
-        return [(job_id.decode(), int(when)) for job_id, when in rows]
+        return [(job_id.decode(), int(when)) for job_id, when in replies.scored(rows)]
 
     def pipeline(self) -> ResultPipeline:
         """A pipeline for the result writer: packed by hand on the lean connection when the

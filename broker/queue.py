@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from broker import keys, telemetry
+from broker import keys, replies, telemetry
 from broker.errors import BrokerUnavailable, NotFound, QueueFull
 from broker.jobs import JobRecord, JobState, RequestKind, model_of, new_job_id, owner_of
 from broker.position import QueuePosition
@@ -120,7 +120,7 @@ class JobQueue:
         if model is None or self._settings.model(model) is None:
             raise NotFound(f"no job with id {job_id!r}")
         try:
-            h = await self._redis.hgetall(keys.job(model, job_id))
+            h = replies.hash_reply(await self._redis.hgetall(keys.job(model, job_id)))
         except RedisError as exc:
             raise BrokerUnavailable(f"could not read job {job_id!r}: {exc}") from exc
         if not h or (owner is not None and owner_of(h) != owner):
@@ -161,7 +161,7 @@ class JobQueue:
 
 def cancel_call(
     m: str, job_id: str, *, band: str, user: str, state: JobState, ttl_s: int
-) -> tuple[list[str], list[object]]:
+) -> tuple[list[str], list[str | int]]:
     """KEYS and ARGV of ``cancel.lua`` for one job (also pipelined by batch cancels)."""
     call_keys = [
         keys.job(m, job_id),
@@ -176,7 +176,7 @@ def cancel_call(
         keys.meta(m),
         keys.transit(m),
     ]
-    args: list[object] = [
+    args: list[str | int] = [
         job_id, keys.READY_GROUP, ttl_s, keys.wake_channel(m), keys.cancel_channel(m),
         user, state.value, band,
     ]  # fmt: skip

@@ -84,7 +84,7 @@ def plain_blocking(url: str, block_s: float) -> Redis:
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
 
-    return Redis.from_url(  # type: ignore[no-any-return]
+    return Redis.from_url(
         url,
         single_connection_client=True,
         retry=Retry(NoBackoff(), 0),

@@ -43,7 +43,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from broker import keys
+from broker import keys, replies
 from broker.jobs import JobState
 from broker.mailbox import Mailbox
 from broker.resp import RespLink, bulk, pack
@@ -109,7 +109,7 @@ async def read_after(redis: Redis, model: str, job_id: str, after: bytes) -> lis
     """The job's result entries after ``after`` (exclusive), as they are now."""
     key = keys.results(model, job_id)
     entries = await redis.xrange(key, b"(" + after if after != b"0-0" else b"-", b"+")
-    return [ResultEvent.parse(entry_id, fields) for entry_id, fields in entries]
+    return [ResultEvent.parse(entry_id, fields) for entry_id, fields in replies.entries(entries)]
 
 
 class ResultReader:

@@ -30,9 +30,11 @@ TICK_S = 1.0
 
 def quiet_config(app: Any, host: str, port: int, graceful_s: float) -> uvicorn.Config:
     """The uvicorn settings fairq's HTTP processes share: no access log, no banner."""
+    # uvicorn annotates timeout_graceful_shutdown as int but only hands it to
+    # asyncio.wait_for, which takes float seconds.
     return uvicorn.Config(
         app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
-        timeout_graceful_shutdown=graceful_s, server_header=False,
+        timeout_graceful_shutdown=graceful_s, server_header=False,  # type: ignore[arg-type]
     )  # fmt: skip
 
 

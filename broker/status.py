@@ -27,8 +27,9 @@ from dataclasses import asdict, dataclass, field
 import orjson
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
+from redis.typing import EncodableT, FieldT
 
-from broker import keys
+from broker import keys, replies
 from broker.settings import ModelConfig, Settings
 
 SCAN_USERS = 200  # per band: the users whose queue lengths are read to find the top ones
@@ -124,7 +125,11 @@ class Latency:
 
 def add_latency(pipe: Pipeline, model: str, latency: Latency) -> None:
     """Queue the append of one ended job's latencies (in the caller's pipeline)."""
-    fields = {"b": latency.band, "w": _field(latency.wait_ms), "t": _field(latency.ttft_ms)}
+    fields: dict[FieldT, EncodableT] = {
+        "b": latency.band,
+        "w": _field(latency.wait_ms),
+        "t": _field(latency.ttft_ms),
+    }
     pipe.xadd(keys.latencies(model), fields, maxlen=keys.LATENCY_MAXLEN, approximate=True)
 
 
@@ -146,12 +151,14 @@ async def read_latencies(
     last minute's: a dispatcher that takes a model over (or starts after its jobs ended)
     shows their recent latencies rather than nothing."""
     if after is None:
-        last = await redis.xrevrange(keys.latencies(model), count=1)
+        last = replies.entries(await redis.xrevrange(keys.latencies(model), count=1))
         if not last:
             return [], b"0-0"
         last_ms = int(last[0][0].split(b"-")[0])
         after = f"{max(0, last_ms - _FIRST_READ_MS)}-0".encode()
-    entries = await redis.xrange(keys.latencies(model), min=b"(" + after, count=count)
+    entries = replies.entries(
+        await redis.xrange(keys.latencies(model), min=b"(" + after, count=count)
+    )
     found = [Latency(f[b"b"].decode(), _int(f.get(b"w")), _int(f.get(b"t"))) for _, f in entries]
     return found, entries[-1][0] if entries else after
 

@@ -89,6 +89,6 @@ class LeaseKeeper:
             by_model.setdefault(job.model, []).append(job.entry_id)
             by_entry[job.entry_id] = job_id
         for entry in await self._store.renew(self._worker, by_model):
-            job_id = by_entry.get(entry)
-            if job_id is not None:
-                on_lost(job_id)
+            lost = by_entry.get(entry)
+            if lost is not None:
+                on_lost(lost)

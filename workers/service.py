@@ -209,10 +209,11 @@ class Worker:
         return lost
 
     def _spawn(self, job: Claimed, work: Coroutine[Any, Any, None]) -> None:
+        job_id = job.job_id
         task = asyncio.create_task(work)
-        self._running[job.job_id] = task
-        self._jobs[job.job_id] = job
-        task.add_done_callback(lambda _t, job_id=job.job_id: self._release(job_id))
+        self._running[job_id] = task
+        self._jobs[job_id] = job
+        task.add_done_callback(lambda _t: self._release(job_id))
 
     def _release(self, job_id: str) -> None:
         self._running.pop(job_id, None)

@@ -13,10 +13,11 @@ import secrets
 import time
 from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
+from typing import cast
 
 from redis.asyncio import Redis
 
-from broker import keys
+from broker import keys, replies
 from broker.errors import NotFound
 
 
@@ -34,7 +35,7 @@ class FileRecord:
     purpose: str
 
     @classmethod
-    def from_hash(cls, file_id: str, h: dict[bytes, bytes]) -> FileRecord:
+    def from_hash(cls, file_id: str, h: replies.Hash) -> FileRecord:
         return cls(
             id=file_id,
             owner=h[b"owner"].decode(),
@@ -106,7 +107,7 @@ class FileStore:
 
     async def get(self, file_id: str, owner: str | None) -> FileRecord:
         """The file; NotFound if there is none or it is someone else's (``owner=None``: any)."""
-        h = await self._redis.hgetall(keys.file_meta(file_id))
+        h = replies.hash_reply(await self._redis.hgetall(keys.file_meta(file_id)))
         if not h or (owner is not None and h.get(b"owner", b"").decode() != owner):
             raise NotFound(f"No such File object: {file_id}", code="file_not_found")
         return FileRecord.from_hash(file_id, h)
@@ -115,15 +116,15 @@ class FileStore:
         self, owner: str, limit: int, after: str | None, purpose: str | None, newest_first: bool
     ) -> tuple[list[FileRecord], bool]:
         """A page of the owner's files and whether more follow."""
-        ids = await self._redis.zrange(keys.owner_files(owner), 0, -1, desc=newest_first)
-        ids = [i.decode() for i in ids]
+        found = await self._redis.zrange(keys.owner_files(owner), 0, -1, desc=newest_first)
+        ids = [i.decode() for i in replies.members(found)]
         if after is not None:
             ids = ids[ids.index(after) + 1 :] if after in ids else []
         records: list[FileRecord] = []
         for file_id in ids:
             if len(records) > limit:
                 break
-            h = await self._redis.hgetall(keys.file_meta(file_id))
+            h = replies.hash_reply(await self._redis.hgetall(keys.file_meta(file_id)))
             if h and (purpose is None or h.get(b"purpose") == purpose.encode()):
                 records.append(FileRecord.from_hash(file_id, h))
         return records[:limit], len(records) > limit
@@ -132,7 +133,7 @@ class FileStore:
         """The file's bytes from ``start`` on, one block at a time."""
         key = keys.file_data(file_id)
         while True:
-            block = await self._redis.getrange(key, start, start + self._block - 1)
+            block = cast(bytes, await self._redis.getrange(key, start, start + self._block - 1))
             if not block:
                 return
             yield block

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from broker import keys
+from broker import keys, replies
 from broker.batch.context import StepContext
 from broker.batch.ingest import cleanup
 from broker.batch.lines import ERROR, OUTPUT
@@ -62,6 +62,6 @@ async def _records(ctx: StepContext, lines: int, kind: bytes) -> AsyncIterator[b
     results = keys.batch_results(ctx.batch_id)
     for first in range(1, lines + 1, _PAGE):
         numbers = list(range(first, min(first + _PAGE, lines + 1)))
-        records = await ctx.redis.hmget(results, numbers)  # type: ignore[arg-type]
+        records = replies.values(await ctx.redis.hmget(results, numbers))
         yield b"".join(r[1:] + b"\n" for r in records if r and r[:1] == kind)
         await ctx.renew()

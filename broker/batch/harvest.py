@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from broker import keys, telemetry
+from broker import keys, replies, telemetry
 from broker.batch.context import StepContext
 from broker.batch.lines import LineError, error_record, failed_body, response_record
 from broker.jobs import JobState, model_of
@@ -51,7 +51,7 @@ async def pending_page(ctx: StepContext, after: int, count: int) -> list[Pending
     rows = await ctx.redis.zrangebyscore(
         keys.batch_pending(ctx.batch_id), f"({after}", "+inf", start=0, num=count, withscores=True
     )
-    return [PendingLine.parse(member, score) for member, score in rows]
+    return [PendingLine.parse(member, score) for member, score in replies.scored(rows)]
 
 
 async def harvest(ctx: StepContext, lines: list[PendingLine]) -> int:

@@ -186,7 +186,7 @@ async def _commit(
     async with ctx.redis.pipeline(transaction=True) as pipe:
         if queued:
             members = {pending_member(job_id, v.custom_id): v.number for v, job_id in queued}
-            pipe.zadd(keys.batch_pending(b), members)  # type: ignore[arg-type]
+            pipe.zadd(keys.batch_pending(b), members)
             pipe.hsetnx(keys.batch(b), "model", queued[0][0].model.name)
         for error in errors:
             await ctx.record(

@@ -21,11 +21,12 @@ import logging
 import secrets
 from datetime import UTC, datetime
 from functools import cache
+from typing import cast
 
 from redis import Redis as SyncRedis
 from rq import Queue
 
-from broker import keys
+from broker import keys, replies
 from broker.batch.context import StepContext
 from broker.batch.errors import LeaseLost
 from broker.batch.steps import advance
@@ -93,11 +94,11 @@ def sweep(redis: SyncRedis, queue: Queue, settings: Settings) -> int:
     """Enqueue one step for every active batch whose lease is free; returns how many."""
     lease_ms = settings.batch.lease_s * 1000
     started = 0
-    for raw in redis.smembers(keys.ACTIVE_BATCHES):  # type: ignore[union-attr]
+    for raw in cast(set[bytes], redis.smembers(keys.ACTIVE_BATCHES)):
         batch_id = raw.decode()
-        status, scheduled, expires_at = redis.hmget(
-            keys.batch(batch_id), ["status", "xs", "expires_at"]
-        )  # type: ignore[misc]
+        status, scheduled, expires_at = replies.values(
+            redis.hmget(keys.batch(batch_id), ["status", "xs", "expires_at"])
+        )
         if status is None:
             redis.srem(keys.ACTIVE_BATCHES, batch_id)
             continue

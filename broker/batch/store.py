@@ -19,13 +19,13 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import orjson
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
-from broker import keys, telemetry
+from broker import keys, replies, telemetry
 from broker.auth import Principal
 from broker.batch.errors import NotCancellable
 from broker.errors import NotFound
@@ -153,7 +153,7 @@ class BatchStore:
 
     async def get(self, batch_id: str, owner: str | None) -> BatchRecord:
         """The batch; NotFound if there is none or it is someone else's (``owner=None``: any)."""
-        h = await self._redis.hgetall(keys.batch(batch_id))
+        h = replies.hash_reply(await self._redis.hgetall(keys.batch(batch_id)))
         if not h or (owner is not None and h.get(b"owner", b"").decode() != owner):
             raise NotFound(f"No such Batch object: {batch_id}", code="batch_not_found")
         return BatchRecord(batch_id, h)
@@ -164,9 +164,11 @@ class BatchStore:
         """A page of the owner's batches, newest first, and whether more follow."""
         start = 0
         if after is not None:
-            rank = await self._redis.zrevrank(keys.owner_batches(owner), after)
+            rank = cast(int | None, await self._redis.zrevrank(keys.owner_batches(owner), after))
             start = 0 if rank is None else int(rank) + 1
-        ids = await self._redis.zrevrange(keys.owner_batches(owner), start, start + limit)
+        ids = replies.members(
+            await self._redis.zrevrange(keys.owner_batches(owner), start, start + limit)
+        )
         records = [await self.get(i.decode(), owner) for i in ids[:limit]]
         return records, len(ids) > limit
 
