@@ -67,20 +67,34 @@ def stack() -> Iterator[Stack]:
         yield running
 
 
-def _post(stack: Stack, headers: dict[str, str], model: str, stream: bool) -> None:
+def _post(
+    stack: Stack, headers: dict[str, str], model: str, stream: bool, answers: list[str]
+) -> None:
+    """One request; its status and the start of its body go into ``answers``."""
     body = {"model": model, "stream": stream, "max_tokens": 60,
             "messages": [{"role": "user", "content": "Hello"}]}  # fmt: skip
-    with httpx.Client(timeout=_WAIT_S) as client:
-        client.post(f"{stack.gateway_url}/v1/chat/completions", headers=headers, json=body)
+    try:
+        with httpx.Client(timeout=_WAIT_S) as client:
+            r = client.post(f"{stack.gateway_url}/v1/chat/completions", headers=headers, json=body)
+            answers.append(f"{r.status_code} {r.text[:200]}")
+    except httpx.HTTPError as exc:
+        answers.append(f"{type(exc).__name__}: {exc}")
 
 
-def _load(stack: Stack) -> list[threading.Thread]:
+def _load(stack: Stack, answers: list[str]) -> list[threading.Thread]:
     requests = [(ALICE, "demo-code", False)] * 8 + [(BOB, "demo-code", False)] * 3
     requests += [(ALICE, "demo-chat", True)] * 4
-    threads = [threading.Thread(target=_post, args=(stack, *r)) for r in requests]
+    threads = [threading.Thread(target=_post, args=(stack, *r, answers)) for r in requests]
     for thread in threads:
         thread.start()
     return threads
+
+
+def _all_answered(threads: list[threading.Thread], answers: list[str]) -> None:
+    """Every request of ``_load`` ended, and with a 200: the counts asserted on need all 15."""
+    for thread in threads:
+        thread.join(_WAIT_S)
+    assert len(answers) == 15 and all(a.startswith("200 ") for a in answers), answers
 
 
 def _status(stack: Stack) -> dict[str, object]:
@@ -117,7 +131,8 @@ def _cancel_a_job(stack: Stack) -> None:
 
 def test_each_component_exports_its_series_and_status_shows_the_backlog(stack: Stack) -> None:
     dispatcher = stack.metrics_url("dispatcher-0")
-    threads = _load(stack)
+    answers: list[str] = []
+    threads = _load(stack, answers)
 
     def backlog_of_alice() -> bool:
         s = scrape(dispatcher)
@@ -136,8 +151,7 @@ def test_each_component_exports_its_series_and_status_shows_the_backlog(stack: S
     assert interactive["queued"] > 0
     assert "alice" in {u["user"] for u in interactive["top_users"]}
     _cancel_a_job(stack)
-    for thread in threads:
-        thread.join(_WAIT_S)
+    _all_answered(threads, answers)
 
     worker = stack.metrics_url("worker-0")
 
