@@ -5,11 +5,19 @@ job. An ``asyncio.Queue`` spends a few microseconds per item on bookkeeping this
 path does not use (``join`` counters, a future per ``get``); a mailbox keeps a
 list, and its one reader takes everything that arrived since it last looked with
 one wake-up, however many items came.
+
+A mailbox may also have a ``handler``: a synchronous consumer that is offered an
+item while the reading task waits with nothing queued before it. An item the
+handler takes never wakes the task (the streamed response writes a token straight
+to its client this way, ``gateway.sse``); an item it declines is queued as usual.
+Items are never reordered: while anything is queued, or the task is busy with what
+it took, the handler is not asked.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -18,21 +26,29 @@ T = TypeVar("T")
 class Mailbox(Generic[T]):
     """Unbounded, first in first out, for a single reading task at a time."""
 
-    __slots__ = ("_items", "_loop", "_waiter")
+    __slots__ = ("_items", "_loop", "_waiter", "handler")
 
     def __init__(self) -> None:
         self._items: list[T] = []
         self._waiter: asyncio.Future[None] | None = None
         # Looked up once: on Python 3.11 ``get_running_loop`` costs a getpid() system call.
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Returns True when it took the item (see the module's docstring).
+        self.handler: Callable[[T], bool] | None = None
 
     def put_nowait(self, item: T) -> None:
-        self._items.append(item)
         waiter = self._waiter
+        if self.handler is not None and self._waiting(waiter) and self.handler(item):
+            return  # taken at once: the waiting task stays asleep
+        self._items.append(item)
         if waiter is not None:
             self._waiter = None
             if not waiter.done():
                 waiter.set_result(None)
+
+    def _waiting(self, waiter: asyncio.Future[None] | None) -> bool:
+        """The reading task waits, and nothing is queued before a new item."""
+        return waiter is not None and not waiter.done() and not self._items
 
     def empty(self) -> bool:
         return not self._items

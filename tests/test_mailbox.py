@@ -57,3 +57,40 @@ async def test_a_second_reader_waiting_at_once_is_refused() -> None:
         await box.take()
     box.put_nowait(1)
     assert await first == [1]
+
+
+async def test_a_handler_takes_items_only_while_the_reader_waits_with_nothing_queued() -> None:
+    box: Mailbox[int] = Mailbox()
+    handled: list[int] = []
+    box.handler = lambda item: handled.append(item) is None  # takes everything offered
+    box.put_nowait(1)  # nobody waits: queued
+    assert handled == [] and await box.take() == [1]
+    taking = asyncio.create_task(box.take())
+    await asyncio.sleep(0)
+    box.put_nowait(2)
+    box.put_nowait(3)
+    await asyncio.sleep(0)
+    assert handled == [2, 3]
+    assert not taking.done()  # the handler took them: the reader was never woken
+    box.handler = None
+    box.put_nowait(4)
+    assert await taking == [4]
+
+
+async def test_a_declined_item_wakes_the_reader_and_nothing_overtakes_it() -> None:
+    box: Mailbox[str] = Mailbox()
+    offered: list[str] = []
+
+    def handler(item: str) -> bool:
+        offered.append(item)
+        return item != "slow"  # declines one: the client must catch up first
+
+    box.handler = handler
+    taking = asyncio.create_task(box.take())
+    await asyncio.sleep(0)
+    box.put_nowait("slow")
+    box.put_nowait("next")  # the reader is woken but has not run: queued behind "slow"
+    assert await taking == ["slow", "next"]
+    assert offered == ["slow"]
+    box.put_nowait("while busy")  # the reader is not waiting: queued, not offered
+    assert offered == ["slow"] and await box.take() == ["while busy"]

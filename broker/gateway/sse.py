@@ -10,6 +10,12 @@ every ``HEARTBEAT_S`` keeps proxies from closing an idle connection. One timer
 per stream, re-armed twice per period, watches for the lull: a token costs no
 timer of its own.
 
+Under uvicorn, a token that arrives while the stream's task waits idle is written
+to the client by the result reader itself (the mailbox's handler, a
+``body_writer``): no wake-up of the task, no ASGI ``send`` coroutine. Everything
+else (the end, a heartbeat, a resumed entry's first events, a client that reads
+slower than tokens come) goes through the task, and the mailbox keeps the order.
+
 Every event carries an SSE ``id``: ``<result entry id>.<n>``, the n-th event of
 that entry (``0-7.2``). A client that lost its connection sends the last id it
 saw as ``Last-Event-ID`` to ``GET /v1/jobs/{id}/stream`` and gets exactly the
@@ -22,12 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Callable
 
 import orjson
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from broker.errors import InvalidRequest
+from broker.gateway.body_writer import BodyWriter, body_writer
 from broker.gateway.errors import JOB_HEADER
 from broker.gateway.followed import FollowedJob
 from broker.gateway.outcomes import SHUTDOWN, ended_error
@@ -75,7 +83,7 @@ class _Heartbeat:
     """Puts ``_LULL`` in a stream's mailbox when no event arrived for half a period twice."""
 
     def __init__(self, events: Mailbox[ResultEvent]) -> None:
-        self.batches = 0  # counted by the stream as it takes events
+        self.batches = 0  # counted by the stream as it takes or writes events
         self._seen = -1
         self._events = events
         self._loop = asyncio.get_running_loop()
@@ -123,9 +131,14 @@ def _frames(batch: list[ResultEvent], job: FollowedJob) -> bytes:
     return b"".join(out)
 
 
-async def _send_events(job: FollowedJob, send: Send) -> None:
-    """Send the job's events as they arrive, until its end, a shutdown or the client leaves."""
+async def _send_events(job: FollowedJob, send: Send, write: BodyWriter | None) -> None:
+    """Send the job's events as they arrive, until its end, a shutdown or the client leaves.
+
+    With ``write``, the reader writes the tokens that find this task idle itself.
+    """
     heartbeat = _Heartbeat(job.events)
+    if write is not None:
+        job.events.handler = _write_at_once(job, heartbeat, write)
     try:
         while True:
             batch = _to_send(await job.events.take())
@@ -148,7 +161,23 @@ async def _send_events(job: FollowedJob, send: Send) -> None:
                 job.delivered = True
                 await send(_body(data))
     finally:
+        job.events.handler = None
         heartbeat.cancel()
+
+
+def _write_at_once(
+    job: FollowedJob, heartbeat: _Heartbeat, write: BodyWriter
+) -> Callable[[ResultEvent], bool]:
+    """The mailbox's handler: a token's event straight to the client, if it can go now."""
+
+    def handle(event: ResultEvent) -> bool:
+        if event.chunk is None or job.skip or not write(_with_ids(event.id, event.chunk)):
+            return False  # not a plain token, a resumed entry, or the client must catch up
+        job.delivered = True
+        heartbeat.batches += 1
+        return True
+
+    return handle
 
 
 def _body(data: bytes) -> Message:
@@ -195,10 +224,11 @@ class JobStreamResponse(Response):
             # The body goes straight to the server, past middlewares that only watch the
             # start (none of ours changes a body; one that did would have to be outermost).
             send_body: Send = scope.get(SERVER_SEND, send)
+            write = body_writer(send_body)
             # The events go out from a task of their own: each token wakes the task that
             # sends it, and a wake-up reaches a coroutine through every frame that awaits
             # it. Here that would be ~18 frames of middlewares and routing, twice per token.
-            await asyncio.create_task(_send_events(self.job, send_body))
+            await asyncio.create_task(_send_events(self.job, send_body, write))
             await send_body({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:
             pass  # the client is gone (a server that reports it by failing the send)

@@ -1,0 +1,43 @@
+"""A streamed response's body written at once, without a coroutine per piece, under uvicorn.
+
+ASGI hands a response its body through ``await send(message)``: a coroutine per
+piece, and under uvicorn a dozen checks before the one ``transport.write``. A
+streamed token is a piece of a few hundred bytes, so that call is a good part of
+what the gateway spends per token. ``body_writer`` recognises uvicorn's
+httptools cycle behind a ``send`` and gives a plain function that writes one
+chunk of the chunked body straight to the connection's transport, and returns
+False instead when it must not: the client is gone, the connection closes, or the
+client reads slower than tokens arrive (uvicorn's flow control paused writing).
+The caller then uses ``send``, which waits for the client to catch up.
+
+The response must have sent its start through ``send`` first (uvicorn chose the
+chunked encoding then), and ends through ``send`` as usual (the last, empty chunk).
+Any other server, or uvicorn's h11 implementation, gets None: everything goes
+through ``send``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from starlette.types import Send
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+BodyWriter = Callable[[bytes], bool]
+
+
+def body_writer(send: Send) -> BodyWriter | None:
+    """A synchronous writer of body chunks for the response behind ``send``, if it can have one."""
+    cycle = getattr(send, "__self__", None)
+    if not isinstance(cycle, RequestResponseCycle) or cycle.chunked_encoding is not True:
+        return None
+    transport, flow = cycle.transport, cycle.flow
+
+    def write(data: bytes) -> bool:
+        """Write ``data`` as one chunk now; False (nothing written) when ``send`` must."""
+        if flow.write_paused or cycle.disconnected or transport.is_closing():
+            return False
+        transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        return True
+
+    return write
