@@ -99,6 +99,11 @@ def _said(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _deliver(deliveries: list[tuple[Mailbox[ResultEvent], ResultEvent]]) -> None:
+    for mailbox, event in deliveries:
+        mailbox.put_nowait(event)
+
+
 def entry_order(entry_id: bytes) -> tuple[int, int]:
     """A stream entry id as a sortable pair (``b"0-12"`` -> (0, 12))."""
     ms, _, seq = entry_id.partition(b"-")
@@ -225,6 +230,7 @@ class ResultReader:
             raise reply
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         backoff = 0.05
         while True:
             if not self._followers:
@@ -232,7 +238,11 @@ class ResultReader:
                 await self._changed.wait()
             self._changed.clear()
             try:
-                await self._read_once()
+                # The events are handed over in a callback: the next read goes out first,
+                # and Redis serves it while this process hands them over (a mailbox's
+                # handler may write each to its client, the bulk of the work). Callbacks
+                # run in the order they were scheduled: a read's events go before the next's.
+                loop.call_soon(_deliver, await self._read_once())
                 backoff = 0.05
             except Exception as exc:  # the reader must outlive any error: every stream waits on it
                 log.warning("result reader failed (%s); retrying in %.2fs", _said(exc), backoff)
@@ -282,9 +292,11 @@ class ResultReader:
             f"Redis did not answer the result reader within {self._read_bound_s:.1f} s"
         )
 
-    async def _read_once(self) -> None:
+    async def _read_once(self) -> list[tuple[Mailbox[ResultEvent], ResultEvent]]:
+        """One read: the followers' positions move on; returns the events to hand over."""
+        deliveries: list[tuple[Mailbox[ResultEvent], ResultEvent]] = []
         if not self._key_args:  # the last follower left since the loop looked
-            return
+            return deliveries
         for key, entries in await self._xread():
             if key == self._bell:
                 self._bell_seen = bulk(entries[-1][0])
@@ -294,9 +306,8 @@ class ResultReader:
                 continue
             if len(followers) == 1:  # the usual case: no id comparisons
                 follower = followers[0]
-                put = follower.mailbox.put_nowait
-                for entry_id, fields in entries:
-                    put(ResultEvent.from_reply(entry_id, fields))
+                mailbox = follower.mailbox
+                deliveries += [(mailbox, ResultEvent.from_reply(i, f)) for i, f in entries]
                 follower.last_id = entries[-1][0]
             else:
                 for entry_id, fields in entries:
@@ -304,5 +315,6 @@ class ResultReader:
                     for follower in followers:
                         if order > entry_order(follower.last_id):
                             follower.last_id = entry_id
-                            follower.mailbox.put_nowait(event)
+                            deliveries.append((follower.mailbox, event))
             self._moved(key)
+        return deliveries
