@@ -37,7 +37,12 @@ def body_writer(send: Send) -> BodyWriter | None:
         """Write ``data`` as one chunk now; False (nothing written) when ``send`` must."""
         if flow.write_paused or cycle.disconnected or transport.is_closing():
             return False
-        transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        try:
+            transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        except (OSError, RuntimeError):
+            # The caller is the result reader, handing over other streams' events too:
+            # it must not fail. ``send`` meets the same broken transport and reports it.
+            return False
         return True
 
     return write
