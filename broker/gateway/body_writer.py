@@ -21,17 +21,30 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from starlette.types import Send
-from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+try:
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+except ImportError:  # httptools missing, or a uvicorn that moved it: everything through send
+    RequestResponseCycle = None  # type: ignore[assignment,misc]
 
 BodyWriter = Callable[[bytes], bool]
+# What the writer reads of uvicorn's cycle. Internals, not API: a release without them
+# gets no writer (and tests/test_body_writer.py fails), not a broken stream.
+_USED = ("transport", "flow", "disconnected")
 
 
 def body_writer(send: Send) -> BodyWriter | None:
     """A synchronous writer of body chunks for the response behind ``send``, if it can have one."""
     cycle = getattr(send, "__self__", None)
-    if not isinstance(cycle, RequestResponseCycle) or cycle.chunked_encoding is not True:
+    if RequestResponseCycle is None or not isinstance(cycle, RequestResponseCycle):
+        return None
+    if getattr(cycle, "chunked_encoding", None) is not True or not all(
+        hasattr(cycle, name) for name in _USED
+    ):
         return None
     transport, flow = cycle.transport, cycle.flow
+    if not hasattr(flow, "write_paused"):
+        return None
 
     def write(data: bytes) -> bool:
         """Write ``data`` as one chunk now; False (nothing written) when ``send`` must."""
