@@ -5,7 +5,8 @@ runs, so the dispatcher alone is measured. For each case (users x models) the
 jobs are queued first, then a ``fairq dispatcher`` process starts; the rate is
 the jobs dispatched over the span between the first and the last ready-stream
 entry (Redis stamps each entry id with its time), so process start-up and the
-lease hand-shake are not counted. Also reported: the dispatcher's and Redis's
+lease hand-shake are not counted. The cases take turns for ``--rounds`` rounds and each
+reports its median round. Also reported: the dispatcher's and Redis's
 CPU over the run, which tell which side bounds the rate.
 
 Run with ``python -m benchmarks.dispatch`` (part of ``make bench``).
