@@ -225,9 +225,10 @@ class JobStreamResponse(Response):
             # start (none of ours changes a body; one that did would have to be outermost).
             send_body: Send = scope.get(SERVER_SEND, send)
             write = body_writer(send_body)
-            # The events go out from a task of their own: each token wakes the task that
-            # sends it, and a wake-up reaches a coroutine through every frame that awaits
-            # it. Here that would be ~18 frames of middlewares and routing, twice per token.
+            # The events go out from a task of their own: a token that does not find it idle
+            # (or any token, without ``write``) wakes the task that sends it, and a wake-up
+            # reaches a coroutine through every frame that awaits it. Here that would be ~18
+            # frames of middlewares and routing, twice per token.
             await asyncio.create_task(_send_events(self.job, send_body, write))
             await send_body({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:
