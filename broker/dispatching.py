@@ -16,8 +16,8 @@ misses a send.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import NamedTuple, cast
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
@@ -42,6 +42,8 @@ class ModelSnapshot:
     inflight: dict[str, int]  # endpoint -> dispatched and not yet ended
     unstarted: dict[str, int]  # endpoint -> dispatched, no first token yet
     sequence: int = 0  # express sends and dispatches so far ('xs'): a grant must match it
+    # Jobs in the engine of the users in ``backlogs``, when asked for (missing: none known)
+    in_engine: dict[str, int] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
@@ -61,7 +63,13 @@ class ModelSnapshot:
             for band in bands
             if users.get(band)
         ]
-        return ModelSnapshot(backlogs, dict(self.inflight), dict(self.unstarted), self.sequence)
+        return ModelSnapshot(
+            backlogs,
+            dict(self.inflight),
+            dict(self.unstarted),
+            self.sequence,
+            dict(self.in_engine),
+        )
 
 
 @dataclass(frozen=True)
@@ -99,6 +107,9 @@ class Grant:
 
     endpoint: str
     credits: dict[str, int]  # band -> jobs; every send takes one from every band
+    # Of those, sends of users who already have a job in the engine (free batch slots);
+    # every send takes one. None: no such bound (the engine's batch is unknown).
+    served: int | None = None
 
 
 # How long start.lua keeps a start in the handed zset: longer than any engine's metrics
@@ -141,8 +152,9 @@ class DispatchStore:
         """Create the workers' consumer group from the stream's start (idempotent)."""
         await ensure_ready_group(self._redis, model)
 
-    async def snapshot(self, model: str, depth: int) -> ModelSnapshot:
-        """The ``depth`` lowest-scored users of every band and the in-flight counts, in one trip."""
+    async def snapshot(self, model: str, depth: int, *, in_engine: bool = False) -> ModelSnapshot:
+        """The ``depth`` lowest-scored users of every band and the in-flight counts, in one trip
+        (two with ``in_engine``: then also the jobs each of those users has in the engine)."""
         bands = self._settings.bands
         async with self._redis.pipeline(transaction=False) as pipe:
             for band in bands:
@@ -153,7 +165,13 @@ class DispatchStore:
             pipe.hgetall(keys.unstarted(model))
             *ranges, joins, inflight, unstarted = await pipe.execute()
         flat = [[v for user, score in users for v in (user, score)] for users in ranges]
-        return _state(bands, flat, joins, _flat(inflight), _flat(unstarted))
+        snap = _state(bands, flat, joins, _flat(inflight), _flat(unstarted))
+        users = [u for b in snap.backlogs for u, _ in b.users]
+        if not (in_engine and users):
+            return snap
+        counts = await self._redis.hmget(keys.user_counts(model), users)
+        snap.in_engine.update(_in_engine(users, cast(list[bytes | None], counts)))
+        return snap
 
     async def unseen(self, models: Sequence[str], endpoint: str, lag_ms: int) -> Unseen:
         """Jobs of ``models`` that ``endpoint``'s metrics cannot show yet: on their way to
@@ -178,12 +196,15 @@ class DispatchStore:
         *,
         engine_priority: bool = False,
         rate: float | None = None,
+        served_cap: int | None = None,
     ) -> Dispatched:
-        """Apply the picks atomically, never taking ``endpoint`` past ``cap`` jobs in flight.
+        """Apply the picks atomically, never taking ``endpoint`` past ``cap`` jobs in flight,
+        nor past ``served_cap`` for a user who already has a job in the engine (such a pick
+        is skipped and the user keeps their place).
 
         Returns the job ids dispatched (skipping emptied queues), the model's state right
-        after, as ``snapshot(model, depth)`` would have read it, and how many of the jobs
-        are not streamed (admission counts those apart).
+        after, as ``snapshot(model, depth, in_engine=served_cap is not None)`` would have
+        read it, and how many of the jobs are not streamed (admission counts those apart).
         """
         bands = self._settings.bands
         band_number = {band: i for i, band in enumerate(bands, start=1)}
@@ -195,15 +216,23 @@ class DispatchStore:
         args: list[str | float | int] = [
             endpoint, keys.job_prefix(model), self._settings.ready_stream_maxlen,
             cap, depth, len(bands), int(engine_priority), "" if rate is None else rate,
+            "" if served_cap is None else served_cap, int(served_cap is not None),
             *(keys.join_field(band) for band in bands), *bands,
         ]  # fmt: skip
         for p in picks:
             score = "cost" if p.score_after is None else p.score_after
             args += [band_number[p.band], p.user, score, p.join_after]
         reply = await self._scripts.dispatch(keys=script_keys, args=args)
+        counts = reply[-len(bands) :] if served_cap is not None else []
+        if counts:
+            reply = reply[: -len(bands)]
         ids, *ranges, joins, inflight, unstarted, plain = reply
         dispatched = [job_id.decode() for job_id in ids if job_id]
-        return Dispatched(dispatched, _state(bands, ranges, joins, inflight, unstarted), int(plain))
+        snap = _state(bands, ranges, joins, inflight, unstarted)
+        for flat, band_counts in zip(ranges, counts, strict=False):
+            users = [u.decode() for u in flat[::2]]
+            snap.in_engine.update(_in_engine(users, band_counts))
+        return Dispatched(dispatched, snap, int(plain))
 
     async def grant(self, model: str, grant: Grant | None, sequence: int, ttl_ms: int) -> bool:
         """Set the model's express grant (None revokes it); False when refused because the
@@ -213,10 +242,15 @@ class DispatchStore:
             credits = 0 if grant is None else grant.credits.get(band, 0)
             fields += [keys.grant_field(band), credits]
         endpoint = "" if grant is None else grant.endpoint
+        served = -1 if grant is None or grant.served is None else grant.served
         reply = await self._scripts.grant(
-            keys=[keys.meta(model)], args=[sequence, ttl_ms, endpoint, *fields]
+            keys=[keys.meta(model)], args=[sequence, ttl_ms, endpoint, served, *fields]
         )
         return bool(reply)
+
+
+def _in_engine(users: Sequence[str], counts: Sequence[bytes | None]) -> dict[str, int]:
+    return {user: int(count or 0) for user, count in zip(users, counts, strict=True)}
 
 
 def _flat(mapping: dict[bytes, bytes]) -> list[bytes]:

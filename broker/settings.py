@@ -56,6 +56,15 @@ class ModelConfig(_Frozen):
     default_output_tokens: int = Field(default=256, ge=1)
     # The engine runs vLLM's --scheduling-policy priority: send each request a priority.
     engine_priority: bool = False
+    # The engine's batch per endpoint: requests it runs at once (vLLM's --max-num-seqs).
+    # Users with a job in the engine are admitted only into free batch slots, so the engine's
+    # own queue never holds theirs and whoever fairq picks next is next in the engine too.
+    # None: learned from the metrics (the most requests it ran while others waited);
+    # 0: no batch rule (the queue targets alone).
+    batch_slots: int | None = Field(default=None, ge=0)
+    # Batch slots kept for users with nothing in the engine, so that a newcomer never waits
+    # for someone else's generation to end. None: one per 32 slots (at least one).
+    reserved_slots: int | None = Field(default=None, ge=0)
 
     @property
     def admission_policy(self) -> str:

@@ -21,6 +21,16 @@ The terms read at the scrape stay until the next one, and a newer sample may sho
 that their jobs have left the engine's queue: ``held_by_unseen`` says when only they
 hold a band back, so the dispatcher scrapes again soon rather than on the next tick.
 
+The engine's batch (``batch_slots``: configured, or learned as the most requests the
+engine ran while others waited) bounds users who already have a job in the engine: they
+are admitted only into free batch slots, less the slots kept for users with none
+(``reserved_slots``). So the engine's own queue never holds a heavy user's jobs, a freed
+slot is refilled as soon as fairq sees the job end (no scrape lag: fairq counts its jobs in
+flight itself), and a newcomer -- a user with nothing in the engine -- finds a kept slot
+free, or else waits at the head of the engine's queue for the next slot, never behind
+someone else's long generations. ``Decision.room`` is the room for newcomers,
+``Decision.served_room`` the part of it open to users already in the engine.
+
 A queue estimate of 0 with a target of 3 admits 3 at once (a burst). While the
 recent time per output token is over the model's ceiling nothing more is
 admitted -- unless nothing is running, so the ceiling can never deadlock.
@@ -47,6 +57,7 @@ class Limit(enum.StrEnum):
     """Why an endpoint's room is what it is; also the refusal reason in metrics."""
 
     QUEUE_TARGET = "queue_target"
+    BATCH_SLOTS = "batch_slots"  # the batch is full: only users with nothing in it may go
     TPOT_CEILING = "tpot_ceiling"
     STALE_METRICS = "stale_metrics"  # fell back to the static cap
     UNHEALTHY = "unhealthy"
@@ -69,6 +80,7 @@ class EndpointState:
     unseen_streamed: int = 0  # those handed over streamed, without a first token then
     admitted_since_scrape: int = 0  # fairq sent these after the last scrape began
     plain_since_scrape: int = 0  # of them not streamed
+    batch_seen: int = 0  # the most requests the engine ran while others waited (its batch)
 
     @property
     def queue_estimate(self) -> float:
@@ -87,6 +99,8 @@ class AdmissionConfig:
     targets: Mapping[str, int]  # band -> engine queue target
     tpot_ceiling_s: float
     inflight_cap: int  # the fallback without fresh metrics (and the whole rule of `static`)
+    batch_slots: int | None = None  # the engine's batch; None: learned; 0: no batch rule
+    reserved_slots: int | None = None  # kept for newcomers; None: one per 32 slots
 
     @classmethod
     def of(cls, model: ModelConfig, bands: Sequence[str]) -> AdmissionConfig:
@@ -94,16 +108,39 @@ class AdmissionConfig:
             targets={band: model.queue_target(band) for band in bands},
             tpot_ceiling_s=model.tpot_ceiling_ms / 1000,
             inflight_cap=model.inflight_cap,
+            batch_slots=model.batch_slots,
+            reserved_slots=model.reserved_slots,
         )
+
+    def batch(self, state: EndpointState) -> int | None:
+        """The endpoint's batch slots: configured, else learned; None: unknown or off."""
+        if self.batch_slots is not None:
+            return self.batch_slots or None
+        return state.batch_seen or None
+
+    def reserve(self, batch: int) -> int:
+        """Slots of a batch kept for newcomers; at least one slot stays open to the rest."""
+        wanted = self.reserved_slots
+        if wanted is None:
+            wanted = -(-batch // _SLOTS_PER_KEPT)
+        return max(0, min(wanted, batch - 1))
+
+
+_SLOTS_PER_KEPT = 32  # the automatic reserve: one kept slot per this many
 
 
 @dataclass(frozen=True)
 class Decision:
     endpoint: str
-    room: int
+    room: int  # jobs the endpoint may take now (of users with nothing in the engine)
     limit: Limit
     queue_estimate: float = 0.0
     running: float = 0.0
+    served_room: int | None = None  # of ``room``, for users already in the engine (None: all)
+
+    @property
+    def room_for_served(self) -> int:
+        return self.room if self.served_room is None else min(self.served_room, self.room)
 
 
 class AdmissionPolicy(Protocol):
@@ -141,7 +178,13 @@ class MetricsAdmission:
         if busy and state.tpot_s is not None and state.tpot_s > config.tpot_ceiling_s:
             return Decision(state.endpoint, 0, Limit.TPOT_CEILING, estimate, state.running)
         room = max(0, int(config.targets[band] - estimate))
-        return Decision(state.endpoint, room, Limit.QUEUE_TARGET, estimate, state.running)
+        batch = config.batch(state)
+        if batch is None:
+            return Decision(state.endpoint, room, Limit.QUEUE_TARGET, estimate, state.running)
+        free = batch - config.reserve(batch) - state.inflight
+        served = max(0, min(room, free))
+        limit = Limit.BATCH_SLOTS if room > 0 and served == 0 else Limit.QUEUE_TARGET
+        return Decision(state.endpoint, room, limit, estimate, state.running, served)
 
 
 ADMISSION: dict[str, AdmissionPolicy] = {p.name: p for p in (MetricsAdmission(), StaticCap())}
@@ -150,13 +193,14 @@ ADMISSION: dict[str, AdmissionPolicy] = {p.name: p for p in (MetricsAdmission(),
 def choose_endpoint(
     policy: AdmissionPolicy, states: Sequence[EndpointState], band: str, config: AdmissionConfig
 ) -> Decision | None:
-    """The endpoint with the most room: then least estimated queue, least running, first
-    listed. None when no endpoint has room."""
+    """The endpoint with the most room for users already in the engine, then the most room,
+    the least estimated queue, the least running, first listed. None when no endpoint has
+    room."""
     decisions = [policy.decide(s, band, config) for s in states]
     open_ = [d for d in decisions if d.room > 0]
     if not open_:
         return None
-    return min(open_, key=lambda d: (-d.room, d.queue_estimate, d.running))
+    return min(open_, key=lambda d: (-d.room_for_served, -d.room, d.queue_estimate, d.running))
 
 
 def held_by_unseen(state: EndpointState, band: str, config: AdmissionConfig) -> bool:
@@ -181,15 +225,19 @@ def plan_grant(
     and how many jobs of each band it may take now. None when no band has room anywhere.
 
     One endpoint for every band, because an express send uses room in its one engine
-    queue whatever its band; enqueue.lua takes one credit from every band per send.
+    queue whatever its band; enqueue.lua takes one credit from every band per send. The
+    grant's ``served`` credits bound the sends of users who already have a job in the
+    engine (the batch rule), across bands.
     """
     for band in bands:
         decision = choose_endpoint(policy, states, band, config)
         if decision is None:
             continue
         state = next(s for s in states if s.endpoint == decision.endpoint)
-        rooms = {b: policy.decide(state, b, config).room for b in bands}
-        return Grant(decision.endpoint, {b: n for b, n in rooms.items() if n > 0})
+        decisions = [policy.decide(state, b, config) for b in bands]
+        credits = {b: d.room for b, d in zip(bands, decisions, strict=True) if d.room > 0}
+        served = [d.served_room for d in decisions if d.served_room is not None]
+        return Grant(decision.endpoint, credits, max(served) if served else None)
     return None
 
 

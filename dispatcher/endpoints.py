@@ -133,4 +133,5 @@ def _state(
         # within the metrics lag) or in the sample: count only the sends after it.
         admitted_since_scrape=since.total,
         plain_since_scrape=since.plain,
+        batch_seen=view.batch_seen,
     )

@@ -13,7 +13,7 @@ registered policy against the shared contract.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Protocol
 
 from broker import Pick
@@ -86,6 +86,46 @@ class TokenFair:
 
 
 POLICIES: dict[str, FairPolicy] = {p.name: p for p in (RoundRobin(), TokenFair())}
+
+
+def plan_with_slots(
+    fair: FairPolicy,
+    band: str,
+    backlog: Backlog,
+    join: float,
+    *,
+    room: int,
+    served_room: int,
+    in_engine: Collection[str],
+) -> list[Pick]:
+    """Up to ``room`` picks in the policy's order, of which at most ``served_room`` serve a
+    user who already has a job in the engine (``in_engine``, or picked earlier in the plan).
+
+    When the batch is full for them (kept slots), the policy's order is followed until the
+    first pick it cannot make; what is left of the room goes to users with nothing in the
+    engine, one pick each, again in the policy's order. Those skipped keep their scores, so
+    their place: they are next once a slot frees.
+    """
+    if served_room >= room:
+        return fair.plan(band, backlog, join, room)
+    busy = set(in_engine)
+    picks: list[Pick] = []
+    left = served_room
+    for pick in fair.plan(band, backlog, join, room):
+        if pick.user in busy:
+            if left == 0:
+                break
+            left -= 1
+        picks.append(pick)
+        busy.add(pick.user)
+    idle = [(user, score) for user, score in backlog if user not in busy]
+    if idle and len(picks) < room:
+        after = picks[-1].join_after if picks else join
+        for pick in fair.plan(band, idle, after, room - len(picks)):
+            if pick.user not in busy:
+                picks.append(pick)
+                busy.add(pick.user)
+    return picks
 
 
 def policy(name: str) -> FairPolicy:

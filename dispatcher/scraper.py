@@ -54,9 +54,22 @@ class EndpointView:
     failures: int = 0  # consecutive failed scrapes
     healthy: bool = False  # a good scrape seen, and fewer than `unhealthy_after` failures since
     error: str | None = None  # why the last scrape failed; None after a good one
+    batch_seen: int = 0  # the engine's batch, as learned (``learned_batch``)
 
 
 _UNKNOWN = EndpointView()
+
+
+def learned_batch(known: int, previous: EngineSample | None, current: EngineSample) -> int:
+    """The engine's batch (how many requests it runs at once), learned from two scrapes:
+    requests waited at both, and the batch did not grow in between, so the engine was full
+    (not merely short of prefill budget for a step, which a growing batch shows). Only ever
+    rises: a batch seen full once is the engine's size."""
+    if previous is None or previous.waiting <= 0 or current.waiting <= 0:
+        return known
+    if current.running > previous.running:
+        return known
+    return max(known, int(current.running))
 
 
 class _ScrapeFailed(Exception):
@@ -211,6 +224,7 @@ class Scraper:
             unseen=unseen,
             tpot_s=recent_tpot_s(old.sample, sample),
             healthy=True,
+            batch_seen=learned_batch(old.batch_seen, old.sample, sample),
         )
 
     def _record_failure(self, endpoint: str, reason: str) -> None:

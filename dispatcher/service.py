@@ -54,13 +54,14 @@ from dispatcher.admission import (
     AdmissionConfig,
     AdmissionPolicy,
     EndpointState,
+    Limit,
     choose_endpoint,
     held_by_unseen,
     plan_grant,
     refusals,
 )
 from dispatcher.endpoints import METRICS_LAG_S, RateMeter, SentLog, endpoint_states
-from dispatcher.fairness import policy
+from dispatcher.fairness import plan_with_slots, policy
 from dispatcher.ownership import Ownership
 from dispatcher.scraper import EndpointView, Scraper
 from dispatcher.wake import WakeListener
@@ -227,7 +228,7 @@ class Dispatcher:
         if cached is not None and newcomers is not None:
             snap = cached.with_newcomers(self._settings.bands, newcomers)
         else:
-            snap = await self._store.snapshot(model.name, depth)
+            snap = await self._store.snapshot(model.name, depth, in_engine=_batch_rule(model))
         total, empty_rounds = 0, 0
         while not snap.empty and empty_rounds < _MAX_EMPTY_ROUNDS:
             top = snap.backlogs[0]  # strict priority: only the highest backlogged band
@@ -238,14 +239,30 @@ class Dispatcher:
                     model.name, top.band, refusals(admission, states, top.band, config)
                 )
                 break
-            picks = fair.plan(top.band, top.users, top.join, min(decision.room, _MAX_PICKS))
-            # The script re-checks this bound against Redis's own count: a plan from a
+            room = min(decision.room, _MAX_PICKS)
+            busy = [user for user, jobs in snap.in_engine.items() if jobs > 0]
+            picks = plan_with_slots(
+                fair,
+                top.band,
+                top.users,
+                top.join,
+                room=room,
+                served_room=decision.room_for_served,
+                in_engine=busy,
+            )
+            if not picks:  # the batch is full, and every backlogged user has a job in it
+                telemetry.refused(model.name, top.band, {decision.endpoint: Limit.BATCH_SLOTS})
+                break
+            # The script re-checks these bounds against Redis's own counts: a plan from a
             # stale view can never send more than the decision allowed.
-            bound = snap.inflight.get(decision.endpoint, 0) + decision.room
+            inflight = snap.inflight.get(decision.endpoint, 0)
+            served_cap = None
+            if decision.served_room is not None:
+                served_cap = inflight + decision.room_for_served
             rate = self._rates[model.name].rate(time.monotonic())
             dispatched, snap, plain = await self._store.dispatch(
-                model.name, decision.endpoint, bound, picks, depth,
-                engine_priority=model.engine_priority, rate=rate,
+                model.name, decision.endpoint, inflight + decision.room, picks, depth,
+                engine_priority=model.engine_priority, rate=rate, served_cap=served_cap,
             )  # fmt: skip
             # Sent when the script has run (after its reply), so that a scrape whose
             # in-transit count was read before the script always counts these as sent since.
@@ -331,3 +348,9 @@ class Dispatcher:
 
 def _admission_config(model: ModelConfig, bands: Sequence[str]) -> AdmissionConfig:
     return AdmissionConfig.of(model, bands)
+
+
+def _batch_rule(model: ModelConfig) -> bool:
+    """Whether admission may bound users by the engine's batch (then a round needs to know
+    which backlogged users have jobs in the engine)."""
+    return model.admission_policy == "metrics" and model.batch_slots != 0

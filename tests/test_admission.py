@@ -227,3 +227,67 @@ def test_no_room_anywhere_grants_nothing() -> None:
 def test_stale_metrics_grant_only_the_static_caps_room() -> None:
     grant = plan_grant(METRICS, [fresh(fresh=False, inflight=6)], BANDS, CONFIG)
     assert grant is not None and grant.credits == {b: 2 for b in BANDS}
+
+
+# --- the engine's batch: free slots for users in the engine, kept slots for newcomers -------
+
+BATCH8 = AdmissionConfig(
+    targets={"interactive": 3, "default": 3, "batch": 1}, tpot_ceiling_s=0.150, inflight_cap=8,
+    batch_slots=8,
+)  # fmt: skip
+
+
+def test_a_full_batch_admits_only_users_with_nothing_in_the_engine() -> None:
+    # 8 slots, one kept (the automatic reserve): the flood's 7 fill the rest.
+    full = METRICS.decide(fresh(running=7, inflight=7), "interactive", BATCH8)
+    assert full.room == 3 and full.served_room == 0 and full.limit is Limit.BATCH_SLOTS
+    # A user already in the engine gets only free slots, never its queue.
+    open_ = METRICS.decide(fresh(running=5, inflight=5), "interactive", BATCH8)
+    assert open_.served_room == 2 and open_.room_for_served == 2
+
+
+def test_newcomers_are_still_bounded_by_the_engine_queue_target() -> None:
+    # The batch is over-full with newcomers waiting at the head of the engine's queue.
+    decision = METRICS.decide(fresh(running=8, waiting=3, inflight=11), "default", BATCH8)
+    assert decision.room == 0 and decision.served_room == 0
+
+
+def test_free_slots_never_exceed_the_queue_target_room() -> None:
+    decision = METRICS.decide(fresh(running=0, inflight=0, unstarted=2), "default", BATCH8)
+    assert decision.room == 1 and decision.served_room == 1
+
+
+@pytest.mark.parametrize(
+    ("batch", "reserved", "kept"),
+    [(256, None, 8), (32, None, 1), (8, None, 1), (256, 0, 0), (4, 10, 3), (1, None, 0)],
+)
+def test_kept_slots_default_to_one_per_32_and_never_take_the_whole_batch(
+    batch: int, reserved: int | None, kept: int
+) -> None:
+    config = AdmissionConfig(targets={}, tpot_ceiling_s=1, inflight_cap=1, reserved_slots=reserved)
+    assert config.reserve(batch) == kept
+
+
+def test_the_batch_is_learned_from_metrics_unless_configured_or_turned_off() -> None:
+    learned = AdmissionConfig(targets={"default": 3}, tpot_ceiling_s=1, inflight_cap=8)
+    state = fresh(running=7, inflight=7, batch_seen=8)
+    assert METRICS.decide(state, "default", learned).served_room == 0
+    assert METRICS.decide(fresh(running=7, inflight=7), "default", learned).served_room is None
+    off = AdmissionConfig(targets={"default": 3}, tpot_ceiling_s=1, inflight_cap=8, batch_slots=0)
+    assert METRICS.decide(state, "default", off).served_room is None
+
+
+def test_routing_prefers_free_batch_slots_over_queue_room() -> None:
+    full = fresh(endpoint="http://full", running=7, inflight=7)
+    free = fresh(endpoint="http://free", running=6, inflight=6, waiting=1)
+    decision = choose_endpoint(METRICS, [full, free], "default", BATCH8)
+    assert decision is not None and decision.endpoint == "http://free"
+
+
+def test_the_express_grant_carries_the_free_slots_for_users_in_the_engine() -> None:
+    grant = plan_grant(METRICS, [fresh(running=6, inflight=6)], ["interactive", "batch"], BATCH8)
+    assert (
+        grant is not None and grant.served == 1 and grant.credits == {"interactive": 3, "batch": 1}
+    )
+    unknown = plan_grant(METRICS, [fresh()], ["interactive"], CONFIG)
+    assert unknown is not None and unknown.served is None

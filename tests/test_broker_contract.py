@@ -422,3 +422,23 @@ async def test_dispatch_counts_the_jobs_that_are_not_streamed(r: Redis) -> None:
     picks = [Pick("default", "alice", 1, 0.5), Pick("default", "bob", 2, 1.5)]
     ids, _, plain = await d.dispatch(MODEL, EP, 4, picks, 10)
     assert len(ids) == 2 and plain == 1
+
+
+async def test_a_user_in_the_engine_is_skipped_beyond_the_served_cap_and_keeps_their_place(
+    r: Redis,
+) -> None:
+    s = settings()
+    q, d = JobQueue(r, s), DispatchStore(r, s)
+    for _ in range(3):
+        await q.submit(submission("alice"))
+    await d.dispatch(MODEL, EP, 4, [Pick("default", "alice", 1, 0.5)], 10)
+    bob = await q.submit(submission("bob"))
+    # One job in flight; users already in the engine may only take it to 1 (kept slots).
+    picks = [Pick("default", "alice", 2, 1.5), Pick("default", "bob", 3, 2.5)]
+    ids, after, _ = await d.dispatch(MODEL, EP, 4, picks, 10, served_cap=1)
+    assert ids == [bob]
+    assert after.inflight == {EP: 2}
+    assert await r.zscore(keys.backlog(MODEL, "default"), "alice") == 1.0  # not rescored
+    assert after.in_engine == {"alice": 1}  # the users reported, with their jobs in the engine
+    fresh = await d.snapshot(MODEL, 10, in_engine=True)
+    assert fresh.in_engine == after.in_engine and fresh.backlogs == after.backlogs

@@ -165,3 +165,19 @@ async def test_express_gives_the_engine_priority_a_dispatch_would(r: Redis) -> N
     await q.submit(submission("alice", band="interactive"))
     claimed = await x.claim(r, [MODEL], "w1", count=10, block_ms=100)
     assert [c.engine_priority for c in claimed] == [1_000_000, 1]
+
+
+async def test_with_no_free_batch_slot_only_a_user_with_nothing_in_the_engine_goes_express(
+    r: Redis,
+) -> None:
+    s = settings()
+    q, d = JobQueue(r, s), DispatchStore(r, s)
+    sequence = (await d.snapshot(MODEL, 1)).sequence
+    assert await d.grant(MODEL, Grant(EP, ALL, served=1), sequence, TTL_MS)
+    first = await q.submit(submission("alice"))  # takes the one free slot
+    second = await q.submit(submission("alice"))  # in the engine now: waits for a slot
+    # Nothing in the engine, and nothing queued ahead in its band: a kept slot.
+    bob = await q.submit(submission("bob", band="interactive"))
+    assert (await q.get(first, "alice")).state is JobState.DISPATCHED
+    assert (await q.get(second, "alice")).state is JobState.QUEUED
+    assert (await q.get(bob, "bob")).state is JobState.DISPATCHED

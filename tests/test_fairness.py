@@ -9,7 +9,14 @@ from __future__ import annotations
 import pytest
 
 from broker import BandBacklog, ModelSnapshot, Newcomer
-from dispatcher.fairness import POLICIES, FairPolicy, RoundRobin, TokenFair, policy
+from dispatcher.fairness import (
+    POLICIES,
+    FairPolicy,
+    RoundRobin,
+    TokenFair,
+    plan_with_slots,
+    policy,
+)
 
 
 def simulate(
@@ -124,3 +131,40 @@ def test_token_fair_returning_user_cannot_bank_idle_time() -> None:
     # so it alternates with "busy" instead of being served 50 times in a row.
     served = simulate(TokenFair(), {"busy": 200}, {50: "late", 51: "late", 52: "late"}, steps=60)
     assert served[50:56].count("busy") >= 2
+
+
+# --- kept slots: users with nothing in the engine, one pick each ---------------------------
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_a_full_batch_plans_each_newcomer_once_and_skips_users_in_the_engine(name: str) -> None:
+    backlog = [("alice", 0.0), ("bob", 1.0), ("carol", 2.0)]
+    picks = plan_with_slots(
+        policy(name), "default", backlog, 0.0, room=5, served_room=0, in_engine={"alice"}
+    )
+    assert [p.user for p in picks] == ["bob", "carol"]
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_free_slots_follow_the_policy_then_the_rest_goes_to_newcomers(name: str) -> None:
+    backlog = [("alice", 0.0), ("dave", 0.5), ("bob", 1.0)]
+    picks = plan_with_slots(
+        policy(name), "default", backlog, 0.0, room=3, served_room=1, in_engine={"alice", "dave"}
+    )
+    assert [p.user for p in picks] == ["alice", "bob"]
+
+
+def test_without_a_binding_batch_the_plan_is_the_policys_own() -> None:
+    backlog = [("alice", 0.0), ("bob", 1.0)]
+    plain = RoundRobin().plan("default", backlog, 0.0, 4)
+    slots = plan_with_slots(
+        RoundRobin(), "default", backlog, 0.0, room=4, served_room=4, in_engine={"alice"}
+    )
+    assert slots == plain
+
+
+def test_a_newcomer_picked_once_is_in_the_engine_for_the_rest_of_the_plan() -> None:
+    picks = plan_with_slots(
+        RoundRobin(), "default", [("bob", 0.0)], 0.0, room=3, served_room=0, in_engine=()
+    )
+    assert [p.user for p in picks] == ["bob"]

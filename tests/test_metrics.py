@@ -25,7 +25,7 @@ from servers import uvicorn_thread
 
 from broker import Unseen
 from dispatcher.metrics import EngineSample, MetricsError, parse_metrics, recent_tpot_s
-from dispatcher.scraper import Scraper
+from dispatcher.scraper import Scraper, learned_batch
 
 FIXTURES = Path(__file__).parent / "fixtures"
 IDLE = (FIXTURES / "vllm-0.32-cpu" / "metrics_idle.txt").read_text()
@@ -573,3 +573,15 @@ async def test_an_endpoint_not_watched_is_unknown_so_unhealthy(http: httpx.Async
     # A model loop may ask about an endpoint whose watch just ended (its lease moved).
     view = Scraper([], http).view("http://127.0.0.1:9")
     assert not view.healthy and view.sample is None
+
+
+def _sample(waiting: float, running: float) -> EngineSample:
+    return EngineSample(waiting, running, None, None, None)
+
+
+def test_the_batch_is_learned_only_when_requests_wait_and_the_batch_stopped_growing() -> None:
+    assert learned_batch(0, None, _sample(3, 32)) == 0  # one scrape says nothing
+    assert learned_batch(0, _sample(3, 24), _sample(3, 32)) == 0  # growing: prefill budget
+    assert learned_batch(0, _sample(3, 32), _sample(2, 32)) == 32  # full
+    assert learned_batch(32, _sample(3, 32), _sample(0, 20)) == 32  # nothing waits: no news
+    assert learned_batch(32, _sample(1, 30), _sample(1, 30)) == 32  # never falls

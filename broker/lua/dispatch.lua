@@ -16,9 +16,13 @@
 -- ARGV[4] endpoint's in-flight cap   ARGV[5] depth of the reported backlogs   ARGV[6] B
 -- ARGV[7] 1: give each job an engine priority (vLLM --scheduling-policy priority), else 0
 -- ARGV[8] the model's recent dispatch rate in jobs/s, '' if not measured (kept in meta)
--- ARGV[9 .. 8+B]   meta join field of each band ("join:{band}")
--- ARGV[9+B .. 8+2B]   band names
--- then per pick i, from a = 9+2B+4(i-1): ARGV[a] band number (1..B), ARGV[a+1] user,
+-- ARGV[9] the endpoint's in-flight cap for users who already have a job in the engine
+--   (its free batch slots, less those kept for newcomers), '' for none: a pick of such a
+--   user beyond it is skipped and the user keeps their place
+-- ARGV[10] 1: also report how many jobs each reported backlogged user has in the engine
+-- ARGV[11 .. 10+B]   meta join field of each band ("join:{band}")
+-- ARGV[11+B .. 10+2B]   band names
+-- then per pick i, from a = 11+2B+4(i-1): ARGV[a] band number (1..B), ARGV[a+1] user,
 --   ARGV[a+2] user's score after service, ARGV[a+3] the band's join score after service;
 --   a score after service of 'cost' means: charge the job's own estimated cost on top of
 --   the user's score, and let newcomers join at the user's score before the charge
@@ -33,11 +37,13 @@
 --          join scores of the bands and the express sequence 'xs',
 --          in-flight hash (endpoint, count, ...), unstarted hash,
 --          how many of the jobs dispatched are not streamed (admission counts those
---          apart: fairq cannot see when they leave the engine's queue)}.
+--          apart: fairq cannot see when they leave the engine's queue),
+--          with ARGV[10] = 1: per band, the jobs in the engine of each reported user}.
 local t = redis.call('TIME')
 local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
 local bands = tonumber(ARGV[6])
 local cap = tonumber(ARGV[4])
+local served_cap = tonumber(ARGV[9])  -- nil: no bound of its own
 local ids = {}
 local plain = 0  -- jobs dispatched that are not streamed
 local sent = 0   -- jobs dispatched by this call
@@ -90,12 +96,21 @@ local function to_ready(job_id, payload, band)
   return job_id
 end
 
+-- A user with a job in the engine is admitted only below the served cap (kept slots).
+local function may_serve(user)
+  if inflight + sent >= cap then
+    return false
+  end
+  return not served_cap or inflight + sent < served_cap
+    or tonumber(redis.call('HGET', KEYS[5], user) or '0') == 0
+end
+
 for i = 1, picks do
-  local a = 9 + 2 * bands + 4 * (i - 1)
+  local a = 11 + 2 * bands + 4 * (i - 1)
   local band = tonumber(ARGV[a])
   local backlog, queue, user = KEYS[FIXED + band], KEYS[FIXED + bands + i], ARGV[a + 1]
   ids[i] = ''
-  if inflight + sent < cap then
+  if may_serve(user) then
     local score, join = ARGV[a + 2], ARGV[a + 3]
     local job_id, payload = pop_head(queue)
     if job_id then
@@ -125,8 +140,8 @@ end
 
 for band = 1, bands do
   if popped[band] then
-    redis.call('HINCRBY', KEYS[6], ARGV[8 + bands + band], -popped[band])
-    redis.call('HSET', KEYS[3], ARGV[8 + band], joins[band])
+    redis.call('HINCRBY', KEYS[6], ARGV[10 + bands + band], -popped[band])
+    redis.call('HSET', KEYS[3], ARGV[10 + band], joins[band])
   end
 end
 if sent > 0 then
@@ -147,13 +162,24 @@ end
 local out = {ids}
 local depth = tonumber(ARGV[5])
 local join_fields = {}
+local reported = {}
 for b = 1, bands do
-  out[#out + 1] = redis.call('ZRANGE', KEYS[FIXED + b], 0, depth - 1, 'WITHSCORES')
-  join_fields[b] = ARGV[8 + b]
+  reported[b] = redis.call('ZRANGE', KEYS[FIXED + b], 0, depth - 1, 'WITHSCORES')
+  out[#out + 1] = reported[b]
+  join_fields[b] = ARGV[10 + b]
 end
 join_fields[bands + 1] = 'xs'
 out[#out + 1] = redis.call('HMGET', KEYS[3], unpack(join_fields))
 out[#out + 1] = redis.call('HGETALL', KEYS[2])
 out[#out + 1] = redis.call('HGETALL', KEYS[4])
 out[#out + 1] = plain
+if ARGV[10] == '1' then
+  for b = 1, bands do
+    local counts = {}
+    for j = 1, #reported[b], 2 do
+      counts[#counts + 1] = redis.call('HGET', KEYS[5], reported[b][j]) or '0'
+    end
+    out[#out + 1] = counts
+  end
+end
 return out

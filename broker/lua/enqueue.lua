@@ -25,7 +25,9 @@
 -- ARGV[19+2B] optional: seconds to keep the ended job (a batch line, until its batch
 --   collects it; complete.lua and cancel.lua honour the job's 'kt')
 -- The grant lives in meta: 'xep' endpoint, 'xexp' expiry (ms), 'xs' sequence (bumped by
--- every express send, so the dispatcher's next grant is refused if computed before it).
+-- every express send, so the dispatcher's next grant is refused if computed before it),
+-- 'xsv' sends left to users who already have a job in the engine (free batch slots; -1 or
+-- absent: no bound): a user with nothing in the engine may take a kept slot, others not.
 -- Returns {1, queue entry id} when queued, {2, ready entry id} when sent express,
 -- {0, queue length} when the user's queue is full,
 -- {-1} when the job id exists already (a retried submit: nothing is changed).
@@ -45,8 +47,12 @@ local BAND_STEP = 1000000
 -- Express only while a grant is live, has a credit for this band, and no job of this band
 -- or a more urgent one waits: then the dispatcher would pick this job next anyway.
 local function express_endpoint()
-  local g = redis.call('HMGET', KEYS[4], 'xep', 'xexp', ARGV[18 + bands + band])
+  local g = redis.call('HMGET', KEYS[4], 'xep', 'xexp', ARGV[18 + bands + band], 'xsv')
   if not g[1] or tonumber(g[2] or '0') <= now_ms or tonumber(g[3] or '0') <= 0 then
+    return nil
+  end
+  local served_left = tonumber(g[4] or '-1')
+  if served_left == 0 and tonumber(redis.call('HGET', KEYS[9], ARGV[2]) or '0') > 0 then
     return nil
   end
   for b = 1, band do
@@ -84,6 +90,9 @@ if endpoint then
   redis.call('HINCRBY', KEYS[8], endpoint, 1)
   redis.call('HINCRBY', KEYS[10], endpoint, 1)
   -- Every band's credits shrink: they all share the one endpoint's engine queue.
+  if tonumber(redis.call('HGET', KEYS[4], 'xsv') or '-1') > 0 then
+    redis.call('HINCRBY', KEYS[4], 'xsv', -1)
+  end
   for b = 1, bands do
     local field = ARGV[18 + bands + b]
     if tonumber(redis.call('HGET', KEYS[4], field) or '0') > 0 then

@@ -8,16 +8,17 @@
 -- KEYS[1] meta hash   fq:{m}:meta ('xep' endpoint, 'xexp' expiry ms, 'xs' sequence)
 -- ARGV[1] the sequence ('xs') of the state the grant was computed from
 -- ARGV[2] time to live in ms   ARGV[3] endpoint, or '' to revoke
--- ARGV[4 ..] pairs: a band's credit field ("xn:{band}"), its credits
+-- ARGV[4] sends left to users who already have a job in the engine ('xsv'; -1: no bound)
+-- ARGV[5 ..] pairs: a band's credit field ("xn:{band}"), its credits
 -- Returns 1 when the grant was written, 0 when it was refused.
 local function set_credits(keep)
-  for i = 4, #ARGV, 2 do
+  for i = 5, #ARGV, 2 do
     redis.call('HSET', KEYS[1], ARGV[i], keep and ARGV[i + 1] or 0)
   end
 end
 
 if ARGV[3] == '' then
-  redis.call('HDEL', KEYS[1], 'xep', 'xexp')
+  redis.call('HDEL', KEYS[1], 'xep', 'xexp', 'xsv')
   set_credits(false)
   return 1
 end
@@ -26,6 +27,6 @@ if (redis.call('HGET', KEYS[1], 'xs') or '0') ~= ARGV[1] then
 end
 local t = redis.call('TIME')
 local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
-redis.call('HSET', KEYS[1], 'xep', ARGV[3], 'xexp', now_ms + tonumber(ARGV[2]))
+redis.call('HSET', KEYS[1], 'xep', ARGV[3], 'xexp', now_ms + tonumber(ARGV[2]), 'xsv', ARGV[4])
 set_credits(true)
 return 1
