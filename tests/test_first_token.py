@@ -1,0 +1,111 @@
+"""A newcomer's first token while one user's long answers fill the engine's batch, with
+real processes: fairq keeps a batch slot for users with nothing in the engine, so the
+newcomer starts within a few engine steps instead of after someone's long generation."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from broker import Client, Settings
+from fairq.localredis import free_port
+from fairq.stack import DEMO_MODELS, Stack, demo_config
+
+pytestmark = pytest.mark.integration
+
+STEP_MS = 8.0
+BATCH = 4
+# Each of alice's answers takes LONG_TOKENS steps (~5 s): bob must not wait for one to end.
+LONG_TOKENS = 600
+ENGINE = {"max_num_seqs": BATCH, "step_base_ms": STEP_MS, "step_per_seq_ms": 0.0}
+
+
+def engine_gauges(port: int) -> dict[str, float]:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+    wanted = {"vllm:num_requests_running", "vllm:num_requests_waiting"}
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name in wanted
+    }
+
+
+def wait_for_full_batch(port: int, running: int) -> dict[str, float]:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        gauges = engine_gauges(port)
+        if gauges["vllm:num_requests_running"] >= running:
+            return gauges
+        time.sleep(0.05)
+    raise AssertionError(f"the engine never ran {running} of alice's requests: {gauges}")
+
+
+def first_token_s(client: Client, model: str) -> float:
+    started = time.monotonic()
+    job_id = client.submit(
+        model, messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True
+    )
+    for chunk in client.stream(job_id):
+        if chunk.get("choices") and chunk["choices"][0].get("delta", {}).get("content"):
+            return time.monotonic() - started
+    raise AssertionError("bob's stream ended without content")
+
+
+def newcomer_during_long_flood(
+    redis_url: str, tmp_path: Path, model_overrides: dict[str, Any], running: int
+) -> tuple[float, dict[str, float]]:
+    """Alice fills the batch with long streamed answers; bob's TTFT once she has
+    ``running`` of them in the engine, and the engine's gauges at that moment."""
+    profile = tmp_path / "engine.yaml"
+    profile.write_text(yaml.safe_dump(ENGINE))
+    ports = [free_port(), free_port()]
+    config = demo_config(ports)
+    config["models"][0].update(model_overrides)
+    sims = dict(zip(ports, DEMO_MODELS, strict=True))
+    with Stack(config, gateway_port=0, sims=sims, sim_profiles=dict.fromkeys(ports, str(profile)),
+               redis_url=redis_url, gateway=False) as stack:  # fmt: skip
+        settings = Settings(redis_url=redis_url, **stack.config)
+        with Client(settings, api_key="fq-demo-alice") as alice, \
+                Client(settings, api_key="fq-demo-bob") as bob:  # fmt: skip
+            prompt = [{"role": "user", "content": "tell me everything"}]
+            flood = [
+                alice.submit(DEMO_MODELS[0], messages=prompt, max_tokens=LONG_TOKENS, stream=True)
+                for _ in range(2 * BATCH)
+            ]
+            gauges = wait_for_full_batch(ports[0], running)
+            ttft = first_token_s(bob, DEMO_MODELS[0])
+            for job_id in flood:
+                alice.cancel(job_id)
+    return ttft, gauges
+
+
+def test_a_newcomer_starts_within_a_few_steps_while_long_answers_fill_the_batch(
+    redis_url: str, tmp_path: Path
+) -> None:
+    # The engine's batch configured; one slot kept (the automatic reserve for 4 slots).
+    ttft, gauges = newcomer_during_long_flood(
+        redis_url, tmp_path, {"batch_slots": BATCH}, running=BATCH - 1
+    )
+    # The flood waits in fairq, not in the engine, and one slot stays free.
+    assert gauges["vllm:num_requests_waiting"] == 0
+    assert gauges["vllm:num_requests_running"] == BATCH - 1
+    # A few engine steps (8 ms each) plus fairq's hops; one of alice's answers takes ~5 s.
+    assert ttft < 0.5, f"bob's first token took {ttft:.2f} s"
+
+
+def test_without_kept_slots_a_newcomer_waits_for_someone_elses_generation_to_end(
+    redis_url: str, tmp_path: Path
+) -> None:
+    # The contrast: the queue target alone lets the flood fill the batch and the engine's
+    # queue, and bob waits until one of alice's long answers ends.
+    ttft, _ = newcomer_during_long_flood(
+        redis_url, tmp_path, {"batch_slots": 0, "reserved_slots": 0}, running=BATCH
+    )
+    assert ttft > 2.0, f"bob's first token took only {ttft:.2f} s"
