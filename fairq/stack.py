@@ -32,6 +32,7 @@ from broker import hash_key
 from fairq.localredis import LocalRedis, free_port
 
 DEMO_MODELS = ("demo-chat", "demo-code")
+DEMO_BATCH_SLOTS = 32  # max_num_seqs of the simulator's default profile
 DEMO_KEYS = {  # key -> (user, tenant): printed by `fairq up`, for local use only
     "fq-demo-alice": ("alice", "team-a"),
     "fq-demo-bob": ("bob", "team-b"),
@@ -42,7 +43,14 @@ def demo_config(sim_ports: list[int], **overrides: Any) -> dict[str, Any]:
     """The configuration of the demo stack: one simulated pod per demo model."""
     config: dict[str, Any] = {
         "models": [
-            {"name": name, "engine": "vllm", "endpoints": [f"http://127.0.0.1:{port}"]}
+            {
+                "name": name,
+                "engine": "vllm",
+                "endpoints": [f"http://127.0.0.1:{port}"],
+                # The simulator's default profile runs 32 at once: known from the first
+                # request, where learning it would wait for the engine to be seen full.
+                "batch_slots": DEMO_BATCH_SLOTS,
+            }
             for name, port in zip(DEMO_MODELS, sim_ports, strict=True)
         ],
         "api_keys": [
