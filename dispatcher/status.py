@@ -137,10 +137,13 @@ class StatusPublisher:
         for state in states:
             row = _engine_row(state, self._dispatcher.engine_view(model, state.endpoint), now)
             row["admission"] = {
-                band: {"room": d.room, "limit": d.limit.value}
+                band: {"room": d.room, "served_room": d.room_for_served, "limit": d.limit.value}
                 for band in self._settings.bands
                 for d in [policy.decide(state, band, config)]
             }
+            batch = config.batch(state)
+            row["batch_slots"] = batch
+            row["kept_slots"] = None if batch is None else config.reserve(batch)
             rows.append(row)
         return rows
 
