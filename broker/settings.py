@@ -63,7 +63,8 @@ class ModelConfig(_Frozen):
     # 0: no batch rule (the queue targets alone).
     batch_slots: int | None = Field(default=None, ge=0)
     # Batch slots kept for users with nothing in the engine, so that a newcomer never waits
-    # for someone else's generation to end. None: one per 32 slots (at least one).
+    # for someone else's generation to end. None: one per full 32 slots (a batch of fewer
+    # keeps none: its newcomer waits for the next free slot, at the head of the engine's queue).
     reserved_slots: int | None = Field(default=None, ge=0)
 
     @property

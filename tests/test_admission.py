@@ -233,12 +233,12 @@ def test_stale_metrics_grant_only_the_static_caps_room() -> None:
 
 BATCH8 = AdmissionConfig(
     targets={"interactive": 3, "default": 3, "batch": 1}, tpot_ceiling_s=0.150, inflight_cap=8,
-    batch_slots=8,
+    batch_slots=8, reserved_slots=1,
 )  # fmt: skip
 
 
 def test_a_full_batch_admits_only_users_with_nothing_in_the_engine() -> None:
-    # 8 slots, one kept (the automatic reserve): the flood's 7 fill the rest.
+    # 8 slots, one kept: the flood's 7 fill the rest.
     full = METRICS.decide(fresh(running=7, inflight=7), "interactive", BATCH8)
     assert full.room == 3 and full.served_room == 0 and full.limit is Limit.BATCH_SLOTS
     # A user already in the engine gets only free slots, never its queue.
@@ -259,9 +259,9 @@ def test_free_slots_never_exceed_the_queue_target_room() -> None:
 
 @pytest.mark.parametrize(
     ("batch", "reserved", "kept"),
-    [(256, None, 8), (32, None, 1), (8, None, 1), (256, 0, 0), (4, 10, 3), (1, None, 0)],
+    [(256, None, 8), (63, None, 1), (32, None, 1), (8, None, 0), (256, 0, 0), (4, 10, 3)],
 )
-def test_kept_slots_default_to_one_per_32_and_never_take_the_whole_batch(
+def test_kept_slots_default_to_one_per_full_32_and_never_take_the_whole_batch(
     batch: int, reserved: int | None, kept: int
 ) -> None:
     config = AdmissionConfig(targets={}, tpot_ceiling_s=1, inflight_cap=1, reserved_slots=reserved)
@@ -269,7 +269,9 @@ def test_kept_slots_default_to_one_per_32_and_never_take_the_whole_batch(
 
 
 def test_the_batch_is_learned_from_metrics_unless_configured_or_turned_off() -> None:
-    learned = AdmissionConfig(targets={"default": 3}, tpot_ceiling_s=1, inflight_cap=8)
+    learned = AdmissionConfig(
+        targets={"default": 3}, tpot_ceiling_s=1, inflight_cap=8, reserved_slots=1
+    )
     state = fresh(running=7, inflight=7, batch_seen=8)
     assert METRICS.decide(state, "default", learned).served_room == 0
     assert METRICS.decide(fresh(running=7, inflight=7), "default", learned).served_room is None

@@ -89,9 +89,9 @@ def newcomer_during_long_flood(
 def test_a_newcomer_starts_within_a_few_steps_while_long_answers_fill_the_batch(
     redis_url: str, tmp_path: Path
 ) -> None:
-    # The engine's batch configured; one slot kept (the automatic reserve for 4 slots).
+    # The engine's batch configured, one slot kept.
     ttft, gauges = newcomer_during_long_flood(
-        redis_url, tmp_path, {"batch_slots": BATCH}, running=BATCH - 1
+        redis_url, tmp_path, {"batch_slots": BATCH, "reserved_slots": 1}, running=BATCH - 1
     )
     # The flood waits in fairq, not in the engine, and one slot stays free.
     assert gauges["vllm:num_requests_waiting"] == 0

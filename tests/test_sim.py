@@ -441,7 +441,7 @@ async def test_preempted_streamed_request_never_repeats_a_token() -> None:
         assert "".join(tokens) == reference
 
 
-async def test_higher_priority_request_finishes_before_earlier_low_priority_ones() -> None:
+async def test_higher_priority_request_takes_the_next_free_slot_without_preempting() -> None:
     profile = SimProfile(max_num_seqs=2, step_base_ms=10.0, scheduling_policy="priority")
     finished: list[str] = []
 
@@ -461,9 +461,10 @@ async def test_higher_priority_request_finishes_before_earlier_low_priority_ones
             await complete(client, "high", priority=0, tokens=5)
             await asyncio.gather(*lows)
             preemptions = _sample(await scrape(client), "num_preemptions_total")
-    # With a full batch, FCFS would have served "high" after all four.
-    assert finished[0] == "high"
-    assert preemptions == 1.0  # one low-priority request made room for it
+    # The batch was full: "high" waited for the first two to end, then went ahead of the
+    # two that had waited longer (FCFS would have served it after all four), as vLLM does.
+    assert finished[2] == "high"
+    assert preemptions == 0.0
 
 
 @pytest.mark.parametrize("priority", [3, -1])
@@ -745,22 +746,20 @@ def test_priority_policy_orders_the_waiting_queue_by_priority_then_arrival() -> 
         assert [seqs.index(seq) for seq in step(sched).admitted] == order, policy
 
 
-def test_better_priority_request_preempts_the_worst_running_one_when_no_slot_is_free() -> None:
-    # A budget of 11: `urgent`'s 10-token prompt fits only once `late` gives its token back.
-    sched = scheduler(max_num_seqs=2, max_num_batched_tokens=11, scheduling_policy="priority")
-    early, late = request(5, priority=5), request(5, priority=5)
+def test_a_better_priority_waits_for_a_free_slot_then_goes_ahead_of_worse_ones() -> None:
+    # vLLM 0.32 never preempts a running request to free a slot for a better priority.
+    sched = scheduler(max_num_seqs=2, scheduling_policy="priority")
+    early, late = request(5, priority=5, max_tokens=2), request(5, priority=5, max_tokens=9)
     sched.add(early)
     sched.add(late)
     step(sched)
     equal, urgent = request(10, priority=5), request(10, priority=0)
     sched.add(equal)
-    assert step(sched).preempted == []  # an equal priority waits its turn
     sched.add(urgent)
-    plan = step(sched)
-    assert (plan.preempted, plan.admitted) == ([late], [urgent])
-    assert plan.scheduled == {early: 1, urgent: 10}
-    assert list(sched.running) == [early, urgent]
-    assert list(sched.waiting) == [late, equal]
+    plan = step(sched)  # early's second (and last) token: no slot was free for the step
+    assert (plan.preempted, plan.admitted) == ([], [])
+    assert step(sched).admitted == [urgent]  # early's slot, ahead of `equal`
+    assert list(sched.waiting) == [equal]
 
 
 # --- process -----------------------------------------------------------------------

@@ -19,11 +19,12 @@ One step, as vLLM's V1 scheduler (chunked prefill always on):
    prefill prompt + generated tokens again, but never re-emits a token.
 3. Only if nothing was preempted: waiting requests are admitted in queue order
    while a slot (`max_num_seqs`), budget and KV room remain; a prompt longer
-   than the budget is prefilled in chunks over several steps. Under the
-   priority policy, a waiting request with a strictly better (lower) priority
-   than the worst running one preempts it when there is no slot or KV room
-   (vLLM's `_schedule_priority_preemption`; equal priorities never preempt
-   each other, so a resumed request cannot thrash with its peers).
+   than the budget is prefilled in chunks over several steps. The priority
+   policy orders the waiting queue only: a better-priority request waits for
+   the next free slot like any other, ahead of worse ones, and never preempts
+   a running request for a slot (vLLM 0.32's `Scheduler.schedule` in
+   `vllm/v1/core/sched/scheduler.py` stops admitting when the batch is full,
+   whatever the priority; measured the same on its CPU build).
 
 A request emits a token only in the step that computes its last outstanding
 token, so a chunked prompt's first token comes with its last chunk.
@@ -201,24 +202,13 @@ class Scheduler(Generic[S]):
         while len(self.waiting) > 0 and plan.budget > 0:
             seq = self.waiting.peek()
             tokens = min(seq.prompt_tokens + seq.generated, plan.budget)
-            if len(self.running) < max_seqs and self._allocate(seq, tokens):
-                self.waiting.pop()
-                seq.status = SeqStatus.RUNNING
-                self.running[seq] = None
-                plan.admitted.append(seq)
-                plan.add(seq, tokens)
-            elif not (self._by_priority and self._preempt_for(seq, plan)):
+            if len(self.running) >= max_seqs or not self._allocate(seq, tokens):
                 return
-
-    def _preempt_for(self, seq: S, plan: StepPlan[S]) -> bool:
-        """Priority policy: make room for `seq` by preempting a strictly worse request."""
-        if not self.running:
-            return False
-        victim = self._worst_running()
-        if victim.priority <= seq.priority:
-            return False
-        self._preempt(victim, plan)
-        return True
+            self.waiting.pop()
+            seq.status = SeqStatus.RUNNING
+            self.running[seq] = None
+            plan.admitted.append(seq)
+            plan.add(seq, tokens)
 
     def _worst_running(self) -> S:
         if self._by_priority:
