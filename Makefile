@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install run test lint bench clean browser
+.PHONY: install run test lint bench bench-vllm-setup clean browser
 
 install: $(VENV)/.installed
 
@@ -38,6 +38,11 @@ lint: install
 bench: install
 	$(BIN)/python -m benchmarks.suite
 	$(BIN)/fairq bench fairness
+
+# A real vLLM (CPU build, ~2.5 GB) and a tiny model in .vllm/, for benchmarks against a
+# real engine; not part of `make test`. Then: python -m benchmarks.vllm_engine serve ...
+bench-vllm-setup: install
+	$(BIN)/python -m benchmarks.vllm_engine setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
