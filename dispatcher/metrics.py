@@ -47,6 +47,8 @@ class EngineSample:
     kv_usage: float | None  # KV-cache usage 0..1 (the fullest engine's); None: not reported
     tpot_sum_s: float | None  # cumulative _sum of the per-output-token latency histogram
     tpot_count: float | None  # cumulative _count of the same histogram
+    steps: float | None = None  # cumulative engine steps (vLLM's iteration histogram _count)
+    generated: float | None = None  # cumulative output tokens
 
 
 class MetricsError(ValueError):
@@ -60,6 +62,8 @@ class _Dialect:
     running: str
     kv_usage: tuple[str, ...]  # gauge names, preferred first
     tpot: tuple[str, ...]  # histogram names, preferred first
+    steps: str = ""  # histogram whose _count is the engine's steps ("": none)
+    generated: str = ""  # counter of output tokens ("": none)
 
 
 _DIALECTS = (
@@ -69,6 +73,8 @@ _DIALECTS = (
         running="vllm:num_requests_running",
         kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
         tpot=("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+        steps="vllm:iteration_tokens_total",
+        generated="vllm:generation_tokens_total",
     ),
     _Dialect(
         engine="tgi",
@@ -100,6 +106,8 @@ def parse_metrics(text: str, model_name: str | None = None) -> EngineSample:
         kv_usage=_fullest(series, dialect.kv_usage),
         tpot_sum_s=tpot_sum_s,
         tpot_count=tpot_count,
+        steps=_total(series, f"{dialect.steps}_count") if dialect.steps else None,
+        generated=_total(series, dialect.generated) if dialect.generated else None,
     )
 
 
@@ -170,6 +178,11 @@ def _fullest(series: _Series, names: Sequence[str]) -> float | None:
         if values:
             return max(values)
     return None
+
+
+def _total(series: _Series, name: str) -> float | None:
+    rows = series.get(name, ())
+    return math.fsum(value for _, value in rows) if rows else None
 
 
 def _histogram(series: _Series, names: Sequence[str]) -> tuple[float | None, float | None]:

@@ -60,16 +60,33 @@ class EndpointView:
 _UNKNOWN = EndpointView()
 
 
+_FULL_STEPS = 2  # engine steps between two scrapes that show a full batch (below)
+
+
 def learned_batch(known: int, previous: EngineSample | None, current: EngineSample) -> int:
     """The engine's batch (how many requests it runs at once), learned from two scrapes:
-    requests waited at both, and the batch did not grow in between, so the engine was full
-    (not merely short of prefill budget for a step, which a growing batch shows). Only ever
-    rises: a batch seen full once is the engine's size."""
+    requests waited at both, the batch did not grow in between, and the engine made at
+    least ``_FULL_STEPS`` steps meanwhile (each step admits what a free slot can take), so
+    the waiting was for a slot. Waiting through one long prefill step, or a scrape interval
+    shorter than a step, shows nothing: a batch learned too small would throttle every
+    user already in the engine. Steps come from the engine's step counter where it has one,
+    else from its output tokens (every running request emits one per decode step). Only
+    ever rises: a batch seen full once is the engine's size."""
     if previous is None or previous.waiting <= 0 or current.waiting <= 0:
         return known
-    if current.running > previous.running:
+    if current.running > previous.running or current.running <= 0:
+        return known
+    if _steps_between(previous, current) < _FULL_STEPS:
         return known
     return max(known, int(current.running))
+
+
+def _steps_between(previous: EngineSample, current: EngineSample) -> float:
+    if previous.steps is not None and current.steps is not None:
+        return current.steps - previous.steps
+    if previous.generated is not None and current.generated is not None:
+        return (current.generated - previous.generated) / max(current.running, 1.0)
+    return 0.0
 
 
 class _ScrapeFailed(Exception):

@@ -95,7 +95,8 @@ def sample(tpot_sum_s: float | None, tpot_count: float | None) -> EngineSample:
 
 
 def test_idle_capture_reads_as_an_empty_engine() -> None:
-    assert parse_metrics(IDLE) == EngineSample(0.0, 0.0, 0.0, 0.0, 0.0)
+    idle = EngineSample(0.0, 0.0, 0.0, 0.0, 0.0, steps=0.0, generated=0.0)
+    assert parse_metrics(IDLE) == idle
 
 
 def test_load_capture_reads_32_running_8_waiting_and_its_inter_token_histogram() -> None:
@@ -132,7 +133,7 @@ def test_older_vllm_names_give_kv_usage_and_time_per_output_token() -> None:
         f"vllm:time_per_output_token_seconds_sum{{{model}}} 12.0\n"
     )
     got = parse_metrics(text, "meta-llama/Llama-3.1-8B-Instruct")
-    assert got == EngineSample(2.0, 8.0, 0.25, 12.0, 400.0)
+    assert got == EngineSample(2.0, 8.0, 0.25, 12.0, 400.0, generated=27453.0)
 
 
 def test_current_names_win_over_older_ones_when_both_are_exposed() -> None:
@@ -575,13 +576,31 @@ async def test_an_endpoint_not_watched_is_unknown_so_unhealthy(http: httpx.Async
     assert not view.healthy and view.sample is None
 
 
-def _sample(waiting: float, running: float) -> EngineSample:
-    return EngineSample(waiting, running, None, None, None)
+def _sample(waiting: float, running: float, steps: float | None = 0.0) -> EngineSample:
+    return EngineSample(waiting, running, None, None, None, steps=steps)
 
 
-def test_the_batch_is_learned_only_when_requests_wait_and_the_batch_stopped_growing() -> None:
+def test_the_batch_is_learned_when_requests_waited_through_engine_steps_at_a_flat_batch() -> None:
     assert learned_batch(0, None, _sample(3, 32)) == 0  # one scrape says nothing
-    assert learned_batch(0, _sample(3, 24), _sample(3, 32)) == 0  # growing: prefill budget
-    assert learned_batch(0, _sample(3, 32), _sample(2, 32)) == 32  # full
-    assert learned_batch(32, _sample(3, 32), _sample(0, 20)) == 32  # nothing waits: no news
-    assert learned_batch(32, _sample(1, 30), _sample(1, 30)) == 32  # never falls
+    assert learned_batch(0, _sample(3, 24, 0), _sample(3, 32, 9)) == 0  # growing
+    assert learned_batch(0, _sample(3, 32, 0), _sample(2, 32, 9)) == 32  # full
+    assert learned_batch(32, _sample(3, 32, 0), _sample(0, 20, 9)) == 32  # nothing waits
+    assert learned_batch(32, _sample(1, 30, 0), _sample(1, 30, 9)) == 32  # never falls
+
+
+def test_waiting_through_one_long_prefill_step_teaches_nothing() -> None:
+    # Three requests prefilling a long prompt in one step, three more waiting for it to end.
+    assert learned_batch(0, _sample(3, 3, 10), _sample(3, 3, 11)) == 0
+
+
+def test_without_a_step_counter_output_tokens_tell_the_steps() -> None:
+    before = EngineSample(2, 8, None, None, None, generated=100)
+    one_step = EngineSample(2, 8, None, None, None, generated=108)
+    many = EngineSample(2, 8, None, None, None, generated=180)
+    assert learned_batch(0, before, one_step) == 0
+    assert learned_batch(0, before, many) == 8
+
+
+def test_the_load_capture_counts_engine_steps_and_output_tokens() -> None:
+    sample = parse_metrics(LOAD, "tiny")
+    assert (sample.steps, sample.generated) == (38.0, 111.0)

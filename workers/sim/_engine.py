@@ -121,6 +121,7 @@ class Engine:
         # Sleep to a deadline, so the loop's own CPU time is part of the step.
         await asyncio.sleep(max(0.0, started + plan.duration_s - time.monotonic()))
         self._emit(plan, time.monotonic())
+        self._metrics.stepped(plan.decode_seqs + plan.prefill_tokens)
 
     @staticmethod
     def _note_plan(plan: StepPlan[SimSequence], now: float) -> None:

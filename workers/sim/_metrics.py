@@ -25,6 +25,8 @@ TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 )  # fmt: skip
+# vLLM's buckets for tokens per engine step (powers of two up to the step budget)
+ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 ITL_BUCKETS = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
@@ -121,7 +123,21 @@ class SimMetrics:
             buckets=REQUEST_LATENCY_BUCKETS,
             registry=reg,
         )
+        # One observation per engine step (its _count is the engine's steps), as vLLM V1.
+        self.iteration_tokens = Histogram(
+            "vllm:iteration_tokens_total",
+            "Histogram of number of tokens per engine_step.",
+            _LABELS,
+            buckets=ITERATION_BUCKETS,
+            registry=reg,
+        )
         self._models = {model: ModelMetrics(self, model) for model in models}
+        self._steps = [self.iteration_tokens.labels(ENGINE_INDEX, m) for m in models]
+
+    def stepped(self, tokens: int) -> None:
+        """One engine step computed ``tokens`` tokens (every served model shares it)."""
+        for series in self._steps:
+            series.observe(tokens)
 
     def model(self, name: str) -> ModelMetrics:
         return self._models[name]
