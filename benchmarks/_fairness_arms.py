@@ -1,20 +1,27 @@
 """The arms of the fairness benchmark and whether each can run here.
 
-Every arm serves the same scenario on the same engine profile; they differ in
-the path (straight to the engine, or through fairq), fairq's model settings,
-and whether the engine schedules by priority:
+Every arm serves the same scenario on the same engine; they differ in the path
+(straight to the engine, or through fairq), fairq's model settings, and whether
+the engine schedules by priority:
 
 (a) the engine alone, FIFO: the baseline every figure is compared with;
 (b) fairq round-robin without backpressure: static admission with a cap no
     burst reaches, so fairq passes everything on at once and the engine's FIFO
     decides;
-(c) fairq with backpressure from the engine's metrics (the defaults);
+(c) fairq with its defaults (backpressure from the engine's metrics): the main arm;
 (d) as (c) with the ``token_fair`` policy;
 (e) the engine alone with priority scheduling, light users at priority 0;
-(f) as (c) with ``engine_priority``: fairq passes a priority to the engine.
+(f) as (c) with ``engine_priority``: fairq passes a priority to the engine;
+(g) fairq with the queue target only (the admission before batch capacity);
+(h) fairq with the batch-capacity rule but no slots kept for newcomers;
+(i) as (c) with fairq's preemption.
 
-An arm whose fairq feature is missing or whose engine cannot schedule by
-priority is reported "not available: <reason>", never run half-way.
+An arm whose fairq feature is missing (fairq rejects its model setting) or whose
+engine runs the other scheduling policy is reported "not available: <reason>",
+never run half-way. A fresh engine per arm (simulator or vLLM) is started with
+the policy the arm needs; an engine at ``--engine-url`` runs the policy its
+owner states with ``--engine-policy``: a request's ``priority`` proves nothing,
+as vLLM without the priority policy accepts it and ignores it.
 """
 
 from __future__ import annotations
@@ -23,7 +30,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from pydantic import ValidationError
 
 
@@ -47,23 +53,37 @@ ARMS: dict[str, ArmSpec] = {
     for arm in (
         ArmSpec("a", "engine FIFO (direct)", via_fairq=False),
         ArmSpec("b", "fairq round-robin, no backpressure", via_fairq=True, backpressure=False),
-        ArmSpec("c", "fairq + backpressure", via_fairq=True),
+        ArmSpec("c", "fairq defaults", via_fairq=True),
         ArmSpec(
             "d",
-            "fairq + backpressure + token_fair",
+            "fairq defaults + token_fair",
             via_fairq=True,
             model_overrides={"policy": "token_fair"},
         ),
         ArmSpec("e", "engine priority (direct)", via_fairq=False, engine_priority=True),
         ArmSpec(
             "f",
-            "fairq + backpressure + engine priority",
+            "fairq defaults + engine priority",
             via_fairq=True,
             engine_priority=True,
             model_overrides={"engine_priority": True},
         ),
+        ArmSpec(
+            "g",
+            "fairq, queue target only (previous admission)",
+            via_fairq=True,
+            model_overrides={"batch_slots": 0, "reserved_slots": 0},
+        ),
+        ArmSpec(
+            "h",
+            "fairq, batch capacity, no kept slots",
+            via_fairq=True,
+            model_overrides={"reserved_slots": 0},
+        ),
+        ArmSpec("i", "fairq + preemption", via_fairq=True, model_overrides={"preemption": True}),
     )
 }
+ENGINE_POLICIES = ("fcfs", "priority")
 
 
 def parse_arms(text: str) -> list[ArmSpec]:
@@ -103,29 +123,33 @@ def config_problem(spec: ArmSpec, model: str, engine_url: str) -> str | None:
     return None
 
 
-def engine_priority_problem(engine_url: str, model: str) -> str | None:
-    """Why the engine cannot schedule by priority (None: it can). vLLM started without
-    --scheduling-policy priority rejects a nonzero priority with a 400."""
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": "ping"}],
-        "max_tokens": 1,
-        "priority": 1,
-    }
-    try:
-        response = httpx.post(f"{engine_url}/v1/chat/completions", json=body, timeout=60.0)
-    except httpx.HTTPError as exc:
-        return f"the engine at {engine_url} did not answer a priority request: {exc}"
-    if response.status_code == 200:
+def policy(spec: ArmSpec) -> str:
+    """The engine scheduling policy the arm needs."""
+    return "priority" if spec.engine_priority else "fcfs"
+
+
+def policy_problem(spec: ArmSpec, engine_url: str | None, stated: str | None) -> str | None:
+    """Why the engine at ``engine_url`` cannot serve the arm (None: it can, or the arm
+    gets a fresh engine of its own: ``engine_url`` None). ``stated``: the policy its
+    owner says it runs; unstated, it is taken for vLLM's default, fcfs."""
+    if engine_url is None:
         return None
-    return (
-        f"the engine at {engine_url} refused a priority request (HTTP {response.status_code}: "
-        f"{_error_message(response)}); start vLLM with --scheduling-policy priority for this arm"
-    )
+    if stated is None:
+        if spec.engine_priority:
+            return (
+                f"say --engine-policy priority if the engine at {engine_url} runs vLLM's "
+                "--scheduling-policy priority"
+            )
+        return None
+    if stated != policy(spec):
+        return f"the engine at {engine_url} runs {stated}"
+    return None
 
 
-def _error_message(response: httpx.Response) -> str:
-    try:
-        return str(response.json()["error"]["message"])[:160]
-    except (ValueError, KeyError, TypeError):
-        return response.text[:160]
+def arm_title(spec: ArmSpec, engine_policy: str | None, *, runs: bool = True) -> str:
+    """The arm's title with the policy its engine ran (None: not stated, fcfs assumed);
+    an arm that does not run has no engine to name."""
+    if not runs:
+        return spec.title
+    ran = "engine fcfs, assumed" if engine_policy is None else f"engine {engine_policy}"
+    return f"{spec.title} [{ran}]"

@@ -3,7 +3,9 @@
 ``EngineWatch`` scrapes the engine every 250 ms while an arm runs and keeps
 what it saw: requests waiting and running, and the cumulative output tokens
 and inter-token-latency histogram, from which the recent time per output token
-follows (the figure fairq's TPOT ceiling looks at). Works against the
+follows (the figure fairq's TPOT ceiling looks at), and the engine's preemptions.
+``step_ms`` is the benchmark's unit of time: the engine's own mean time per
+output token over a window, from the same histogram. Works against the
 simulator and a real vLLM alike: both use vLLM's metric names.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import httpx
@@ -20,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
 GENERATED = "vllm:generation_tokens_total"
+PREEMPTIONS = "vllm:num_preemptions_total"
 # The current name first; vLLM V0 called the per-token histogram time_per_output_token.
 ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 
@@ -32,6 +35,7 @@ class Sample:
     generated: float  # cumulative output tokens
     itl_sum_s: float
     itl_count: float
+    preemptions: float | None = None  # cumulative; None: the engine does not export it
 
 
 def parse_sample(text: str, model: str, t_s: float) -> Sample:
@@ -49,6 +53,7 @@ def parse_sample(text: str, model: str, t_s: float) -> Sample:
         generated=values.get(GENERATED, 0.0),
         itl_sum_s=values.get(f"{itl}_sum", 0.0),
         itl_count=values.get(f"{itl}_count", 0.0),
+        preemptions=values.get(PREEMPTIONS),
     )
 
 
@@ -95,6 +100,24 @@ def tpot_ms(samples: Iterable[Sample]) -> list[float | None]:
     return out
 
 
+def step_ms(samples: Sequence[Sample], start_s: float, end_s: float) -> float | None:
+    """The engine's mean time per output token between the first and the last scrape
+    taken in [start_s, end_s]: Δsum / Δcount of its inter-token-latency histogram
+    (None: fewer than two scrapes, or no token between them)."""
+    inside = [s for s in samples if start_s <= s.t_s <= end_s]
+    if len(inside) < 2:
+        return None
+    first, last = inside[0], inside[-1]
+    tokens = last.itl_count - first.itl_count
+    return (last.itl_sum_s - first.itl_sum_s) / tokens * 1000 if tokens > 0 else None
+
+
+def preemptions(samples: Sequence[Sample]) -> float | None:
+    """Preemptions between the first and the last scrape (None: not exported)."""
+    counts = [s.preemptions for s in samples if s.preemptions is not None]
+    return counts[-1] - counts[0] if counts else None
+
+
 async def wait_idle(base_url: str, model: str, timeout_s: float) -> None:
     """Until the engine has nothing waiting or running (a real engine between arms)."""
     deadline = time.monotonic() + timeout_s
@@ -110,11 +133,16 @@ async def wait_idle(base_url: str, model: str, timeout_s: float) -> None:
     raise TimeoutError(f"the engine at {base_url} did not become idle in {timeout_s:.0f}s")
 
 
-def served_model(base_url: str) -> str:
-    """The first model an OpenAI-compatible engine serves (GET /v1/models)."""
+def served_models(base_url: str) -> dict[str, int | None]:
+    """Model -> its context length (``max_model_len``, None if not said), from the
+    engine's GET /v1/models in the order listed; vLLM and the simulator both say it."""
     response = httpx.get(f"{base_url}/v1/models", timeout=10.0)
     response.raise_for_status()
     data = response.json().get("data") or []
     if not data:
         raise ValueError(f"{base_url}/v1/models lists no model")
-    return str(data[0]["id"])
+    return {str(m["id"]): _int_or_none(m.get("max_model_len")) for m in data}
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

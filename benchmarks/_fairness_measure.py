@@ -1,10 +1,12 @@
 """Measuring one arm in its environment: idle TTFT first, then the flood under watch.
 
-Before the flood, a few light requests on the idle engine give the reference
-TTFT (straight to the engine) and the arm's own idle TTFT (through its path,
-which also warms fairq's connections and script cache up). Then the engine's
-/metrics is scraped from half a second before t=0 until half a second after
-the last response, while the scenario runs.
+First the arm's engine must serve a context the scenario fits (its GET
+/v1/models); a misfit fails the arm before any load. Before the flood, a few
+light requests on the idle engine give the reference TTFT (straight to the
+engine) and the arm's own idle TTFT (through its path, which also warms fairq's
+connections and script cache up). Then the engine's /metrics is scraped from
+half a second before t=0 until half a second after the last response, and the
+CPU of the engine, of fairq and of the load client is read over the flood.
 """
 
 from __future__ import annotations
@@ -17,22 +19,19 @@ from typing import Any
 
 import httpx
 
-from benchmarks._fairness_engine import EngineWatch
-from benchmarks._fairness_load import (
-    LIGHT_PROMPT_TOKENS,
-    LoadResult,
-    Target,
-    light_request,
-    make_prompt,
-    run_load,
-)
+from benchmarks._fairness_cpu import CpuMeter
+from benchmarks._fairness_engine import EngineWatch, served_models
+from benchmarks._fairness_load import LoadResult, RequestResult, Target, make_prompt, run_load, send
 from benchmarks._fairness_report import arm_summary, engine_summary
+from benchmarks._fairness_scenarios import LIGHT_PROMPT_TOKENS, context_problem, plan
+from benchmarks._fairness_shares import shares
 from benchmarks._fairness_stack import IDLE_USER, ArmEnv, Setup
 from benchmarks.stats import median
 
 IDLE_REQUESTS = 5
 PATH_IDLE_REQUESTS = 3
 WATCH_MARGIN_S = 0.5
+BUCKET_S = 0.05  # the time resolution of the heavy users' token counts (mixed)
 
 
 async def idle_ttft_s(target: Target, requests: int, tokens: int) -> float | None:
@@ -42,9 +41,8 @@ async def idle_ttft_s(target: Target, requests: int, tokens: int) -> float | Non
     async with httpx.AsyncClient(timeout=httpx.Timeout(60.0)) as client:
         for i in range(requests + 1):
             prompt = make_prompt(f"idle {i} {rng.random()}", LIGHT_PROMPT_TOKENS, rng)
-            result = await light_request(
-                client, target, IDLE_USER, prompt=prompt, tokens=tokens, t0=time.perf_counter()
-            )
+            result = RequestResult(IDLE_USER, False, 0.0, tokens)
+            await send(client, target, result, prompt, stream=True, t0=time.perf_counter())
             if result.error is not None:
                 raise RuntimeError(f"a request on the idle engine failed: {result.error}")
             if i > 0 and result.ttft_s is not None:
@@ -52,30 +50,54 @@ async def idle_ttft_s(target: Target, requests: int, tokens: int) -> float | Non
     return median(ttfts) if ttfts else None
 
 
+def check_context(engine_url: str, setup: Setup) -> None:
+    """Raise ValueError when the arm's engine serves a context the scenario does not fit."""
+    context = served_models(engine_url).get(setup.model)
+    problem = None if context is None else context_problem(setup.scenario, context)
+    if problem is not None:
+        raise ValueError(problem)
+
+
 async def measure_arm(
     env: ArmEnv, setup: Setup, deadline_s: float, tpot_ceiling_ms: float, engine_idle: bool
 ) -> tuple[dict[str, Any], float | None]:
     """The arm's summary, and the idle engine's TTFT when ``engine_idle`` asks for it."""
+    check_context(env.engine_url, setup)
     tokens = setup.scenario.light_output_tokens
     direct = Target(f"{env.engine_url}/v1/chat/completions", setup.model)
     idle_s = await idle_ttft_s(direct, IDLE_REQUESTS, tokens) if engine_idle else None
     path_idle_s = await idle_ttft_s(env.target, PATH_IDLE_REQUESTS, tokens)
-    watch = EngineWatch(env.engine_url, setup.model)
+    load, samples, failures, cpu = await _flood(env, setup, deadline_s)
+    until = load.heavy_done_s if load.heavy_done_s is not None else load.wall_s
+    engine = engine_summary(samples, until, tpot_ceiling_ms, failures)
+    return arm_summary(load, path_idle_s, engine, cpu, _shares(load, setup)), idle_s
+
+
+async def _flood(
+    env: ArmEnv, setup: Setup, deadline_s: float
+) -> tuple[LoadResult, list[Any], int, dict[str, Any]]:
+    """The scenario under watch: its load, the engine's samples (t=0 at the flood's
+    start), the failed scrapes, and the CPU spent."""
+    watch, meter = EngineWatch(env.engine_url, setup.model), CpuMeter(env.groups)
+    bucket_s = BUCKET_S if setup.scenario.name == "mixed" else None
     starts: list[float] = []
     task = asyncio.create_task(watch.run())
     try:
         await asyncio.sleep(WATCH_MARGIN_S)
-        load = await run_load(env.target, setup.scenario, deadline_s, env.dead, starts.append)
+        meter.start()
+        load = await run_load(env.target, plan(setup.scenario), deadline_s, dead=env.dead,
+                              on_start=starts.append, bucket_s=bucket_s)  # fmt: skip
+        cpu = meter.stop()
         await asyncio.sleep(WATCH_MARGIN_S)
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-    samples = watch.relative_to(starts[0])
-    until = _power_end(load)
-    engine = engine_summary(samples, until, tpot_ceiling_ms, watch.failures)
-    return arm_summary(load, path_idle_s, engine), idle_s
+    return load, watch.relative_to(starts[0]), watch.failures, cpu
 
 
-def _power_end(load: LoadResult) -> float:
-    return load.power_done_s if load.power_done_s is not None else load.wall_s
+def _shares(load: LoadResult, setup: Setup) -> dict[str, Any] | None:
+    if load.bucket_s is None:
+        return None
+    heavy = [r for r in load.requests if r.heavy]
+    return shares(heavy, setup.scenario.heavy_users(), load.bucket_s)

@@ -1,7 +1,14 @@
-"""The fairness benchmark's figures: one summary per arm, the table, the Done-when check.
+"""The fairness benchmark's figures: one summary per arm, the tables, the Done-when.
 
-Everything here is plain values in, plain values out: an arm's load and engine
-trace become a JSON-ready dict; the run's dict becomes markdown.
+Everything here is plain values in, plain values out: an arm's load, engine trace
+and CPU become a JSON-ready dict; the run's dict becomes markdown. Latencies are
+given in milliseconds and in engine steps: the engine's own mean time per output
+token during the flood (``_fairness_engine.step_ms``), so that figures compare
+across engines whose steps differ by orders of magnitude.
+
+An arm with any failed request (an error, a cut answer, or one still open at the
+deadline) has the status FAILED: its table row says how many and the first error
+instead of figures, and every check involving it does not hold.
 """
 
 from __future__ import annotations
@@ -10,26 +17,27 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from benchmarks._fairness_engine import Sample, tpot_ms
-from benchmarks._fairness_load import LoadResult
+from benchmarks._fairness_checks import FAILED, OK, verdict
+from benchmarks._fairness_engine import Sample, preemptions, step_ms, tpot_ms
+from benchmarks._fairness_load import LoadResult, RequestResult
+from benchmarks._fairness_scenarios import user_name
 from benchmarks.stats import markdown_table, median, pct
-
-# The Done-when of the issue: arm (c) against arm (a) and the idle engine.
-P95_LOWER_THAN_A = 20.0
-P95_OVER_IDLE = 2.0
-TOK_S_SHARE_OF_A = 0.9
-NOTE = (
-    "Simulator figures are estimates: the simulator models an engine's batching and "
-    "queueing from a profile; it is not a GPU."
-)
 
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000
 
 
+def _steps(ms: float | None, step: float | None) -> float | None:
+    return None if ms is None or not step else ms / step
+
+
+def _ttfts_ms(requests: Sequence[RequestResult]) -> list[float]:
+    return [r.ttft_s * 1000 for r in requests if r.ttft_s is not None]
+
+
 def light_summary(load: LoadResult) -> dict[str, Any]:
-    ttfts = [r.ttft_s * 1000 for r in load.light if r.ttft_s is not None]
+    ttfts = _ttfts_ms(load.light)
     return {
         "p50": median(ttfts) if ttfts else None,
         "p95": pct(ttfts, 95) if ttfts else None,
@@ -39,15 +47,42 @@ def light_summary(load: LoadResult) -> dict[str, Any]:
     }
 
 
+def in_steps(ttft_ms: Mapping[str, Any], step: float | None) -> dict[str, float | None]:
+    return {k: _steps(ttft_ms[k], step) for k in ("p50", "p95", "max")}
+
+
+def light_by_user(load: LoadResult, step: float | None) -> dict[str, dict[str, float | None]]:
+    """Each light user's TTFT p95, in ms and in steps (None: no first token)."""
+    out = {}
+    for user in dict.fromkeys(r.user for r in load.light):
+        mine = [r for r in load.light if r.user == user]
+        ttfts = _ttfts_ms(mine)
+        p95 = pct(ttfts, 95) if len(ttfts) == len(mine) else None
+        out[user] = {"p95_ms": p95, "p95_steps": _steps(p95, step)}
+    return out
+
+
+def failure(load: LoadResult) -> dict[str, Any] | None:
+    """How many requests failed and the first error (None: none failed)."""
+    failed = load.failed
+    if not failed:
+        return None
+    first = f"stopped: {load.stopped}" if load.stopped else failed[0].error
+    return {"count": len(failed), "of": len(load.requests), "first_error": first}
+
+
 def engine_summary(
     samples: Sequence[Sample], until_s: float | None, tpot_ceiling_ms: float, failures: int
 ) -> dict[str, Any]:
-    """Queue and batch over the arm; the TPOT share is what fairq's ceiling would see."""
+    """Queue, batch and step over the flood (t=0 to ``until_s``)."""
     tpots = tpot_ms(samples)
-    during = [(s, t) for s, t in zip(samples, tpots, strict=True) if 0 <= s.t_s <= (until_s or 0)]
+    end = until_s or 0.0
+    during = [(s, t) for s, t in zip(samples, tpots, strict=True) if 0 <= s.t_s <= end]
     running = [s.running for s, _ in during]
     measured = [t for _, t in during if t is not None]
     return {
+        "step_ms": step_ms(samples, 0.0, end),
+        "preemptions": preemptions(samples),
         "peak_waiting": max((s.waiting for s in samples), default=None),
         "peak_running": max((s.running for s in samples), default=None),
         "mean_running": sum(running) / len(running) if running else None,
@@ -65,30 +100,52 @@ def engine_summary(
     }
 
 
+def _light_rows(load: LoadResult) -> list[dict[str, Any]]:
+    return [
+        {
+            "user": r.user,
+            "arrival_s": round(r.arrival_s, 3),
+            "ttft_ms": _ms(r.ttft_s),
+            "output_tokens": r.output_tokens,
+            "error": r.error,
+        }
+        for r in load.light
+    ]
+
+
 def arm_summary(
-    load: LoadResult, idle_path_s: float | None, engine: Mapping[str, Any]
+    load: LoadResult,
+    idle_path_s: float | None,
+    engine: Mapping[str, Any],
+    cpu: Mapping[str, Any],
+    heavy_shares: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    step = engine["step_ms"]
+    light = light_summary(load)
+    fairq_s = cpu.get("fairq_s")
     return {
-        "available": True,
+        "status": FAILED if load.failed else OK,
+        "failed": failure(load),
         "idle_path_ttft_ms": _ms(idle_path_s),
-        "light_ttft_ms": light_summary(load),
-        "light": [
-            {
-                "user": r.user,
-                "arrival_s": round(r.arrival_s, 3),
-                "ttft_ms": _ms(r.ttft_s),
-                "output_tokens": r.output_tokens,
-                "error": r.error,
-            }
-            for r in load.light
-        ],
-        "power_done_s": load.power_done_s,
-        "power_ok": load.power_ok,
-        "power_errors": load.power_errors,
+        "step_ms": step,
+        "light_ttft_ms": light,
+        "light_ttft_steps": in_steps(light, step),
+        "light_by_user": light_by_user(load, step),
+        "light": _light_rows(load),
+        "power_done_s": load.heavy_done_s,
+        "heavy_ok": sum(1 for r in load.requests if r.heavy and r.error is None),
+        "heavy_sent": sum(1 for r in load.requests if r.heavy),
         "output_tokens": load.output_tokens,
         "wall_s": load.wall_s,
         "output_tok_s": load.output_tok_s,
-        "errors": load.errors,
+        "preemptions": engine["preemptions"],
+        "fairq_preemptions": None,  # fairq's own count: not exported yet
+        "cpu": dict(cpu),
+        "fairq_cpu_ms_per_1k_tokens": (
+            fairq_s * 1e6 / load.output_tokens if fairq_s and load.output_tokens else None
+        ),
+        "shares": dict(heavy_shares) if heavy_shares is not None else None,
+        "errors": list(dict.fromkeys(r.error for r in load.failed if r.error))[:5],
         "engine": dict(engine),
     }
 
@@ -99,105 +156,138 @@ def _ratio(top: float | None, bottom: float | None) -> float | None:
     return top / bottom
 
 
-def compare(arms: Mapping[str, dict[str, Any]], idle_ms: float | None) -> None:
-    """Add each arm's ratios against arm (a) and the idle engine, in place."""
+def compare(arms: Mapping[str, dict[str, Any]]) -> None:
+    """Add each arm's tokens/s against arm (a), in place (only when (a) ran without failure)."""
     base = arms.get("a", {})
-    base_p95 = base.get("light_ttft_ms", {}).get("p95")
+    base_tok_s = base.get("output_tok_s") if base.get("status") == OK else None
     for arm in arms.values():
-        if not arm.get("available"):
-            continue
-        p95 = arm["light_ttft_ms"]["p95"]
-        arm["p95_times_lower_than_a"] = _ratio(base_p95, p95)
-        arm["p95_over_idle"] = _ratio(p95, idle_ms)
-        arm["tok_s_share_of_a"] = _ratio(arm["output_tok_s"], base.get("output_tok_s"))
-
-
-def criteria(arms: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
-    """The Done-when, for arm (c); None where (a) or (c) did not run."""
-    c = arms.get("c", {})
-    if not (c.get("available") and arms.get("a", {}).get("available")):
-        return {"evaluated": False, "why": "needs arms (a) and (c)"}
-    checks = {
-        "p95_at_least_20x_lower_than_a": (c["p95_times_lower_than_a"], P95_LOWER_THAN_A, "ge"),
-        "p95_within_2x_idle": (c["p95_over_idle"], P95_OVER_IDLE, "le"),
-        "tok_s_at_least_90pct_of_a": (c["tok_s_share_of_a"], TOK_S_SHARE_OF_A, "ge"),
-    }
-    out: dict[str, Any] = {"evaluated": True}
-    for name, (value, bound, op) in checks.items():
-        holds = value is not None and (value >= bound if op == "ge" else value <= bound)
-        out[name] = {"value": value, "bound": bound, "holds": holds}
-    out["all_hold"] = all(v["holds"] for k, v in out.items() if isinstance(v, dict))
-    return out
+        if arm.get("status") == OK:
+            arm["tok_s_share_of_a"] = _ratio(arm["output_tok_s"], base_tok_s)
 
 
 def _cell(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def _row(key: str, arm: Mapping[str, Any]) -> list[object]:
-    title = f"({key}) {arm['title']}"
-    if not arm.get("available"):
-        return [title, f"not available: {arm['reason']}", *[""] * 9]
-    t, e = arm["light_ttft_ms"], arm["engine"]
-    share = arm.get("tok_s_share_of_a")
-    return [
-        title,
-        _cell(t["p50"], ".0f"),
-        _cell(t["p95"], ".0f"),
-        _cell(t["max"], ".0f"),
-        _cell(arm.get("p95_times_lower_than_a"), ".1f") + "x",
-        _cell(arm.get("p95_over_idle"), ".1f") + "x",
-        _cell(arm["power_done_s"], ".1f"),
-        _cell(arm["output_tok_s"], ".0f"),
-        "-" if share is None else f"{share:.0%}",
-        _cell(e["peak_waiting"], ".0f"),
-        f"{arm['power_errors'] + t['sent'] - t['measured']}",
-    ]
+def _triple(values: Mapping[str, Any], fmt: str) -> str:
+    return " / ".join(_cell(values[k], fmt) for k in ("p50", "p95", "max"))
 
 
 HEADER = (
-    "arm", "light TTFT p50 ms", "p95 ms", "max ms", "p95 lower than (a)", "p95 / idle",
-    "power user done s", "output tok/s", "tok/s vs (a)", "peak engine waiting", "errors",
+    "arm", "light TTFT p50 / p95 / max ms", "in engine steps", "step ms", "power user done s",
+    "output tok/s", "tok/s vs (a)", "engine preemptions", "fairq CPU s", "engine CPU s",
+    "client CPU s", "peak engine waiting",
 )  # fmt: skip
 
 
+def _row(key: str, arm: Mapping[str, Any]) -> list[object]:
+    title = f"({key}) {arm['title']}"
+    blank = [""] * (len(HEADER) - 2)
+    if arm["status"] != OK:
+        return [title, _status(arm), *blank]
+    share, cpu = arm.get("tok_s_share_of_a"), arm["cpu"]
+    return [
+        title,
+        _triple(arm["light_ttft_ms"], ".0f"),
+        _triple(arm["light_ttft_steps"], ".1f"),
+        _cell(arm["step_ms"], ".2f"),
+        _cell(arm["power_done_s"], ".1f"),
+        _cell(arm["output_tok_s"], ".0f"),
+        "-" if share is None else f"{share:.0%}",
+        _cell(arm["preemptions"], ".0f"),
+        _cell(cpu.get("fairq_s"), ".1f"),
+        _cell(cpu.get("engine_s"), ".1f"),
+        _cell(cpu.get("client_s"), ".1f"),
+        _cell(arm["engine"]["peak_waiting"], ".0f"),
+    ]
+
+
+def _status(arm: Mapping[str, Any]) -> str:
+    if arm["status"] != FAILED:
+        return f"not available: {arm['reason']}"
+    failed = arm["failed"]
+    error = str(failed["first_error"]).replace("|", "/").replace("\n", " ")[:200]
+    if failed.get("count") is None:
+        return f"FAILED: {error}"
+    return f"FAILED: {failed['count']} of {failed['of']} requests failed; first: {error}"
+
+
+def _shares_table(arms: Mapping[str, Any], users: Mapping[str, float]) -> str:
+    columns = [f"{u} (weight {w:g}): tokens / weight share" for u, w in users.items()]
+    header = ["arm", "window s", *columns]
+    rows = []
+    for key, arm in arms.items():
+        shares = arm.get("shares") if arm["status"] == OK else None
+        if not shares or shares["window_s"] is None:
+            rows.append([f"({key}) {arm['title']}", "-", *["-"] * len(users)])
+            continue
+        start, end = shares["window_s"]
+        cells = [_share_cell(shares["users"][u]) for u in users]
+        rows.append([f"({key}) {arm['title']}", f"{start:.1f}-{end:.1f}", *cells])
+    return markdown_table(header, rows)
+
+
+def _share_cell(user: Mapping[str, Any]) -> str:
+    share = "-" if user["share"] is None else f"{user['share']:.0%}"
+    return f"{share} / {user['weight_share']:.0%}"
+
+
+def _scenario_line(s: Mapping[str, Any]) -> str:
+    low, high = s["output_tokens"]
+    sizes = f"{low}" if low == high else f"{low}-{high} (uniform)"
+    weights = ", ".join(f"{w:g}" for w in s["heavy_weights"])
+    who = "user A" if len(s["heavy_weights"]) == 1 else f"heavy users of weights {weights}"
+    mode = "streamed" if s["power_stream"] else "not streamed"
+    arrivals = "Poisson arrivals, mean gap" if s["name"] == "mixed" else "B and C first, then every"
+    return (
+        f"{who}: {s['power_requests']} requests each at t=0 (~{s['prompt_tokens']} prompt, "
+        f"{sizes} output tokens, {mode}); {s['light_users']} light users send "
+        f"{s['light_requests']} streamed request(s) each ({s['light_output_tokens']} tokens) "
+        f"from t={s['light_start_s']:g}s, {arrivals} {s['light_interval_s']:g}s."
+    )
+
+
+def _section(name: str, section: Mapping[str, Any]) -> list[str]:
+    arms, s = section["arms"], section["scenario"]
+    lines = [
+        f"## Scenario {name}",
+        "",
+        _scenario_line(s),
+        f"Light-user TTFT on the idle engine (median, direct): "
+        f"{_cell(section['idle_ttft_ms'], '.1f')} ms. An engine step is the engine's mean "
+        "time per output token during the flood, per arm.",
+        "",
+        markdown_table(HEADER, [_row(k, a) for k, a in arms.items()]),
+        "",
+    ]
+    if name == "mixed":
+        users = {user_name(i): w for i, w in enumerate(s["heavy_weights"])}
+        lines += ["Heavy users' share of output tokens while all are backlogged:", "",
+                  _shares_table(arms, users), ""]  # fmt: skip
+    return lines + _criteria_lines(section["criteria"])
+
+
+def _criteria_lines(checks: Mapping[str, Any]) -> list[str]:
+    lines = ["Done-when:"]
+    for key, check in checks.items():
+        if key == "all_hold":
+            continue
+        lines.append(f"- {check['label']}: {_cell(check['value'], '.2f')} ({verdict(check)})")
+    return lines
+
+
 def render(result: Mapping[str, Any]) -> str:
-    arms = result["arms"]
-    table = markdown_table(HEADER, [_row(k, a) for k, a in arms.items()])
-    m, s = result["machine"], result["scenario"]
+    m = result["machine"]
     lines = [
         f"# fairq fairness benchmark, {result['date']}",
         "",
         f"Engine: {result['engine']}. Machine: {m['cores']} cores, {m['platform']}, "
-        f"Python {m['python']}.",
-        f"Scenario: user A sends {s['power_requests']} requests at t=0 "
-        f"(~{s['prompt_tokens']} prompt, {s['output_tokens']} output tokens); "
-        f"{s['light_users']} light users send one streamed request each "
-        f"({s['light_output_tokens']} tokens) from t={s['light_start_s']:g}s, "
-        f"every {s['light_interval_s']:g}s after the first two.",
-        f"Light-user TTFT on the idle engine (median, direct): "
-        f"{_cell(result['idle_ttft_ms'], '.1f')} ms.",
+        f"Python {m['python']}. CPU pinning: {result['cpu_pinning']}.",
         "",
-        table,
-        "",
-        *_criteria_lines(result["criteria"]),
-        "",
-        NOTE if result["simulated"] else "Engine: the one at --engine-url, as it was started.",
     ]
+    for name, section in result["scenarios"].items():
+        lines += [*_section(name, section), ""]
+    if result["failed_arms"]:
+        lines.append(f"FAILED arms: {', '.join(result['failed_arms'])}.")
+    lines.append(result["engine_note"])
     return "\n".join(lines)
-
-
-def _criteria_lines(checks: Mapping[str, Any]) -> list[str]:
-    if not checks.get("evaluated"):
-        return [f"Done-when not evaluated: {checks['why']}."]
-    names = {
-        "p95_at_least_20x_lower_than_a": "(c) light TTFT p95 at least 20x lower than (a)",
-        "p95_within_2x_idle": "(c) light TTFT p95 within 2x of the idle engine's",
-        "tok_s_at_least_90pct_of_a": "(c) output tok/s at least 90% of (a)",
-    }
-    lines = ["Done-when (arm c):"]
-    for key, label in names.items():
-        check = checks[key]
-        verdict = "holds" if check["holds"] else "MISSED"
-        lines.append(f"- {label}: {_cell(check['value'], '.2f')} ({verdict})")
-    return lines

@@ -1,10 +1,11 @@
 """A fresh, private environment per arm, so no arm inherits another's state.
 
-Each arm gets its own simulator process (from a temporary profile derived from
-the chosen one, FCFS or priority as the arm needs), and for fairq arms its own
-Redis, dispatcher, workers and gateway, all on 127.0.0.1. With ``--engine-url``
-no simulator starts: the arms share the user's engine, and the caller waits
-for it to be idle between arms.
+Each arm gets its engine (``_fairness_provision``: a fresh simulator or vLLM with
+the policy the arm needs, or the user's engine), and for fairq arms its own
+Redis, dispatcher, workers and gateway, all on 127.0.0.1. With CPU pinning the
+engine runs on its core and fairq's processes and the load client on the other,
+in every arm alike. With ``--engine-url`` the arms share the user's engine, and
+the caller waits for it to be idle between arms.
 
 Worker slots: every request the engine runs holds one worker slot, and the
 H100-like profile batches 256 at once. Two workers with at least 300 slots each
@@ -16,21 +17,29 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
-from benchmarks._fairness_arms import ARMS, ArmSpec, model_config
-from benchmarks._fairness_load import POWER_USER, Scenario, Target, light_user_name
+from benchmarks._fairness_arms import ARMS, ArmSpec, model_config, policy
+from benchmarks._fairness_cpu import (
+    ENGINE_CPUS,
+    FAIRQ_CPUS,
+    ProcessGroups,
+    descendants,
+    pin_pids,
+    pinned,
+)
+from benchmarks._fairness_load import Target
+from benchmarks._fairness_provision import SIM_MODEL, EngineChoice, engine_for
+from benchmarks._fairness_scenarios import Scenario, plan
 from broker import hash_key
 from fairq.localredis import free_port
 from fairq.stack import Stack
 
-SIM_MODEL = "sim-model"
 IDLE_USER = "idle"  # measures TTFT on the idle engine; never part of the flood
 WORKERS = 2
 MIN_WORKER_SLOTS = 300
@@ -41,33 +50,39 @@ _NO_PRIORITY_SCHEDULING = "Priority scheduling is not enabled"  # vLLM's own wor
 
 @dataclass(frozen=True)
 class Setup:
-    """What every arm of one run shares."""
+    """What every arm of one scenario shares."""
 
     scenario: Scenario
-    profile: str  # simulator profile name or path (ignored with engine_url)
-    engine_url: str | None  # the user's engine; None: a simulator per arm
-    model: str  # the served model name
+    engine: EngineChoice
+
+    @property
+    def model(self) -> str:
+        return self.engine.model
 
 
 @dataclass
 class ArmEnv:
     target: Target
     engine_url: str
-    stack: Stack | None
+    groups: ProcessGroups
+    stacks: tuple[Stack, ...] = ()
+    engine_dead: Callable[[], str | None] | None = None  # the engine's own liveness check
 
     def dead(self) -> str | None:
-        """A stack process that exited mid-arm, if any."""
-        return None if self.stack is None else self.stack.dead()
+        """A process of the arm that exited mid-arm, if any."""
+        if self.engine_dead is not None and (name := self.engine_dead()) is not None:
+            return name
+        return next((n for s in self.stacks if (n := s.dead()) is not None), None)
 
 
 def user_keys(scenario: Scenario) -> dict[str, str]:
-    users = [POWER_USER, IDLE_USER, *(light_user_name(i) for i in range(scenario.light_users))]
+    users = [*scenario.heavy_users(), IDLE_USER, *scenario.light_user_names()]
     return {user: f"fq-bench-{user.lower()}" for user in users}
 
 
 def max_requests(scenario: Scenario) -> int:
-    """The most requests an arm can have open at once: the flood, the light users, idle."""
-    return scenario.power_requests + scenario.light_users + 1
+    """The most requests an arm can have open at once: the whole plan, and idle."""
+    return len(plan(scenario)) + 1
 
 
 def worker_slots(scenario: Scenario) -> int:
@@ -75,56 +90,59 @@ def worker_slots(scenario: Scenario) -> int:
 
 
 def fairq_config(spec: ArmSpec, setup: Setup, engine_url: str) -> dict[str, Any]:
-    keys = user_keys(setup.scenario)
+    """fairq's configuration for the arm: the model, and a key per user, each heavy
+    user its own tenant with its weight (token_fair shares by tenant weight)."""
+    scenario = setup.scenario
+    weights = scenario.heavy_users()
+    keys = [
+        {"sha256": hash_key(key), "user": user, "tenant": user, "weight": weights.get(user, 1.0)}
+        for user, key in user_keys(scenario).items()
+    ]
+    heavy = scenario.power_requests * len(weights)
     return {
-        "models": [model_config(spec, setup.model, engine_url, max_requests(setup.scenario))],
-        "api_keys": [{"sha256": hash_key(key), "user": user} for user, key in keys.items()],
-        "max_queued_per_user": max(1000, setup.scenario.power_requests + 10),
+        "models": [model_config(spec, setup.model, engine_url, max_requests(scenario))],
+        "api_keys": keys,
+        "max_queued_per_user": max(1000, heavy + 10),
     }
-
-
-def write_profile(base: str, priority: bool, folder: Path) -> Path:
-    """The chosen profile with the arm's scheduling policy, as a YAML file."""
-    from workers.sim import load_profile
-
-    profile = load_profile(base).model_copy(
-        update={"scheduling_policy": "priority" if priority else "fcfs"}
-    )
-    path = folder / f"profile-{profile.scheduling_policy}.yaml"
-    path.write_text(yaml.safe_dump(profile.model_dump()))
-    return path
 
 
 @contextlib.contextmanager
 def arm_env(spec: ArmSpec, setup: Setup) -> Iterator[ArmEnv]:
     """Start what the arm needs; stop all of it on the way out (Ctrl-C included)."""
-    with tempfile.TemporaryDirectory(prefix="fairq-bench-") as folder:
-        sims: dict[int, str] = {}
-        profiles: dict[int, str] = {}
-        engine_url = setup.engine_url
-        if engine_url is None:
-            port = free_port()
-            sims, engine_url = {port: setup.model}, f"http://127.0.0.1:{port}"
-            profiles = {port: str(write_profile(setup.profile, spec.engine_priority, Path(folder)))}
-        stack = None
+    with (
+        tempfile.TemporaryDirectory(prefix="fairq-bench-") as folder,
+        contextlib.ExitStack() as on_exit,
+    ):
+        engine = on_exit.enter_context(engine_for(setup.engine, policy(spec), Path(folder)))
+        engine_pids = frozenset(descendants())
+        if setup.engine.pinning:
+            if setup.engine.kind == "sim":  # vLLM pins itself
+                pin_pids(engine_pids, ENGINE_CPUS)
+            on_exit.enter_context(pinned(FAIRQ_CPUS))
+        stacks: tuple[Stack, ...] = ()
         if spec.via_fairq:
-            stack = Stack(
-                fairq_config(spec, setup, engine_url), gateway_port=free_port(), sims=sims,
-                sim_profiles=profiles, workers=WORKERS,
-                env={**_QUIET, "FAIRQ_WORKER_CONCURRENCY": str(worker_slots(setup.scenario))},
-            )  # fmt: skip
-        elif sims:
-            stack = Stack({}, gateway_port=0, sims=sims, sim_profiles=profiles, workers=0,
-                          dispatchers=0, gateway=False)  # fmt: skip
-        with _running(stack):
-            yield ArmEnv(_target(spec, setup, engine_url, stack), engine_url, stack)
+            stack = _fairq_stack(spec, setup, engine.url)
+            on_exit.enter_context(_running(stack))
+            stacks = (stack,)
+        groups = ProcessGroups(engine_pids, frozenset(descendants()) - engine_pids, _labels(stacks))
+        target = _target(spec, setup, engine.url, stacks)
+        yield ArmEnv(target, engine.url, groups, stacks, engine.dead)
+
+
+def _fairq_stack(spec: ArmSpec, setup: Setup, engine_url: str) -> Stack:
+    slots = str(worker_slots(setup.scenario))
+    return Stack(fairq_config(spec, setup, engine_url), gateway_port=free_port(),
+                 workers=WORKERS, batch_workers=0,
+                 env={**_QUIET, "FAIRQ_WORKER_CONCURRENCY": slots})  # fmt: skip
+
+
+def _labels(stacks: tuple[Stack, ...]) -> dict[int, str]:
+    labels = {p.pid: name for s in stacks for name, p in s.processes.items()}
+    return labels | {pid: "redis and others" for pid in descendants() if pid not in labels}
 
 
 @contextlib.contextmanager
-def _running(stack: Stack | None) -> Iterator[None]:
-    if stack is None:
-        yield
-        return
+def _running(stack: Stack) -> Iterator[None]:
     stack.start(START_TIMEOUT_S)  # stops what it started if it fails
     try:
         yield
@@ -132,9 +150,9 @@ def _running(stack: Stack | None) -> Iterator[None]:
         stack.stop()
 
 
-def _target(spec: ArmSpec, setup: Setup, engine_url: str, stack: Stack | None) -> Target:
-    if spec.via_fairq and stack is not None:
-        url = f"{stack.gateway_url}/v1/chat/completions"
+def _target(spec: ArmSpec, setup: Setup, engine_url: str, stacks: tuple[Stack, ...]) -> Target:
+    if stacks:
+        url = f"{stacks[0].gateway_url}/v1/chat/completions"
         return Target(url, setup.model, keys=user_keys(setup.scenario))
     url = f"{engine_url}/v1/chat/completions"
     return Target(url, setup.model, priorities=spec.client_priorities)
@@ -143,15 +161,17 @@ def _target(spec: ArmSpec, setup: Setup, engine_url: str, stack: Stack | None) -
 def fairq_priority_problem() -> str | None:
     """Why fairq does not pass priorities to the engine (None: it does).
 
-    Probe: fairq with ``engine_priority`` in front of a small FCFS simulator. An
-    engine without priority scheduling refuses any nonzero priority with a 400, so a
-    refusal proves fairq sent one; a batch-band job must get a nonzero priority.
+    Probe: fairq with ``engine_priority`` in front of a small FCFS simulator. The
+    simulator, like vLLM 0.32 in its own words, refuses a nonzero priority when it
+    runs fcfs, so a refusal proves fairq sent one; a batch-band job must get a
+    nonzero priority.
     """
     port = free_port()
-    setup = Setup(Scenario(power_requests=1, light_users=0), "default", None, SIM_MODEL)
+    scenario = Scenario("seed", 1, 8, (1, 1), power_stream=False, light_users=1)
+    setup = Setup(scenario, EngineChoice("sim", SIM_MODEL, None, profile="default"))
     config = fairq_config(ARMS["f"], setup, f"http://127.0.0.1:{port}")
     stack = Stack(config, gateway_port=free_port(), sims={port: SIM_MODEL}, workers=1, env=_QUIET)
-    key = user_keys(setup.scenario)[IDLE_USER]
+    key = user_keys(scenario)[IDLE_USER]
     body = {"model": SIM_MODEL, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
     try:
         with _running(stack):

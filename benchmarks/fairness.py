@@ -1,22 +1,35 @@
-"""Fairness under a flood: one power user against light users, six arms in one run.
+"""Fairness under a flood: heavy users against light users, every arm side by side.
 
-The seed scenario: user A sends 500 requests at t=0 (~1,000 prompt and 200
-output tokens each); users B and C send one streamed request each at t≈1 s,
-and more light users trickle in every few seconds. The same scenario runs
-against each arm (see ``_fairness_arms``) on a fresh stack with the same engine
-profile, one arm after the other. Reported per arm: the light users' TTFT
-p50/p95/max, when the power user's last answer came, total output tokens/s,
-and the engine's queue over time; written as ``fairness.md``, ``fairness.json``
-and ``fairness.png`` to the output folder.
+Scenarios (``--scenario seed,long,mixed``; ``_fairness_scenarios``): the seed
+flood (user A's 500 requests at t=0, light users trickling in), a long-generation
+flood (A's streamed long answers fill the engine's whole batch before the light
+users come), and a mixed load (heavy users of weights 1, 2 and 4, light users at
+Poisson times). Each scenario runs against every arm (``_fairness_arms``), one
+after the other, each on a fresh engine and stack with the same profile.
 
-Run it as ``fairq bench fairness`` or ``python -m benchmarks.fairness``. By
-default each arm gets its own simulator (profile ``h100-8b``: its figures are
-estimates); ``--engine-url`` runs the arms against an engine you started.
+Reported per arm and scenario: the light users' TTFT p50/p95/max in milliseconds
+and in engine steps (the engine's own mean time per output token during the
+flood), when the heavy users' last answer came, output tokens/s against arm (a),
+the engine's preemptions, and the CPU seconds of fairq's processes, the engine
+and the load client; in the mixed scenario, each heavy user's share of output
+tokens next to its weight's share. Written as ``fairness.md``, ``fairness.json``
+and ``fairness-<scenario>.png`` to the output folder.
 
-The harness: ``_fairness_load`` (the scenario's requests), ``_fairness_engine``
-(/metrics over time), ``_fairness_arms`` and ``_fairness_stack`` (what each arm
-runs), ``_fairness_measure`` (one arm), ``_fairness_report`` and
-``_fairness_plot`` (the outputs).
+A run cannot pass on failures: an arm with any failed request is FAILED, every
+check involving it does not hold, and the command exits 1. A scenario that does
+not fit the engine's context (its GET /v1/models) is refused before any arm runs.
+
+Run it as ``fairq bench fairness`` or ``python -m benchmarks.fairness``. Engines:
+``--engine sim`` (default; profile ``h100-8b``: its figures are estimates),
+``--engine vllm`` (a real vLLM per arm, the tiny model; pinned to core 0 with
+fairq and the client on core 1), or ``--engine-url`` with ``--engine-policy``.
+
+The harness: ``_fairness_scenarios`` and ``_fairness_load`` (the requests),
+``_fairness_sse`` (reading streams), ``_fairness_engine`` (/metrics over time),
+``_fairness_arms``, ``_fairness_provision`` and ``_fairness_stack`` (what each arm
+runs), ``_fairness_cpu`` (CPU and pinning), ``_fairness_measure`` (one arm),
+``_fairness_shares``, ``_fairness_checks``, ``_fairness_report`` and
+``_fairness_plot`` (the outputs); ``_fairness_options`` reads the flags.
 """
 
 from __future__ import annotations
@@ -27,75 +40,97 @@ import importlib.util
 import json
 import math
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import click
+import httpx
+import psutil
 
+from benchmarks import _fairness_options as options
 from benchmarks._fairness_arms import (
+    ENGINE_POLICIES,
     ArmSpec,
+    arm_title,
     config_problem,
-    engine_priority_problem,
-    parse_arms,
+    policy,
+    policy_problem,
 )
-from benchmarks._fairness_engine import served_model, wait_idle
-from benchmarks._fairness_load import Scenario
+from benchmarks._fairness_checks import FAILED, NOT_AVAILABLE, criteria
+from benchmarks._fairness_engine import wait_idle
 from benchmarks._fairness_measure import measure_arm
+from benchmarks._fairness_options import Options
 from benchmarks._fairness_plot import plot
-from benchmarks._fairness_report import compare, criteria, render
-from benchmarks._fairness_stack import SIM_MODEL, Setup, arm_env, fairq_priority_problem
+from benchmarks._fairness_provision import EngineChoice, prepare_vllm
+from benchmarks._fairness_report import compare, render
+from benchmarks._fairness_scenarios import FAMILIES, Scenario
+from benchmarks._fairness_stack import Setup, arm_env, fairq_priority_problem
 from benchmarks.stats import machine
 from broker import ModelConfig
 
-DEFAULT_PROFILE = "h100-8b"
 IDLE_WAIT_S = 600.0
+PINNING = "engine on core 0; fairq's processes and the load client on core 1"
+_ARM_ERRORS = (RuntimeError, TimeoutError, OSError, ValueError, httpx.HTTPError, psutil.Error)
 
 
-@dataclass(frozen=True)
-class Options:
-    scenario: Scenario
-    arms: list[ArmSpec]
-    profile: str
-    engine_url: str | None
-    model: str | None
-    out: Path
-    arm_timeout_s: float
-
-
-def _say(message: str) -> None:
+def say(message: str) -> None:
     click.echo(f"fairness: {message}", err=True)
 
 
 def run(options: Options) -> dict[str, Any]:
-    """Every arm in order; returns the run's figures (JSON-ready)."""
-    if options.engine_url is None:
-        model = SIM_MODEL
-    else:
-        model = options.model or served_model(options.engine_url)
-    setup = Setup(options.scenario, options.profile, options.engine_url, model)
-    arms: dict[str, dict[str, Any]] = {}
-    idle_ms: float | None = None
-    for spec in options.arms:
-        arm, idle_s = _run_arm(spec, setup, options, measure_idle=idle_ms is None)
-        arms[spec.key] = {"title": spec.title, **arm}
-        if idle_s is not None:
-            idle_ms = idle_s * 1000
-    compare(arms, idle_ms)
+    """Every scenario, every arm in order; returns the run's figures (JSON-ready)."""
+    problems = {spec.key: _problem(spec, options.engine) for spec in options.arms}
+    sections = {s.name: _run_scenario(s, options, problems) for s in options.scenarios}
     result: dict[str, Any] = _finite(
         {
             "benchmark": "fairness",
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "machine": machine(),
-            "engine": _engine_label(options, model),
-            "simulated": options.engine_url is None,
-            "scenario": asdict(options.scenario),
-            "idle_ttft_ms": idle_ms,
-            "arms": arms,
-            "criteria": criteria(arms),
+            "engine": options.engine.label,
+            "engine_kind": options.engine.kind,
+            "simulated": options.engine.kind == "sim",
+            "cpu_pinning": PINNING if options.engine.pinning else "off",
+            "engine_note": options.engine.note,
+            "scenarios": sections,
+            "failed_arms": failed_arms(sections),
         }
     )
     return result
+
+
+def failed_arms(sections: dict[str, Any]) -> list[str]:
+    """``scenario (key)`` of every FAILED arm."""
+    return [
+        f"{name} ({key})"
+        for name, section in sections.items()
+        for key, arm in section["arms"].items()
+        if arm["status"] == FAILED
+    ]
+
+
+def _run_scenario(
+    scenario: Scenario, options: Options, problems: dict[str, str | None]
+) -> dict[str, Any]:
+    setup = Setup(scenario, options.engine)
+    arms: dict[str, dict[str, Any]] = {}
+    idle_ms: float | None = None
+    for spec in options.arms:
+        runs = problems[spec.key] is None
+        title = arm_title(spec, options.engine.ran(policy(spec)), runs=runs)
+        arm, idle_s = _run_arm(
+            spec, title, setup, options, problem=problems[spec.key], measure_idle=idle_ms is None
+        )
+        arms[spec.key] = {"title": title, **arm}
+        if idle_s is not None:
+            idle_ms = idle_s * 1000
+    compare(arms)
+    return {
+        "scenario": asdict(scenario),
+        "idle_ttft_ms": idle_ms,
+        "arms": arms,
+        "criteria": criteria(scenario.name, arms),
+    }
 
 
 def _finite(value: Any) -> Any:
@@ -104,45 +139,41 @@ def _finite(value: Any) -> Any:
         return None
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return [_finite(v) for v in value]
     return value
 
 
-def _engine_label(options: Options, model: str) -> str:
-    if options.engine_url is None:
-        return f"engine simulator, profile {options.profile}"
-    return f"engine at {options.engine_url} (model {model})"
-
-
-def _run_arm(
-    spec: ArmSpec, setup: Setup, options: Options, *, measure_idle: bool
-) -> tuple[dict[str, Any], float | None]:
-    problem = _problem(spec, setup)
+def _run_arm(spec: ArmSpec, title: str, setup: Setup, options: Options, *, problem: str | None,
+             measure_idle: bool) -> tuple[dict[str, Any], float | None]:  # fmt: skip
+    where = f"{setup.scenario.name} ({spec.key}) {title}"
     if problem is not None:
-        _say(f"arm ({spec.key}) {spec.title}: not available: {problem}")
-        return {"available": False, "reason": problem}, None
-    _say(f"arm ({spec.key}) {spec.title}: running")
+        say(f"{where}: not available: {problem}")
+        return {"status": NOT_AVAILABLE, "reason": problem}, None
+    say(f"{where}: running")
     try:
-        if setup.engine_url is not None:
-            asyncio.run(wait_idle(setup.engine_url, setup.model, IDLE_WAIT_S))
+        if options.engine.kind == "url":
+            assert options.engine.url is not None
+            asyncio.run(wait_idle(options.engine.url, setup.model, IDLE_WAIT_S))
         with arm_env(spec, setup) as env:
             arm, idle_s = asyncio.run(
                 measure_arm(env, setup, options.arm_timeout_s, _tpot_ceiling_ms(), measure_idle)
             )
-    except (RuntimeError, TimeoutError, OSError, ValueError) as exc:
-        _say(f"arm ({spec.key}) failed: {exc}")
-        return {"available": False, "reason": f"failed: {exc}"}, None
-    _say(f"arm ({spec.key}) done: {arm['output_tok_s']:.0f} output tok/s")
+    except _ARM_ERRORS as exc:
+        say(f"{where}: FAILED: {exc}")
+        return {"status": FAILED, "failed": {"count": None, "first_error": str(exc)}}, None
+    if arm["status"] == FAILED:
+        say(f"{where}: FAILED: {arm['failed']['count']} requests; {arm['failed']['first_error']}")
+    else:
+        say(f"{where}: done: {arm['output_tok_s']:.0f} output tok/s")
     return arm, idle_s
 
 
-def _problem(spec: ArmSpec, setup: Setup) -> str | None:
+def _problem(spec: ArmSpec, engine: EngineChoice) -> str | None:
     """Why the arm cannot run here: fairq lacks its feature, or the engine its policy."""
-    engine_url = setup.engine_url or "http://127.0.0.1:1"
-    problem = config_problem(spec, setup.model, engine_url)
-    if problem is None and spec.engine_priority and setup.engine_url is not None:
-        problem = engine_priority_problem(setup.engine_url, setup.model)
+    problem = config_problem(spec, engine.model, engine.url or "http://127.0.0.1:1")
+    if problem is None:
+        problem = policy_problem(spec, engine.url, engine.policy)
     if problem is None and spec.engine_priority and spec.via_fairq:
         problem = fairq_priority_problem()
     return problem
@@ -153,60 +184,124 @@ def _tpot_ceiling_ms() -> float:
 
 
 def write(result: dict[str, Any], out: Path) -> str:
-    """Write the JSON, markdown and PNG; returns the markdown."""
+    """Write the JSON, markdown and a PNG per scenario; returns the markdown."""
     out.mkdir(parents=True, exist_ok=True)
     markdown = render(result)
     (out / "fairness.json").write_text(json.dumps(result, indent=1))
     (out / "fairness.md").write_text(markdown + "\n")
-    plot(result, out / "fairness.png")
+    for name, section in result["scenarios"].items():
+        plot(section, result, out / f"fairness-{name}.png")
     return markdown
 
 
-@click.command(name="fairness")
-@click.option("--power-requests", default=500, show_default=True, help="user A's flood at t=0")
-@click.option("--prompt-tokens", default=1000, show_default=True, help="per power request")
-@click.option("--output-tokens", default=200, show_default=True, help="per power request")
-@click.option("--light-users", default=6, show_default=True, help="B, C at once, then one by one")
-@click.option("--light-output-tokens", default=50, show_default=True)
-@click.option("--light-start-s", default=1.0, show_default=True, help="when B and C send")
-@click.option("--light-interval-s", default=5.0, show_default=True, help="between later users")
-@click.option("--arms", "arm_keys", default="a,b,c,d,e,f", show_default=True)
-@click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
-              help="simulator profile name or YAML path")  # fmt: skip
-@click.option("--engine-url", default=None, help="run against this engine, not a simulator")
-@click.option("--model", default=None, help="with --engine-url [the engine's first model]")
-@click.option("--out", default="bench-out/fairness", show_default=True, type=click.Path())
-@click.option("--json", "as_json", is_flag=True, help="print the figures as JSON")
-@click.option("--arm-timeout-s", default=900.0, show_default=True, help="per arm's flood")
-def main(*, arm_keys: str, profile: str, engine_url: str | None, model: str | None, out: str,
-         as_json: bool, arm_timeout_s: float, **sizes: Any) -> None:  # fmt: skip
-    """Fairness under a flood: light users' TTFT while one user sends hundreds of requests."""
-    try:
-        arms = parse_arms(arm_keys)
-        scenario = _scenario(sizes)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
-    if importlib.util.find_spec("matplotlib") is None:  # found now, not after the run
-        raise click.UsageError("the plot needs matplotlib: pip install 'fairq[bench]'")
-    url = engine_url.rstrip("/") if engine_url else None
-    options = Options(scenario, arms, profile, url, model, Path(out), arm_timeout_s)
+def finish(result: dict[str, Any], options: Options, as_json: bool) -> None:
+    """Write and print the run; exit 1 when any arm FAILED."""
+    markdown = write(result, options.out)
+    click.echo(json.dumps(result, indent=1) if as_json else markdown)
+    names = ", ".join(f"fairness-{s.name}.png" for s in options.scenarios)
+    say(f"wrote {options.out}/fairness.md, fairness.json and {names}")
+    if result["failed_arms"]:
+        say(f"FAILED arms: {', '.join(result['failed_arms'])}")
+        sys.exit(1)
+
+
+def main_run(options: Options, as_json: bool) -> None:
     try:
         result = run(options)
     except KeyboardInterrupt:
-        _say("interrupted; every stack was stopped")
+        say("interrupted; every engine and stack was stopped")
         sys.exit(130)
-    markdown = write(result, options.out)
-    click.echo(json.dumps(result, indent=1) if as_json else markdown)
-    _say(f"wrote {options.out}/fairness.md, fairness.json and fairness.png")
+    finish(result, options, as_json)
 
 
-def _scenario(sizes: dict[str, Any]) -> Scenario:
-    scenario = Scenario(**sizes)
-    if scenario.power_requests < 1 or scenario.prompt_tokens < 1 or scenario.output_tokens < 1:
-        raise ValueError("--power-requests, --prompt-tokens and --output-tokens must be >= 1")
-    if scenario.light_users < 1 or scenario.light_output_tokens < 1:
-        raise ValueError("--light-users and --light-output-tokens must be >= 1")
-    return scenario
+@click.command(name="fairness")
+@click.option(
+    "--scenario",
+    "scenario_names",
+    multiple=True,
+    default=("seed",),
+    show_default=True,
+    help="seed, long, mixed: repeat the flag or give a comma list",
+)
+@click.option(
+    "--sizes",
+    type=click.Choice(FAMILIES),
+    default=None,
+    help="size presets [sim: h100; vllm: tiny; --engine-url: the first that fits]",
+)
+@click.option("--power-requests", type=int, help="each heavy user's flood at t=0")
+@click.option("--prompt-tokens", type=int, help="per heavy request")
+@click.option("--output-tokens", type=int, help="per heavy request (seed, mixed)")
+@click.option("--long-output-tokens", help="MIN-MAX per long request, uniform (long)")
+@click.option("--power-stream/--no-power-stream", default=None, help="heavy users stream")
+@click.option("--heavy-weights", help="mixed: one heavy user per weight, e.g. 1,2,4")
+@click.option("--light-users", type=int)
+@click.option("--light-requests", type=int, help="per light user")
+@click.option("--light-output-tokens", type=int)
+@click.option("--light-start-s", type=float, help="when the first light users send")
+@click.option(
+    "--light-interval-s", type=float, help="between later light users (mixed: the mean Poisson gap)"
+)
+@click.option("--seed", type=int, help="of the answers' lengths and the Poisson arrivals")
+@click.option("--arms", "arm_keys", default="a,b,c,d,e,f,g,h,i", show_default=True)
+@click.option(
+    "--engine",
+    "engine_kind",
+    type=click.Choice(["sim", "vllm"]),
+    default="sim",
+    show_default=True,
+    help="a fresh simulator or real vLLM per arm",
+)
+@click.option(
+    "--profile", default="h100-8b", show_default=True, help="simulator profile name or YAML path"
+)
+@click.option("--engine-url", default=None, help="run against this engine, not a fresh one")
+@click.option(
+    "--engine-policy",
+    type=click.Choice(ENGINE_POLICIES),
+    default=None,
+    help="with --engine-url: the scheduling policy that engine runs",
+)
+@click.option("--model", default=None, help="with --engine-url [the engine's first model]")
+@click.option(
+    "--cpu-pinning/--no-cpu-pinning",
+    default=None,
+    help="engine on core 0, the rest on core 1 [on with vllm]",
+)
+@click.option(
+    "--vllm-home",
+    envvar="FAIRQ_VLLM_HOME",
+    default=None,
+    help="vLLM's venv and model [.vllm at the repository root]",
+)
+@click.option("--out", default="bench-out/fairness", show_default=True, type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="print the figures as JSON")
+@click.option("--arm-timeout-s", default=900.0, show_default=True, help="per arm's flood")
+def main(*, scenario_names: tuple[str, ...], sizes: str | None, arm_keys: str, engine_kind: str,
+         profile: str, engine_url: str | None, engine_policy: str | None, model: str | None,
+         cpu_pinning: bool | None, vllm_home: str | None, out: str, as_json: bool,
+         arm_timeout_s: float, **size_flags: Any) -> None:  # fmt: skip
+    """Fairness under a flood: light users' TTFT in engine steps while heavy users flood."""
+    arms = options.arms(arm_keys)
+    if importlib.util.find_spec("matplotlib") is None:  # found now, not after the run
+        raise click.UsageError("the plot needs matplotlib: pip install 'fairq[bench]'")
+    flags = options.EngineFlags(
+        engine_kind, profile, engine_url, engine_policy, model, cpu_pinning, vllm_home
+    )
+    engine = options.engine_choice(flags)
+    chosen = options.scenarios(scenario_names, sizes, engine, size_flags)
+    if engine.kind == "vllm":
+        _prepare_vllm(engine)
+    main_run(options.Options(chosen, arms, engine, Path(out), arm_timeout_s), as_json)
+
+
+def _prepare_vllm(engine: EngineChoice) -> None:
+    assert engine.vllm_home is not None
+    say(f"preparing vLLM and its model in {engine.vllm_home}")
+    try:
+        prepare_vllm(engine.vllm_home)
+    except (RuntimeError, OSError, ValueError) as exc:
+        raise click.UsageError(f"vLLM is not ready: {exc}") from exc
 
 
 if __name__ == "__main__":
