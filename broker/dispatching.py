@@ -124,6 +124,18 @@ class Unseen(NamedTuple):
     streamed: int  # handed over, streamed, no first token yet: wait only until it
 
 
+class Parked(NamedTuple):
+    """A job ``park.lua`` took back out of the engine, to the head of its user's queue."""
+
+    job_id: str
+    user: str
+
+
+# park.lua looks at this many of the newest ready entries for a job to take back: in-flight
+# jobs of every endpoint, so a few batches' worth.
+PARK_SCAN = 2048
+
+
 class Dispatched(NamedTuple):
     """What one ``dispatch.lua`` call did."""
 
@@ -217,7 +229,7 @@ class DispatchStore:
             endpoint, keys.job_prefix(model), self._settings.ready_stream_maxlen,
             cap, depth, len(bands), int(engine_priority), "" if rate is None else rate,
             "" if served_cap is None else served_cap, int(served_cap is not None),
-            *(keys.join_field(band) for band in bands), *bands,
+            keys.parked_prefix(model), *(keys.join_field(band) for band in bands), *bands,
         ]  # fmt: skip
         for p in picks:
             score = "cost" if p.score_after is None else p.score_after
@@ -233,6 +245,26 @@ class DispatchStore:
             users = [u.decode() for u in flat[::2]]
             snap.in_engine.update(_in_engine(users, band_counts))
         return Dispatched(dispatched, snap, int(plain))
+
+    async def park(self, model: str, endpoint: str, *, min_jobs: int = 2) -> Parked | None:
+        """Take the newest job without output of the user with the most jobs at ``endpoint``
+        (at least ``min_jobs``) back out of the engine, to the head of that user's queue;
+        its worker is told to drop it. None when no such job is there."""
+        reply = await self._scripts.park(
+            keys=[
+                keys.ready(model), keys.inflight(model), keys.unstarted(model),
+                keys.user_counts(model), keys.transit(model), keys.queued_counts(model),
+                keys.meta(model),
+            ],
+            args=[
+                endpoint, keys.job_prefix(model), keys.READY_GROUP, keys.parked_prefix(model),
+                keys.backlog_prefix(model), PARK_SCAN, min_jobs, keys.wake_channel(model),
+                keys.cancel_channel(model),
+            ],
+        )  # fmt: skip
+        if not reply:
+            return None
+        return Parked(reply[0].decode(), reply[1].decode())
 
     async def grant(self, model: str, grant: Grant | None, sequence: int, ttl_ms: int) -> bool:
         """Set the model's express grant (None revokes it); False when refused because the

@@ -296,6 +296,7 @@ class ExecutionStore:
                     keys.queue_prefix(model, band), keys.job_prefix(model),
                     keys.results_prefix(model), band, deadline_ms, self._settings.result_ttl_s,
                     keys.wake_channel(model), budget, rank, 200,
+                    f"{keys.parked_prefix(model)}{band}:",
                 ],
             )  # fmt: skip
             rank = int(reply[0])

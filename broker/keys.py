@@ -79,8 +79,22 @@ def queue(model: str, band: str, user: str) -> str:
     return f"{_tag(model)}:q:{band}:{user}"
 
 
+def parked_prefix(model: str) -> str:
+    """Prefix of the lists of jobs taken back out of the engine (park.lua), per band and
+    user: ``<prefix><band>:<user>``; a user's parked jobs are served before their queue."""
+    return f"{_tag(model)}:qf:"
+
+
+def parked(model: str, band: str, user: str) -> str:
+    return f"{parked_prefix(model)}{band}:{user}"
+
+
+def backlog_prefix(model: str) -> str:
+    return f"{_tag(model)}:bk:"
+
+
 def backlog(model: str, band: str) -> str:
-    return f"{_tag(model)}:bk:{band}"
+    return f"{backlog_prefix(model)}{band}"
 
 
 def meta(model: str) -> str:

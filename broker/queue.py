@@ -175,6 +175,7 @@ def cancel_call(
         keys.queued_counts(m),
         keys.meta(m),
         keys.transit(m),
+        keys.parked(m, band, user),
     ]
     args: list[str | int] = [
         job_id, keys.READY_GROUP, ttl_s, keys.wake_channel(m), keys.cancel_channel(m),

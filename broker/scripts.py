@@ -37,6 +37,7 @@ class Scripts:
     first: AsyncScript
     grant: AsyncScript
     lease: AsyncScript
+    park: AsyncScript
     position: AsyncScript
     unseen: AsyncScript
 

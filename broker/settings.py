@@ -66,6 +66,10 @@ class ModelConfig(_Frozen):
     # for someone else's generation to end. None: one per full 32 slots (a batch of fewer
     # keeps none: its newcomer waits for the next free slot, at the head of the engine's queue).
     reserved_slots: int | None = Field(default=None, ge=0)
+    # When a user with nothing in the engine finds no free batch slot, take a job of the user
+    # with the most jobs there back out of the engine (one that has sent no output yet: it
+    # starts again later, nothing repeated), so the newcomer gets its slot at the next step.
+    preemption: bool = False
 
     @property
     def admission_policy(self) -> str:

@@ -50,6 +50,11 @@ ADMISSION_REFUSALS = Counter(
     "Dispatch rounds that found an endpoint full while jobs waited, by reason",
     ["model", "band", "reason"],
 )  # reason: dispatcher.admission.Limit (queue_target, tpot_ceiling, stale_metrics, ...)
+PREEMPTIONS = Counter(
+    "fairq_preemptions",
+    "Jobs taken back out of an engine (no output yet) so a newcomer got their batch slot",
+    ["model"],
+)
 QUEUE_WAIT = Histogram(
     "fairq_queue_wait_seconds",
     "From enqueue to dispatch, observed when the job ends",

@@ -71,6 +71,7 @@ log = logging.getLogger(__name__)
 _MAX_EMPTY_ROUNDS = 3  # picks that found only emptied queues; each one cleans the backlog
 _LAZY_ROUND_S = 0.005  # the delay of a round that only refreshes room while nothing is queued
 _MAX_PICKS = 64  # per script call: a huge room (a static cap of 100,000) is served in rounds
+_MAX_PARKS = 4  # jobs taken back out of one endpoint per round (preemption)
 
 
 @dataclass(frozen=True)
@@ -221,15 +222,14 @@ class Dispatcher:
         fair = policy(model.policy)
         admission = ADMISSION[model.admission_policy]
         config = _admission_config(model, self._settings.bands)
-        # A plan never has more picks than this, so the lowest `depth` users are enough:
-        # reading more would make a round cost O(backlogged users).
-        depth = min(max(model.inflight_cap, *config.targets.values()), _MAX_PICKS)
+        depth = _depth(model, config)
         cached = self._views.pop(model.name, None)
         if cached is not None and newcomers is not None:
             snap = cached.with_newcomers(self._settings.bands, newcomers)
         else:
             snap = await self._store.snapshot(model.name, depth, in_engine=_batch_rule(model))
         total, empty_rounds = 0, 0
+        newcomers_sent: dict[str, int] = {}  # endpoint -> jobs of users with none in the engine
         while not snap.empty and empty_rounds < _MAX_EMPTY_ROUNDS:
             top = snap.backlogs[0]  # strict priority: only the highest backlogged band
             states = self._states(model, snap)
@@ -259,6 +259,8 @@ class Dispatcher:
             served_cap = None
             if decision.served_room is not None:
                 served_cap = inflight + decision.room_for_served
+            fresh = sum(1 for p in picks if p.user not in busy)
+            newcomers_sent[decision.endpoint] = newcomers_sent.get(decision.endpoint, 0) + fresh
             rate = self._rates[model.name].rate(time.monotonic())
             dispatched, snap, plain = await self._store.dispatch(
                 model.name, decision.endpoint, inflight + decision.room, picks, depth,
@@ -272,6 +274,8 @@ class Dispatcher:
             telemetry.DISPATCHED.labels(model.name, top.band).inc(len(dispatched))
             total += len(dispatched)
             empty_rounds = 0 if dispatched else empty_rounds + 1
+        if model.preemption:
+            snap = await self._make_room(model, snap, config, newcomers_sent)
         self._views[model.name] = snap
         self.dispatched += total
         if not snap.empty:
@@ -292,6 +296,42 @@ class Dispatcher:
         for state in self._states(model, snap):
             if held_by_unseen(state, band, config):
                 self._scraper.scrape_after(state.endpoint, METRICS_LAG_S + 0.01)
+
+    async def _make_room(
+        self,
+        model: ModelConfig,
+        snap: ModelSnapshot,
+        config: AdmissionConfig,
+        newcomers_sent: dict[str, int],
+    ) -> ModelSnapshot:
+        """Preemption: while a newcomer (a user with nothing in the engine) was sent beyond an
+        endpoint's batch, or is still queued, take the jobs beyond the batch back out of the
+        engine (``DispatchStore.park``: the heaviest user's newest without output; a user's
+        only job never), so the newcomer is first in the engine's queue and, when one of
+        those was running, gets its slot at the next step. Returns the snapshot to plan
+        from next (read again if anything was taken back)."""
+        top = snap.backlogs[0] if snap.backlogs else None
+        queued = [u for u, _ in top.users if not snap.in_engine.get(u)] if top else []
+        parked = 0
+        for state in self._states(model, snap):
+            batch = config.batch(state)
+            if batch is None:
+                continue
+            if not newcomers_sent.get(state.endpoint) and not queued:
+                continue
+            # Every job beyond the batch waits in the engine's queue, ahead of a newcomer
+            # queued now; a newcomer sent beyond it needs one running job out of its way.
+            for _ in range(min(state.inflight - batch, _MAX_PARKS)):
+                taken = await self._store.park(model.name, state.endpoint)
+                if taken is None:
+                    break
+                parked += 1
+                telemetry.PREEMPTIONS.labels(model.name).inc()
+                log.debug("took job %s of %s back out of %s", taken.job_id, taken.user,
+                          state.endpoint)  # fmt: skip
+        if not parked:
+            return snap
+        return await self._store.snapshot(model.name, _depth(model, config), in_engine=True)
 
     def _express_sent(self, model: str, endpoint: str, plain: bool) -> None:
         now = time.monotonic()
@@ -348,6 +388,13 @@ class Dispatcher:
 
 def _admission_config(model: ModelConfig, bands: Sequence[str]) -> AdmissionConfig:
     return AdmissionConfig.of(model, bands)
+
+
+def _depth(model: ModelConfig, config: AdmissionConfig) -> int:
+    """Backlogged users a round reads per band. A plan never has more picks than this, so
+    the lowest ``depth`` users are enough: reading more would make a round cost
+    O(backlogged users)."""
+    return min(max(model.inflight_cap, *config.targets.values()), _MAX_PICKS)
 
 
 def _batch_rule(model: ModelConfig) -> bool:

@@ -442,3 +442,87 @@ async def test_a_user_in_the_engine_is_skipped_beyond_the_served_cap_and_keeps_t
     assert after.in_engine == {"alice": 1}  # the users reported, with their jobs in the engine
     fresh = await d.snapshot(MODEL, 10, in_engine=True)
     assert fresh.in_engine == after.in_engine and fresh.backlogs == after.backlogs
+
+
+# --- park.lua: a job without output taken back out of the engine (preemption) -----------
+
+
+async def _in_engine(r: Redis, user: str, n: int) -> tuple[list[str], DispatchStore]:
+    s = settings()
+    q, d = JobQueue(r, s), DispatchStore(r, s)
+    await ExecutionStore(r, s).ensure_groups([MODEL])
+    jobs = [await q.submit(submission(user)) for _ in range(n)]
+    picks = [Pick("default", user, i + 1, i + 0.5) for i in range(n)]
+    await d.dispatch(MODEL, EP, 10, picks, 10)
+    return jobs, d
+
+
+async def test_park_takes_the_heaviest_users_newest_job_back_to_the_head_of_their_queue(
+    r: Redis,
+) -> None:
+    jobs, d = await _in_engine(r, "alice", 3)
+    q = JobQueue(r, settings())
+    await _in_engine(r, "bob", 1)
+    later = await q.submit(submission("alice"))  # queued behind what comes back
+    pubsub = r.pubsub(ignore_subscribe_messages=True)
+    await pubsub.subscribe(keys.cancel_channel(MODEL))
+    parked = await d.park(MODEL, EP)
+    assert parked is not None and parked.job_id == jobs[-1] and parked.user == "alice"
+    message = None
+    for _ in range(20):  # the first reads may only confirm the subscription
+        message = message or await pubsub.get_message(timeout=0.1)
+    await pubsub.aclose()
+    assert message is not None and message["data"].decode() == jobs[-1]  # its worker drops it
+    snap = await d.snapshot(MODEL, 10, in_engine=True)
+    assert snap.inflight == {EP: 3} and snap.unstarted == {EP: 3}
+    assert snap.in_engine == {"alice": 2}
+    assert (await q.get(jobs[-1], "alice")).state is JobState.QUEUED
+    # Served again before the job queued after it, with its payload.
+    ids, _, _ = await d.dispatch(MODEL, EP, 10, [Pick("default", "alice", 9, 8.5)], 10)
+    assert ids == [jobs[-1]]
+    ((_, entry),) = [e for e in await r.xrange(keys.ready(MODEL)) if e[1][b"j"] == ids[0].encode()]
+    assert entry[b"p"] == b'{"model":"m1"}'
+    assert (await q.get(later, "alice")).state is JobState.QUEUED
+
+
+async def test_park_never_takes_a_job_with_output_nor_a_users_only_job(r: Redis) -> None:
+    jobs, d = await _in_engine(r, "alice", 2)
+    x = ExecutionStore(r, settings())
+    await x.load_scripts()
+    for job_id in jobs:  # both have sent output: taking one back would repeat it
+        pipe = x.pipeline()
+        x.add_first(pipe, MODEL, job_id)
+        await pipe.execute()
+    await _in_engine(r, "bob", 1)
+    assert await d.park(MODEL, EP) is None
+    assert (await d.snapshot(MODEL, 1)).inflight == {EP: 3}
+
+
+async def test_a_parked_job_can_be_cancelled_and_its_user_leaves_the_backlog(r: Redis) -> None:
+    _, d = await _in_engine(r, "alice", 2)
+    q = JobQueue(r, settings())
+    parked = await d.park(MODEL, EP)
+    assert parked is not None
+    assert await r.zscore(keys.backlog(MODEL, "default"), "alice") is not None
+    assert (await q.cancel(parked.job_id, "alice")).state is JobState.CANCELLED
+    assert await r.zscore(keys.backlog(MODEL, "default"), "alice") is None
+    assert await r.llen(keys.parked(MODEL, "default", "alice")) == 0
+    assert await r.hget(keys.queued_counts(MODEL), "default") == b"0"
+
+
+async def test_the_worker_that_ran_a_parked_job_cannot_complete_it(r: Redis) -> None:
+    _, d = await _in_engine(r, "alice", 2)
+    x = ExecutionStore(r, settings())
+    claimed = await x.claim(r, [MODEL], "w1", count=10, block_ms=100)
+    for job in claimed:
+        assert await x.start(job, "w1") == 1
+    parked = await d.park(MODEL, EP)
+    assert parked is not None
+    late = next(job for job in claimed if job.job_id == parked.job_id)
+    await x.load_scripts()
+    pipe = x.pipeline()
+    x.add_complete(pipe, late, Outcome(JobState.COMPLETED, usage={"completion_tokens": 1}))
+    assert (await pipe.execute())[0] == 0  # refused: the job is queued again
+    job = await JobQueue(r, settings()).get(parked.job_id, "alice")
+    assert job.state is JobState.QUEUED
+    assert await r.hget(keys.job(MODEL, parked.job_id), "att") == b"0"

@@ -11,6 +11,7 @@
 -- KEYS[9] queued counts       fq:{m}:queued
 -- KEYS[10] meta hash          fq:{m}:meta (backlogged users per tenant)
 -- KEYS[11] transit hash       fq:{m}:transit
+-- KEYS[12] parked jobs        fq:{m}:qf:{band}:{user} (park.lua: served before the queue)
 -- ARGV[1] job id   ARGV[2] ready consumer group   ARGV[3] ttl seconds
 -- ARGV[4] wake channel   ARGV[5] cancel channel (workers abort the engine request)
 -- ARGV[6] user   ARGV[7] terminal state to record (cancelled, or expired for deadlines)
@@ -26,8 +27,9 @@ if st ~= 'queued' and st ~= 'dispatched' and st ~= 'running' then
 end
 if st == 'queued' then
   redis.call('XDEL', KEYS[5], qentry)
+  redis.call('LREM', KEYS[12], 0, ARGV[1])
   redis.call('HINCRBY', KEYS[9], ARGV[8], -1)
-  if redis.call('XLEN', KEYS[5]) == 0 then
+  if redis.call('XLEN', KEYS[5]) == 0 and redis.call('LLEN', KEYS[12]) == 0 then
     redis.call('DEL', KEYS[5])
     if redis.call('ZREM', KEYS[6], ARGV[6]) == 1 and f[5] then
       redis.call('HINCRBY', KEYS[10], f[5], -1)

@@ -20,9 +20,11 @@
 --   (its free batch slots, less those kept for newcomers), '' for none: a pick of such a
 --   user beyond it is skipped and the user keeps their place
 -- ARGV[10] 1: also report how many jobs each reported backlogged user has in the engine
--- ARGV[11 .. 10+B]   meta join field of each band ("join:{band}")
--- ARGV[11+B .. 10+2B]   band names
--- then per pick i, from a = 11+2B+4(i-1): ARGV[a] band number (1..B), ARGV[a+1] user,
+-- ARGV[11] parked-jobs key prefix (fq:{m}:qf:): a user's jobs taken back out of the engine
+--   (park.lua) are the list <prefix><band>:<user>, served before the user's queue stream
+-- ARGV[12 .. 11+B]   meta join field of each band ("join:{band}")
+-- ARGV[12+B .. 11+2B]   band names
+-- then per pick i, from a = 12+2B+4(i-1): ARGV[a] band number (1..B), ARGV[a+1] user,
 --   ARGV[a+2] user's score after service, ARGV[a+3] the band's join score after service;
 --   a score after service of 'cost' means: charge the job's own estimated cost on top of
 --   the user's score, and let newcomers join at the user's score before the charge
@@ -57,8 +59,13 @@ local inflight = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
 local popped = {}  -- band -> jobs taken from its queues
 local joins = {}   -- band -> its join score after the last pick that served it
 
--- The head entry of a user's queue: its job id and payload ({'j', id, 'p', payload}).
-local function pop_head(queue)
+-- The user's next job: a parked one first (its payload is in its hash: nil here), else the
+-- head entry of the user's queue, with its payload ({'j', id, 'p', payload}).
+local function pop_head(queue, parked)
+  local job_id = redis.call('LPOP', parked)
+  if job_id then
+    return job_id, nil
+  end
   local head = redis.call('XRANGE', queue, '-', '+', 'COUNT', 1)
   if #head == 0 then
     return nil
@@ -74,7 +81,7 @@ local function to_ready(job_id, payload, band)
   if f[1] ~= 'queued' then
     return ''
   end
-  if not payload then  -- queued before payloads moved to the queue entry
+  if not payload then  -- parked (park.lua), or queued before payloads moved to the entry
     payload = redis.call('HGET', job, 'p')
     redis.call('HDEL', job, 'p')
   end
@@ -106,13 +113,14 @@ local function may_serve(user)
 end
 
 for i = 1, picks do
-  local a = 11 + 2 * bands + 4 * (i - 1)
+  local a = 12 + 2 * bands + 4 * (i - 1)
   local band = tonumber(ARGV[a])
   local backlog, queue, user = KEYS[FIXED + band], KEYS[FIXED + bands + i], ARGV[a + 1]
+  local parked = ARGV[11] .. ARGV[11 + bands + band] .. ':' .. user
   ids[i] = ''
   if may_serve(user) then
     local score, join = ARGV[a + 2], ARGV[a + 3]
-    local job_id, payload = pop_head(queue)
+    local job_id, payload = pop_head(queue, parked)
     if job_id then
       popped[band] = (popped[band] or 0) + 1
       ids[i] = to_ready(job_id, payload, band)
@@ -127,7 +135,7 @@ for i = 1, picks do
       end
       joins[band] = join
     end
-    if redis.call('XLEN', queue) == 0 then
+    if redis.call('XLEN', queue) == 0 and redis.call('LLEN', parked) == 0 then
       redis.call('DEL', queue)
       if redis.call('ZREM', backlog, user) == 1 and job_id then
         redis.call('HINCRBY', KEYS[3], redis.call('HGET', ARGV[2] .. job_id, 'tnf'), -1)
@@ -140,8 +148,8 @@ end
 
 for band = 1, bands do
   if popped[band] then
-    redis.call('HINCRBY', KEYS[6], ARGV[10 + bands + band], -popped[band])
-    redis.call('HSET', KEYS[3], ARGV[10 + band], joins[band])
+    redis.call('HINCRBY', KEYS[6], ARGV[11 + bands + band], -popped[band])
+    redis.call('HSET', KEYS[3], ARGV[11 + band], joins[band])
   end
 end
 if sent > 0 then
@@ -166,7 +174,7 @@ local reported = {}
 for b = 1, bands do
   reported[b] = redis.call('ZRANGE', KEYS[FIXED + b], 0, depth - 1, 'WITHSCORES')
   out[#out + 1] = reported[b]
-  join_fields[b] = ARGV[10 + b]
+  join_fields[b] = ARGV[11 + b]
 end
 join_fields[bands + 1] = 'xs'
 out[#out + 1] = redis.call('HMGET', KEYS[3], unpack(join_fields))

@@ -13,6 +13,9 @@
 -- ARGV[3] result key prefix (fq:{m}:out:)   ARGV[4] band   ARGV[5] deadline in ms
 -- ARGV[6] ttl seconds of ended jobs   ARGV[7] wake channel   ARGV[8] most jobs to expire
 -- ARGV[9] first backlog rank to look at   ARGV[10] how many users to look at
+-- ARGV[11] parked-jobs key prefix of the band (fq:{m}:qf:{band}:): a user with parked
+--   jobs (park.lua) stays backlogged; those are never expired (their clients may have
+--   received output: they were running once)
 -- Returns {next rank to look at (-1: the walk is done), expired job id, ...}.
 local t = redis.call('TIME')
 local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -43,7 +46,8 @@ for _, user in ipairs(users) do
       out[#out + 1] = job_id
     end
   end
-  if #overdue > 0 and redis.call('XLEN', queue) == 0 then
+  if #overdue > 0 and redis.call('XLEN', queue) == 0
+      and redis.call('LLEN', ARGV[11] .. user) == 0 then
     redis.call('DEL', queue)
     if redis.call('ZREM', KEYS[1], user) == 1 and tenant_field then
       redis.call('HINCRBY', KEYS[3], tenant_field, -1)

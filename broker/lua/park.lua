@@ -1,0 +1,92 @@
+-- park.lua: take one job of the heaviest user at an endpoint back out of the engine and
+-- put it at the head of its user's queue, so that a newcomer gets that batch slot.
+-- Only a job with no output yet ('ft' unset: streamed and waiting for its first token, or
+-- not streamed and not answered): it starts again later from scratch and its client sees
+-- nothing twice. The worker running it is told on the cancel channel, drops it (closing
+-- the engine request, which aborts it there) and writes nothing more for it.
+-- The job's release mirrors cancel.lua's (in-flight, user, unstarted, transit counts, ready
+-- entry); its return to the queue mirrors enqueue.lua's (queued count, backlog, tenant
+-- count, wake message): change them together.
+-- KEYS[1] ready stream    fq:{m}:ready
+-- KEYS[2] inflight hash   fq:{m}:inflight
+-- KEYS[3] unstarted hash  fq:{m}:unstarted
+-- KEYS[4] user counts     fq:{m}:users
+-- KEYS[5] transit hash    fq:{m}:transit
+-- KEYS[6] queued counts   fq:{m}:queued
+-- KEYS[7] meta hash       fq:{m}:meta (join scores, backlogged users per tenant)
+-- ARGV[1] endpoint   ARGV[2] job key prefix (fq:{m}:job:)   ARGV[3] ready consumer group
+-- ARGV[4] parked-jobs key prefix (fq:{m}:qf:)   ARGV[5] backlog key prefix (fq:{m}:bk:)
+-- ARGV[6] most ready entries to look at (newest first)
+-- ARGV[7] fewest jobs a user must have at the endpoint to lose one
+-- ARGV[8] wake channel   ARGV[9] cancel channel
+-- Parked jobs of a (band, user) are the list fq:{m}:qf:{band}:{user}; dispatch.lua serves
+-- them before the user's queue stream, and a user stays backlogged while either holds one.
+-- Returns {job id, user} of the job parked, or {} when no job may be taken.
+local entries = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', tonumber(ARGV[6]))
+local count = {}     -- user -> their jobs at the endpoint
+local candidate = {} -- user -> their newest job without output: {job id, entry id, payload}
+for _, e in ipairs(entries) do
+  local f = {}
+  for i = 1, #e[2], 2 do
+    f[e[2][i]] = e[2][i + 1]
+  end
+  if f['ep'] == ARGV[1] and f['u'] then
+    local user = f['u']
+    count[user] = (count[user] or 0) + 1
+    if not candidate[user] then
+      local job = ARGV[2] .. f['j']
+      local s = redis.call('HMGET', job, 'st', 'ft')
+      if (s[1] == 'dispatched' or s[1] == 'running') and not s[2] then
+        candidate[user] = {f['j'], e[1], f['p'], f['b']}
+      end
+    end
+  end
+end
+local victim, most = nil, tonumber(ARGV[7]) - 1
+for user, c in pairs(candidate) do
+  if count[user] > most or (count[user] == most and victim and user < victim) then
+    victim, most = user, count[user]
+  end
+end
+if not victim then
+  return {}
+end
+
+local job_id, entry, payload, band = unpack(candidate[victim])
+local job = ARGV[2] .. job_id
+local st = redis.call('HGET', job, 'st')
+redis.call('XACK', KEYS[1], ARGV[3], entry)
+redis.call('XDEL', KEYS[1], entry)
+redis.call('HINCRBY', KEYS[2], ARGV[1], -1)
+if redis.call('HINCRBY', KEYS[4], victim, -1) <= 0 then
+  redis.call('HDEL', KEYS[4], victim)
+end
+redis.call('HINCRBY', KEYS[3], ARGV[1], -1)  -- it had no first token
+if st == 'dispatched' then
+  redis.call('HINCRBY', KEYS[5], ARGV[1], -1)
+end
+-- Queued again, with its payload in the hash (dispatch.lua takes it from there). 'wk' names
+-- no worker, so a late completion by the worker that ran it is refused (complete.lua), and
+-- the start it lost is not counted against job_max_attempts.
+redis.call('HSET', job, 'st', 'queued', 'p', payload, 'wk', '-')
+redis.call('HDEL', job, 'ep', 're')
+redis.call('HINCRBY', job, 'pk', 1)
+if st == 'running' then
+  redis.call('HINCRBY', job, 'att', -1)
+end
+redis.call('RPUSH', ARGV[4] .. band .. ':' .. victim, job_id)
+redis.call('HINCRBY', KEYS[6], band, 1)
+local backlog = ARGV[5] .. band
+if not redis.call('ZSCORE', backlog, victim) then
+  local join = redis.call('HGET', KEYS[7], 'join:' .. band) or '0'
+  redis.call('ZADD', backlog, join, victim)
+  local tenant_field = redis.call('HGET', job, 'tnf')
+  if tenant_field then
+    redis.call('HINCRBY', KEYS[7], tenant_field, 1)
+  end
+  redis.call('PUBLISH', ARGV[8], 'n\n' .. band .. '\n' .. join .. '\n' .. victim)
+else
+  redis.call('PUBLISH', ARGV[8], 'q')
+end
+redis.call('PUBLISH', ARGV[9], job_id)
+return {job_id, victim}
