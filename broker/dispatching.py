@@ -259,7 +259,7 @@ class DispatchStore:
             args=[
                 endpoint, keys.job_prefix(model), keys.READY_GROUP, keys.parked_prefix(model),
                 keys.backlog_prefix(model), PARK_SCAN, min_jobs, keys.wake_channel(model),
-                keys.cancel_channel(model),
+                keys.cancel_channel(model), keys.results_prefix(model),
             ],
         )  # fmt: skip
         if not reply:

@@ -491,6 +491,7 @@ async def test_park_never_takes_a_job_with_output_nor_a_users_only_job(r: Redis)
     await x.load_scripts()
     for job_id in jobs:  # both have sent output: taking one back would repeat it
         pipe = x.pipeline()
+        x.add_chunk(pipe, MODEL, job_id, 1, b"data: {}\n\n")
         x.add_first(pipe, MODEL, job_id)
         await pipe.execute()
     await _in_engine(r, "bob", 1)

@@ -21,8 +21,8 @@ pytestmark = pytest.mark.integration
 
 STEP_MS = 8.0
 BATCH = 4
-# Each of alice's answers takes LONG_TOKENS steps (~5 s): bob must not wait for one to end.
-LONG_TOKENS = 600
+# Each of alice's answers takes LONG_TOKENS steps (~3 s): bob must not wait for one to end.
+LONG_TOKENS = 400
 ENGINE = {"max_num_seqs": BATCH, "step_base_ms": STEP_MS, "step_per_seq_ms": 0.0}
 
 
@@ -59,10 +59,17 @@ def first_token_s(client: Client, model: str) -> float:
 
 
 def newcomer_during_long_flood(
-    redis_url: str, tmp_path: Path, model_overrides: dict[str, Any], running: int
+    redis_url: str,
+    tmp_path: Path,
+    model_overrides: dict[str, Any],
+    running: int,
+    *,
+    stream: bool = True,
+    finish: bool = False,
 ) -> tuple[float, dict[str, float]]:
-    """Alice fills the batch with long streamed answers; bob's TTFT once she has
-    ``running`` of them in the engine, and the engine's gauges at that moment."""
+    """Alice fills the batch with long answers; bob's TTFT once she has ``running`` of them
+    in the engine, and the engine's gauges at that moment. With ``finish``, every one of
+    alice's requests must then complete whole (else they are cancelled)."""
     profile = tmp_path / "engine.yaml"
     profile.write_text(yaml.safe_dump(ENGINE))
     ports = [free_port(), free_port()]
@@ -76,11 +83,15 @@ def newcomer_during_long_flood(
                 Client(settings, api_key="fq-demo-bob") as bob:  # fmt: skip
             prompt = [{"role": "user", "content": "tell me everything"}]
             flood = [
-                alice.submit(DEMO_MODELS[0], messages=prompt, max_tokens=LONG_TOKENS, stream=True)
+                alice.submit(DEMO_MODELS[0], messages=prompt, max_tokens=LONG_TOKENS, stream=stream)
                 for _ in range(2 * BATCH)
             ]
             gauges = wait_for_full_batch(ports[0], running)
             ttft = first_token_s(bob, DEMO_MODELS[0])
+            if finish:
+                for job_id in flood:
+                    usage = alice.result(job_id)["usage"]
+                    assert usage["completion_tokens"] == LONG_TOKENS
             for job_id in flood:
                 alice.cancel(job_id)
     return ttft, gauges
@@ -109,3 +120,29 @@ def test_without_kept_slots_a_newcomer_waits_for_someone_elses_generation_to_end
         redis_url, tmp_path, {"batch_slots": 0, "reserved_slots": 0}, running=BATCH
     )
     assert ttft > 2.0, f"bob's first token took only {ttft:.2f} s"
+
+
+def test_preemption_takes_a_running_job_without_output_back_for_a_newcomer(
+    redis_url: str, tmp_path: Path
+) -> None:
+    # No kept slot: alice's answers (not streamed: no output until they end) fill the
+    # batch; bob's request goes to the head of the engine's queue and one of alice's is
+    # taken back out of the engine, to run again later from scratch.
+    overrides = {"batch_slots": BATCH, "reserved_slots": 0, "preemption": True}
+    ttft, _ = newcomer_during_long_flood(
+        redis_url, tmp_path, overrides, running=BATCH, stream=False, finish=True
+    )
+    assert ttft < 0.5, f"bob's first token took {ttft:.2f} s"
+
+
+def test_preemption_clears_the_engine_queue_of_a_learned_batch(
+    redis_url: str, tmp_path: Path
+) -> None:
+    # The batch learned from the metrics: by then alice's requests (not streamed) wait in
+    # the engine's queue too. They are taken back, and then one running, for bob.
+    overrides = {"batch_slots": None, "preemption": True}
+    ttft, gauges = newcomer_during_long_flood(
+        redis_url, tmp_path, overrides, running=BATCH, stream=False
+    )
+    assert gauges["vllm:num_requests_waiting"] > 0  # what the engine had to be seen doing
+    assert ttft < 1.0, f"bob's first token took {ttft:.2f} s"

@@ -1,8 +1,8 @@
 -- park.lua: take one job of the heaviest user at an endpoint back out of the engine and
 -- put it at the head of its user's queue, so that a newcomer gets that batch slot.
--- Only a job with no output yet ('ft' unset: streamed and waiting for its first token, or
--- not streamed and not answered): it starts again later from scratch and its client sees
--- nothing twice. The worker running it is told on the cancel channel, drops it (closing
+-- Only a job with nothing in its result stream yet (streamed and waiting for its first
+-- token, or not streamed and not answered: a worker writes an answer before it completes
+-- the job): it starts again later from scratch and its client sees nothing twice. The worker running it is told on the cancel channel, drops it (closing
 -- the engine request, which aborts it there) and writes nothing more for it.
 -- The job's release mirrors cancel.lua's (in-flight, user, unstarted, transit counts, ready
 -- entry); its return to the queue mirrors enqueue.lua's (queued count, backlog, tenant
@@ -18,7 +18,7 @@
 -- ARGV[4] parked-jobs key prefix (fq:{m}:qf:)   ARGV[5] backlog key prefix (fq:{m}:bk:)
 -- ARGV[6] most ready entries to look at (newest first)
 -- ARGV[7] fewest jobs a user must have at the endpoint to lose one
--- ARGV[8] wake channel   ARGV[9] cancel channel
+-- ARGV[8] wake channel   ARGV[9] cancel channel   ARGV[10] result key prefix (fq:{m}:out:)
 -- Parked jobs of a (band, user) are the list fq:{m}:qf:{band}:{user}; dispatch.lua serves
 -- them before the user's queue stream, and a user stays backlogged while either holds one.
 -- Returns {job id, user} of the job parked, or {} when no job may be taken.
@@ -34,9 +34,9 @@ for _, e in ipairs(entries) do
     local user = f['u']
     count[user] = (count[user] or 0) + 1
     if not candidate[user] then
-      local job = ARGV[2] .. f['j']
-      local s = redis.call('HMGET', job, 'st', 'ft')
-      if (s[1] == 'dispatched' or s[1] == 'running') and not s[2] then
+      local st = redis.call('HGET', ARGV[2] .. f['j'], 'st')
+      local quiet = redis.call('XLEN', ARGV[10] .. f['j']) == 0
+      if (st == 'dispatched' or st == 'running') and quiet then
         candidate[user] = {f['j'], e[1], f['p'], f['b']}
       end
     end
@@ -61,7 +61,10 @@ redis.call('HINCRBY', KEYS[2], ARGV[1], -1)
 if redis.call('HINCRBY', KEYS[4], victim, -1) <= 0 then
   redis.call('HDEL', KEYS[4], victim)
 end
-redis.call('HINCRBY', KEYS[3], ARGV[1], -1)  -- it had no first token
+if redis.call('HSETNX', job, 'ft', 1) == 1 then  -- no first token: it was unstarted
+  redis.call('HINCRBY', KEYS[3], ARGV[1], -1)
+end
+redis.call('HDEL', job, 'ft')  -- it starts again: unstarted until its next first output
 if st == 'dispatched' then
   redis.call('HINCRBY', KEYS[5], ARGV[1], -1)
 end
