@@ -27,7 +27,9 @@ data they read (a job id popped from a queue).
     fq:{m}:owner             string   the dispatcher that owns the model (a lease, PX)
     fq:dispatchers           zset     live dispatchers, score = when their heartbeat lapses (ms)
     fq:{m}:wake              channel  "something changed": new job, freed capacity
-    fq:{m}:cancel            channel  job ids cancelled while at a worker
+    fq:{m}:qf:{band}:{user}  list     jobs taken back out of the engine (park.lua), served
+                                      before the user's queue
+    fq:{m}:cancel            channel  job ids cancelled, or taken back, while at a worker
     fq:{m}:dead              zset     dead-lettered job ids, score = when (ms)
     fq:{m}:sweep             string   TTL'd lock: the worker sweeping deadlines now
     fq:{m}:status            string   the dispatcher's status snapshot (JSON, short TTL)
@@ -46,7 +48,10 @@ default, would turn the whole hash into a table of ~700 bytes):
     only when not the default: o owner (default: u), w weight (1), kt keep seconds (batch)
 
 The payload rides in the queue entry and moves to the ready entry at dispatch, which
-also records 'tq', 'td', 'ep', 're'; the later states add their fields (``broker.jobs``).
+also records 'tq', 'td', 'ep', 're' (and 'nw' 1 when the user had nothing in the engine:
+a newcomer); the later states add their fields (``broker.jobs``). A job taken back out of
+the engine (``park.lua``) is queued again with its payload in the hash ('p'), 'pk' times
+taken back, in the list ``fq:{m}:qf:{band}:{user}`` that its user's next pick takes first.
 
 The Batch API (``broker/batch``); a file's and a batch's keys share its id as hash tag:
 

@@ -96,6 +96,9 @@ local function to_ready(job_id, payload, band)
   local queued_ms = string.match(f[6] or '', '^%d+') or now_ms  -- 'qe' is 'ms-seq'
   redis.call('HSET', job, 'st', 'dispatched', 'tq', queued_ms, 'td', now_ms, 'ep', ARGV[1],
     're', entry)
+  if in_engine == 0 then  -- a newcomer: its user had nothing in the engine ('nw')
+    redis.call('HSET', job, 'nw', 1)
+  end
   sent = sent + 1
   if f[3] == '0' then
     plain = plain + 1

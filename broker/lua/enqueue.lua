@@ -86,6 +86,9 @@ if endpoint then
     'u', ARGV[2], 'pr', priority)
   redis.call('HSET', KEYS[1], 'st', 'dispatched', 'tq', now_ms, 'td', now_ms, 'ep', endpoint,
     're', entry)
+  if in_engine == 0 then  -- a newcomer: its user had nothing in the engine ('nw')
+    redis.call('HSET', KEYS[1], 'nw', 1)
+  end
   redis.call('HINCRBY', KEYS[7], endpoint, 1)
   redis.call('HINCRBY', KEYS[8], endpoint, 1)
   redis.call('HINCRBY', KEYS[10], endpoint, 1)
