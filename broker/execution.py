@@ -73,6 +73,9 @@ class Claimed:
     user: str
     engine_priority: int | None = None  # for engines scheduling by priority (vLLM)
     worker: str = ""  # the consumer holding the entry; complete.lua checks it still does
+    # Taken back out of the engine mid-answer (park.lua): the result entry id this attempt
+    # writes first; it goes on from the text its result stream holds. None: a fresh start.
+    resume_seq: int | None = None
 
     @classmethod
     def from_entry(
@@ -83,6 +86,7 @@ class Claimed:
             RequestKind(fields[b"k"].decode()), fields[b"s"].decode(), fields[b"ep"].decode(),
             fields[b"b"].decode(), fields[b"u"].decode(),
             int(fields[b"pr"]) if fields.get(b"pr") else None, worker,
+            int(fields[b"rq"]) if fields.get(b"rq") else None,
         )  # fmt: skip
 
     @property
@@ -207,6 +211,16 @@ class ExecutionStore:
     @staticmethod
     def add_body(pipe: ResultPipeline, model: str, job_id: str, seq: int, body: bytes) -> None:
         pipe.xadd(keys.results(model, job_id), {BODY_FIELD: body}, id=b"0-%d" % seq)
+
+    async def written_chunks(self, job: Claimed) -> list[bytes]:
+        """The SSE chunks an earlier attempt of a resumed job wrote (``resume_seq``): what
+        its client has received, up to the fence ``park.lua`` added."""
+        last = b"0-%d" % ((job.resume_seq or 1) - 1)
+        entries = await self._redis.xrange(keys.results(job.model, job.job_id), "-", last)
+        return [
+            fields[CHUNK_FIELD] for _, fields in replies.entries(entries)
+            if CHUNK_FIELD in fields
+        ]  # fmt: skip
 
     @staticmethod
     def is_duplicate_write(error: Exception) -> bool:

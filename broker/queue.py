@@ -16,6 +16,7 @@ from broker import keys, replies, telemetry
 from broker.errors import BrokerUnavailable, NotFound, QueueFull
 from broker.jobs import JobRecord, JobState, RequestKind, model_of, new_job_id, owner_of
 from broker.position import QueuePosition
+from broker.requests import resumable
 from broker.resp import RespLink
 from broker.scripts import Scripts, run_script
 from broker.settings import Settings
@@ -109,6 +110,7 @@ class JobQueue:
             keys.tenant_field(sub.band, sub.tenant), s.ready_stream_maxlen,
             int(engine_priority), s.bands.index(sub.band) + 1, len(s.bands),
             *s.bands, *(keys.grant_field(b) for b in s.bands), keep_s or "",
+            int(sub.stream_flag != "0" and resumable(sub.payload)),
         ]  # fmt: skip
 
     async def get(self, job_id: str, owner: str | None) -> JobRecord:

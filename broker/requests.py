@@ -108,6 +108,22 @@ def estimate_cost(body: dict[str, Any], model: ModelConfig) -> float:
     return prompt_tokens * model.prompt_token_cost + output * model.output_token_cost
 
 
+# Request fields whose output cannot be continued from its text alone: several choices,
+# tool calls and constrained output (a grammar restarted mid-way), echoed or scored prompts.
+# A byte search: a prompt that merely mentions one of these only costs the job its resume.
+_NOT_RESUMABLE = (
+    b'"n":', b'"tools"', b'"functions"', b'"response_format"', b'"guided_', b'"echo"',
+    b'"best_of"', b'"structured_outputs"', b'"prompt_logprobs"', b'"prompt":[',
+)  # fmt: skip
+
+
+def resumable(payload: bytes) -> bool:
+    """Whether a streamed job taken back out of the engine mid-answer may go on later from
+    the text it has sent (its prompt plus that text, as vLLM's ``continue_final_message``
+    or an extended completion prompt), rather than stay in the engine to its end."""
+    return not any(mark in payload for mark in _NOT_RESUMABLE)
+
+
 def wants_usage(body: dict[str, Any]) -> bool:
     options = body.get("stream_options")
     return isinstance(options, dict) and bool(options.get("include_usage"))

@@ -447,11 +447,13 @@ async def test_a_user_in_the_engine_is_skipped_beyond_the_served_cap_and_keeps_t
 # --- park.lua: a job without output taken back out of the engine (preemption) -----------
 
 
-async def _in_engine(r: Redis, user: str, n: int) -> tuple[list[str], DispatchStore]:
+async def _in_engine(
+    r: Redis, user: str, n: int, payload: bytes = b'{"model":"m1"}'
+) -> tuple[list[str], DispatchStore]:
     s = settings()
     q, d = JobQueue(r, s), DispatchStore(r, s)
     await ExecutionStore(r, s).ensure_groups([MODEL])
-    jobs = [await q.submit(submission(user)) for _ in range(n)]
+    jobs = [await q.submit(replace(submission(user), payload=payload)) for _ in range(n)]
     picks = [Pick("default", user, i + 1, i + 0.5) for i in range(n)]
     await d.dispatch(MODEL, EP, 10, picks, 10)
     return jobs, d
@@ -485,18 +487,49 @@ async def test_park_takes_the_heaviest_users_newest_job_back_to_the_head_of_thei
     assert (await q.get(later, "alice")).state is JobState.QUEUED
 
 
-async def test_park_never_takes_a_job_with_output_nor_a_users_only_job(r: Redis) -> None:
-    jobs, d = await _in_engine(r, "alice", 2)
+async def _sent_output(r: Redis, jobs: list[str]) -> ExecutionStore:
     x = ExecutionStore(r, settings())
     await x.load_scripts()
-    for job_id in jobs:  # both have sent output: taking one back would repeat it
+    for job_id in jobs:
         pipe = x.pipeline()
         x.add_chunk(pipe, MODEL, job_id, 1, b"data: {}\n\n")
         x.add_first(pipe, MODEL, job_id)
         await pipe.execute()
+    return x
+
+
+async def test_park_never_takes_a_job_with_output_that_cannot_go_on_nor_a_users_only_job(
+    r: Redis,
+) -> None:
+    # Several choices cannot be continued from one text: taking one back would repeat it.
+    jobs, d = await _in_engine(r, "alice", 2, payload=b'{"model":"m1","n":2}')
+    await _sent_output(r, jobs)
     await _in_engine(r, "bob", 1)
     assert await d.park(MODEL, EP) is None
     assert (await d.snapshot(MODEL, 1)).inflight == {EP: 3}
+
+
+async def test_a_streamed_job_with_output_is_taken_back_behind_a_fence_to_go_on_later(
+    r: Redis,
+) -> None:
+    jobs, d = await _in_engine(r, "alice", 2)
+    x = await _sent_output(r, jobs)
+    parked = await d.park(MODEL, EP)
+    assert parked is not None and parked.job_id == jobs[-1]
+    # A late write of the worker that ran it is refused: ids only grow past the fence.
+    pipe = x.pipeline()
+    x.add_chunk(pipe, MODEL, parked.job_id, 2, b"data: {}\n\n")
+    (reply,) = await pipe.execute(raise_on_error=False)
+    assert x.is_duplicate_write(reply)
+    assert await r.hget(keys.job(MODEL, parked.job_id), "rsq") == b"3"
+    ids, _, _ = await d.dispatch(MODEL, EP, 10, [Pick("default", "alice", 9, 8.5)], 10)
+    assert ids == [parked.job_id]
+    (claimed,) = [
+        c for c in await x.claim(r, [MODEL], "w2", count=10, block_ms=100)
+        if c.job_id == parked.job_id
+    ]  # fmt: skip
+    assert claimed.resume_seq == 3
+    assert await x.written_chunks(claimed) == [b"data: {}\n\n"]  # what its client has
 
 
 async def test_a_parked_job_can_be_cancelled_and_its_user_leaves_the_backlog(r: Redis) -> None:

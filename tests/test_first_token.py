@@ -12,8 +12,9 @@ import httpx
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from redis import Redis
 
-from broker import Client, Settings
+from broker import Client, Settings, keys
 from fairq.localredis import free_port
 from fairq.stack import DEMO_MODELS, Stack, demo_config
 
@@ -58,6 +59,19 @@ def first_token_s(client: Client, model: str) -> float:
     raise AssertionError("bob's stream ended without content")
 
 
+def assert_whole_once(client: Client, job_id: str, *, stream: bool) -> None:
+    """The answer has every token once, and its usage counts them once."""
+    if not stream:
+        assert client.result(job_id)["usage"]["completion_tokens"] == LONG_TOKENS
+        return
+    chunks = list(client.stream(job_id))
+    tokens = [c for c in chunks if c.get("choices") and c["choices"][0]["delta"].get("content")]
+    roles = [c for c in chunks if c.get("choices") and c["choices"][0]["delta"].get("role")]
+    usage = [c["usage"] for c in chunks if c.get("usage")]
+    assert len(tokens) == LONG_TOKENS and len(roles) == 1
+    assert usage[-1]["completion_tokens"] == LONG_TOKENS
+
+
 def newcomer_during_long_flood(
     redis_url: str,
     tmp_path: Path,
@@ -82,16 +96,19 @@ def newcomer_during_long_flood(
         with Client(settings, api_key="fq-demo-alice") as alice, \
                 Client(settings, api_key="fq-demo-bob") as bob:  # fmt: skip
             prompt = [{"role": "user", "content": "tell me everything"}]
+            options = {"stream_options": {"include_usage": True}} if stream else {}
             flood = [
-                alice.submit(DEMO_MODELS[0], messages=prompt, max_tokens=LONG_TOKENS, stream=stream)
+                alice.submit(
+                    DEMO_MODELS[0], messages=prompt, max_tokens=LONG_TOKENS, stream=stream,
+                    **options,
+                )
                 for _ in range(2 * BATCH)
-            ]
+            ]  # fmt: skip
             gauges = wait_for_full_batch(ports[0], running)
             ttft = first_token_s(bob, DEMO_MODELS[0])
             if finish:
                 for job_id in flood:
-                    usage = alice.result(job_id)["usage"]
-                    assert usage["completion_tokens"] == LONG_TOKENS
+                    assert_whole_once(alice, job_id, stream=stream)
             for job_id in flood:
                 alice.cancel(job_id)
     return ttft, gauges
@@ -146,3 +163,27 @@ def test_preemption_clears_the_engine_queue_of_a_learned_batch(
     )
     assert gauges["vllm:num_requests_waiting"] > 0  # what the engine had to be seen doing
     assert ttft < 1.0, f"bob's first token took {ttft:.2f} s"
+
+
+def test_preemption_takes_a_streamed_answer_back_and_it_goes_on_with_no_token_twice(
+    redis_url: str, tmp_path: Path
+) -> None:
+    # Alice's answers stream: one is taken back out of the engine mid-answer for bob,
+    # and goes on later from the text her client already has.
+    overrides = {"batch_slots": BATCH, "reserved_slots": 0, "preemption": True}
+    before = taken_back(redis_url)
+    ttft, _ = newcomer_during_long_flood(
+        redis_url, tmp_path, overrides, running=BATCH, stream=True, finish=True
+    )
+    assert ttft < 0.5, f"bob's first token took {ttft:.2f} s"
+    assert taken_back(redis_url) > before  # and every answer was whole, each token once
+
+
+def taken_back(redis_url: str) -> int:
+    """Jobs of the demo model taken back out of the engine so far (their 'pk' marks)."""
+    redis = Redis.from_url(redis_url)
+    try:
+        pattern = keys.job(DEMO_MODELS[0], "*")
+        return sum(int(redis.hget(key, "pk") or 0) for key in redis.scan_iter(pattern))
+    finally:
+        redis.close()

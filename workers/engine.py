@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -34,6 +35,7 @@ from workers.engine_http import (
     SilenceTimeout,
 )
 from workers.errors import EngineError
+from workers.resume import Earlier, counted_once
 
 _DONE = b"data: [DONE]\n\n"
 _FINISH = re.compile(rb'"finish_reason":"([A-Za-z_]+)"')
@@ -48,6 +50,7 @@ class Accounting:
 
     usage: dict[str, int] | None = None
     finish_reason: str | None = None
+    earlier: Earlier | None = None  # a resumed answer: what its client has already
     done: bool = False  # the stream's [DONE] arrived: the response is whole
     failure: EngineError | None = None  # a bad or error event ended the stream (see scan)
 
@@ -116,10 +119,20 @@ class Accounting:
                 chunk = orjson.loads(event[6:])
                 if not chunk.get("choices") and isinstance(chunk.get("usage"), dict):
                     self.usage = chunk["usage"]
-                    if not keep_usage:
-                        continue
+                    counted = self._count_once(chunk, event)
+                    if keep_usage:
+                        kept.append(counted)
+                    continue
             kept.append(event)
         return b"\n\n".join(kept)
+
+    def _count_once(self, chunk: dict[str, Any], event: bytes) -> bytes:
+        """The usage chunk as the client gets it: a resumed answer's usage counts the tokens
+        of every attempt once (``workers.resume``); as the engine sent it otherwise."""
+        if self.earlier is None:
+            return event
+        self.usage = chunk["usage"] = counted_once(chunk["usage"], self.earlier)
+        return b"data: " + orjson.dumps(chunk)
 
     def scan_body(self, body: bytes) -> None:
         parsed = orjson.loads(body)

@@ -18,15 +18,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from broker import Claimed, JobState, Outcome, Settings
+from broker import Claimed, JobState, Outcome, RequestKind, Settings
 from workers import metrics
 from workers.engine import Accounting, complete, stream_events
 from workers.engine_http import EngineClient
 from workers.errors import EngineError
+from workers.resume import Earlier, continuation, drops_role_chunk, earlier_output
 from workers.writer import ResultWriter
+
+# The chunks an earlier attempt of a resumed job wrote (``ExecutionStore.written_chunks``).
+WrittenChunks = Callable[[Claimed], Awaitable[list[bytes]]]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +56,7 @@ def backoff_s(settings: Settings, attempt: int) -> float:
 class _Progress:
     first_ms: int | None = None  # set when the first output went to the writer
     on_sent: Callable[[], None] | None = None  # see ``JobRunner.run``
+    earlier: Earlier | None = None  # a resumed answer: what its client has already
 
     @property
     def wrote(self) -> bool:
@@ -59,10 +64,17 @@ class _Progress:
 
 
 class JobRunner:
-    def __init__(self, writer: ResultWriter, http: EngineClient, settings: Settings) -> None:
+    def __init__(
+        self,
+        writer: ResultWriter,
+        http: EngineClient,
+        settings: Settings,
+        written: WrittenChunks | None = None,
+    ) -> None:
         self._writer = writer
         self._http = http
         self._settings = settings
+        self._written = written  # None: a resumed job starts again from scratch
         self.retries = 0  # engine calls made again
 
     async def run(self, job: Claimed, on_sent: Callable[[], None] | None = None) -> Outcome:
@@ -72,11 +84,17 @@ class JobRunner:
         response headers arrived, or a non-streamed request is about to be sent.
         """
         url = job.endpoint + job.kind.path
-        payload = with_priority(job.payload, job.engine_priority)
         progress = _Progress(on_sent=on_sent)
+        payload: bytes | None = job.payload
+        if job.resume_seq is not None and self._written is not None:
+            progress.earlier = earlier_output(job.kind, await self._written(job))
+            payload = continuation(job.kind, job.payload, progress.earlier)
+            if payload is None:  # the answer had ended, or reached its limit, already
+                return _already_whole(progress.earlier)
+        payload = with_priority(payload or job.payload, job.engine_priority)
         tries = self._settings.engine_max_tries
         for attempt in range(1, tries + 1):
-            accounting = Accounting()
+            accounting = Accounting(earlier=progress.earlier)
             try:
                 await self._call(job, url, payload, accounting, progress)
             except EngineError as exc:
@@ -106,7 +124,13 @@ class JobRunner:
     async def _stream(
         self, job: Claimed, url: str, payload: bytes, accounting: Accounting, progress: _Progress
     ) -> None:
+        resumed_chat = progress.earlier is not None and job.kind is RequestKind.CHAT
+
         def on_events(events: bytes) -> None:  # runs inside the HTTP client's callback
+            if resumed_chat and progress.first_ms is None:
+                events = drops_role_chunk(events)  # the client has the first attempt's
+                if not events:
+                    return
             if progress.first_ms is None:
                 progress.first_ms = int(time.time() * 1000)
                 self._writer.chunk(job, events, first=True)
@@ -129,3 +153,12 @@ class JobRunner:
         )  # fmt: skip
         progress.first_ms = int(time.time() * 1000)
         self._writer.body(job, body)
+
+
+def _already_whole(earlier: Earlier) -> Outcome:
+    """A resumed job whose earlier attempt had sent the whole answer: it ends as it was."""
+    return Outcome(
+        JobState.COMPLETED,
+        usage={"completion_tokens": earlier.tokens},
+        finish_reason=earlier.finish_reason or "length",
+    )

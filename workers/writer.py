@@ -175,8 +175,11 @@ class ResultWriter:
         for buf in batch:
             job_id = buf.job.job_id
             if buf.chunks or buf.body is not None:
-                buf.seq = self._seq.get(job_id, 0) + 1
+                first = job_id not in self._seq  # this attempt's first output: it has started
+                # A resumed attempt writes on after what the one before it wrote (park.lua).
+                buf.seq = self._seq.get(job_id, (buf.job.resume_seq or 1) - 1) + 1
                 self._seq[job_id] = buf.seq
+                buf.started = buf.started or first
             if buf.outcome is not None:
                 self._seq.pop(job_id, None)
         return batch
@@ -210,7 +213,7 @@ class ResultWriter:
                 self._store.add_chunk(pipe, model, job_id, buf.seq, b"".join(buf.chunks))
             elif buf.body is not None:
                 self._store.add_body(pipe, model, job_id, buf.seq, buf.body)
-            if buf.seq == 1 or buf.started:  # it has started: no longer counted as unstarted
+            if buf.started:  # it has started: no longer counted as unstarted
                 self._store.add_first(pipe, model, job_id)
             if buf.outcome is not None:
                 self._store.add_complete(pipe, buf.job, buf.outcome)

@@ -77,7 +77,7 @@ end
 -- The ready entry and counts mirror enqueue.lua's express branch: change both together.
 local function to_ready(job_id, payload, band)
   local job = ARGV[2] .. job_id
-  local f = redis.call('HMGET', job, 'st', 'k', 's', 'b', 'u', 'qe')
+  local f = redis.call('HMGET', job, 'st', 'k', 's', 'b', 'u', 'qe', 'rsq')
   if f[1] ~= 'queued' then
     return ''
   end
@@ -90,9 +90,13 @@ local function to_ready(job_id, payload, band)
   if ARGV[7] == '1' then
     priority = (band - 1) * BAND_STEP + in_engine
   end
-  local entry = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*',
-    'j', job_id, 'ep', ARGV[1], 'p', payload, 'k', f[2], 's', f[3], 'b', f[4], 'u', f[5],
-    'pr', priority)
+  local fields = {'j', job_id, 'ep', ARGV[1], 'p', payload, 'k', f[2], 's', f[3], 'b', f[4],
+    'u', f[5], 'pr', priority}
+  if f[7] then  -- taken back mid-answer (park.lua): it goes on, writing from this entry id
+    fields[#fields + 1] = 'rq'
+    fields[#fields + 1] = f[7]
+  end
+  local entry = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', unpack(fields))
   local queued_ms = string.match(f[6] or '', '^%d+') or now_ms  -- 'qe' is 'ms-seq'
   redis.call('HSET', job, 'st', 'dispatched', 'tq', queued_ms, 'td', now_ms, 'ep', ARGV[1],
     're', entry)

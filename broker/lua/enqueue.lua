@@ -24,6 +24,8 @@
 -- ARGV[19+B .. 18+2B] their express credit fields in meta ("xn:{band}")
 -- ARGV[19+2B] optional: seconds to keep the ended job (a batch line, until its batch
 --   collects it; complete.lua and cancel.lua honour the job's 'kt')
+-- ARGV[20+2B] 1: a streamed job that may go on from its text if taken back out of the
+--   engine mid-answer (park.lua); stored as 'rsm' 1 only then
 -- The grant lives in meta: 'xep' endpoint, 'xexp' expiry (ms), 'xs' sequence (bumped by
 -- every express send, so the dispatcher's next grant is refused if computed before it),
 -- 'xsv' sends left to users who already have a job in the engine (free batch slots; -1 or
@@ -73,6 +75,7 @@ if ARGV[11] ~= ARGV[2] then redis.call('HSET', KEYS[1], 'o', ARGV[11]) end
 if tonumber(ARGV[13]) ~= 1 then redis.call('HSET', KEYS[1], 'w', ARGV[13]) end
 local keep = ARGV[19 + 2 * bands]
 if keep and keep ~= '' then redis.call('HSET', KEYS[1], 'kt', keep) end
+if ARGV[20 + 2 * bands] == '1' then redis.call('HSET', KEYS[1], 'rsm', 1) end
 
 -- The ready entry and counts mirror dispatch.lua's to_ready: change both together.
 if endpoint then

@@ -1,8 +1,12 @@
 -- park.lua: take one job of the heaviest user at an endpoint back out of the engine and
 -- put it at the head of its user's queue, so that a newcomer gets that batch slot.
--- Only a job with nothing in its result stream yet (streamed and waiting for its first
--- token, or not streamed and not answered: a worker writes an answer before it completes
--- the job): it starts again later from scratch and its client sees nothing twice. The worker running it is told on the cancel channel, drops it (closing
+-- A job with nothing in its result stream yet (streamed and waiting for its first token,
+-- or not streamed and not answered: a worker writes an answer before it completes the
+-- job) starts again later from scratch; its client sees nothing twice. Failing that, a
+-- streamed job marked resumable ('rsm', enqueue.lua) goes on later from the text it has
+-- sent: a fence entry ('pk') is added to its result stream, so that no late write of the
+-- worker that ran it can land (result entry ids only grow), and 'rsq' tells the next
+-- attempt the first entry id it writes (the worker builds the continuation). The worker running it is told on the cancel channel, drops it (closing
 -- the engine request, which aborts it there) and writes nothing more for it.
 -- The job's release mirrors cancel.lua's (in-flight, user, unstarted, transit counts, ready
 -- entry); its return to the queue mirrors enqueue.lua's (queued count, backlog, tenant
@@ -24,7 +28,8 @@
 -- Returns {job id, user} of the job parked, or {} when no job may be taken.
 local entries = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', tonumber(ARGV[6]))
 local count = {}     -- user -> their jobs at the endpoint
-local candidate = {} -- user -> their newest job without output: {job id, entry id, payload}
+local candidate = {} -- user -> their newest job without output: {job id, entry, payload, band}
+local resumable = {} -- user -> their newest resumable streamed job with output (the same)
 for _, e in ipairs(entries) do
   local f = {}
   for i = 1, #e[2], 2 do
@@ -34,25 +39,30 @@ for _, e in ipairs(entries) do
     local user = f['u']
     count[user] = (count[user] or 0) + 1
     if not candidate[user] then
-      local st = redis.call('HGET', ARGV[2] .. f['j'], 'st')
+      local s = redis.call('HMGET', ARGV[2] .. f['j'], 'st', 'rsm')
       local quiet = redis.call('XLEN', ARGV[10] .. f['j']) == 0
-      if (st == 'dispatched' or st == 'running') and quiet then
-        candidate[user] = {f['j'], e[1], f['p'], f['b']}
+      if s[1] == 'dispatched' or s[1] == 'running' then
+        if quiet then
+          candidate[user] = {f['j'], e[1], f['p'], f['b']}
+        elseif s[2] and not resumable[user] then
+          resumable[user] = {f['j'], e[1], f['p'], f['b']}
+        end
       end
     end
   end
 end
 local victim, most = nil, tonumber(ARGV[7]) - 1
-for user, c in pairs(candidate) do
-  if count[user] > most or (count[user] == most and victim and user < victim) then
-    victim, most = user, count[user]
+for user, c in pairs(count) do
+  local has = candidate[user] or resumable[user]
+  if has and (c > most or (c == most and victim and user < victim)) then
+    victim, most = user, c
   end
 end
 if not victim then
   return {}
 end
 
-local job_id, entry, payload, band = unpack(candidate[victim])
+local job_id, entry, payload, band = unpack(candidate[victim] or resumable[victim])
 local job = ARGV[2] .. job_id
 local st = redis.call('HGET', job, 'st')
 redis.call('XACK', KEYS[1], ARGV[3], entry)
@@ -74,6 +84,13 @@ end
 redis.call('HSET', job, 'st', 'queued', 'p', payload, 'wk', '-')
 redis.call('HDEL', job, 'ep', 're')
 redis.call('HINCRBY', job, 'pk', 1)
+if not candidate[victim] then  -- it goes on from its text: fence off the old writer
+  local results = ARGV[10] .. job_id
+  local last = redis.call('XREVRANGE', results, '+', '-', 'COUNT', 1)[1][1]
+  local seq = tonumber(string.match(last, '^0%-(%d+)$'))
+  redis.call('XADD', results, '0-' .. (seq + 1), 'pk', 1)
+  redis.call('HSET', job, 'rsq', seq + 2)
+end
 if st == 'running' then
   redis.call('HINCRBY', job, 'att', -1)
 end
