@@ -94,9 +94,16 @@ def parse_arms(text: str) -> list[ArmSpec]:
     return [ARMS[k] for k in dict.fromkeys(keys)]
 
 
-def model_config(spec: ArmSpec, model: str, engine_url: str, requests: int) -> dict[str, Any]:
-    """fairq's settings for the arm's model; ``requests``: the most the scenario sends."""
-    config = {"name": model, "engine": "vllm", "endpoints": [engine_url], **spec.model_overrides}
+def model_config(
+    spec: ArmSpec, model: str, engine_url: str, requests: int, batch_slots: int | None = None
+) -> dict[str, Any]:
+    """fairq's settings for the arm's model; ``requests``: the most the scenario sends;
+    ``batch_slots``: the engine's batch, as its operator would configure it (the arm's own
+    settings win)."""
+    config: dict[str, Any] = {"name": model, "engine": "vllm", "endpoints": [engine_url]}
+    if batch_slots is not None:
+        config["batch_slots"] = batch_slots
+    config.update(spec.model_overrides)
     if not spec.backpressure:
         # A cap as high as the scenario's requests, not "infinite": the dispatcher plans
         # `cap - in flight` picks a round however few jobs are queued, and a cap of

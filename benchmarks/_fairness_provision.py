@@ -48,11 +48,19 @@ class EngineChoice:
 
     @property
     def label(self) -> str:
+        told = (
+            f"; fairq's arms are told its batch (batch_slots {self.batch_slots})"
+            if self.batch_slots is not None
+            else "; fairq's arms learn its batch from its metrics"
+        )
         if self.kind == "sim":
-            return f"engine simulator, profile {self.profile}"
+            return f"engine simulator, profile {self.profile}{told}"
         if self.kind == "vllm":
-            return f"real vLLM per arm ({self.model}: {VLLM_SLOTS} slots, context {VLLM_CONTEXT})"
-        return f"engine at {self.url} (model {self.model})"
+            return (
+                f"real vLLM per arm ({self.model}: {VLLM_SLOTS} slots, context {VLLM_CONTEXT})"
+                f"{told}"
+            )
+        return f"engine at {self.url} (model {self.model}){told}"
 
     @property
     def note(self) -> str:
@@ -66,6 +74,16 @@ class EngineChoice:
             return "A real vLLM (CPU build, tiny model) per arm; figures as measured."
         stated = self.policy or "not stated (fcfs assumed)"
         return f"The engine at --engine-url, as its owner started it; its policy: {stated}."
+
+    @property
+    def batch_slots(self) -> int | None:
+        """The engine's batch (its max_num_seqs), told to fairq as an operator would, or
+        None for the user's own engine (fairq then learns it from the metrics)."""
+        if self.kind == "sim":
+            from workers.sim import load_profile
+
+            return load_profile(self.profile).max_num_seqs
+        return VLLM_SLOTS if self.kind == "vllm" else None
 
     def ran(self, needs: str) -> str | None:
         """The policy the arm's engine runs (None: the user's engine, not stated)."""

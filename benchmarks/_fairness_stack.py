@@ -100,7 +100,11 @@ def fairq_config(spec: ArmSpec, setup: Setup, engine_url: str) -> dict[str, Any]
     ]
     heavy = scenario.power_requests * len(weights)
     return {
-        "models": [model_config(spec, setup.model, engine_url, max_requests(scenario))],
+        "models": [
+            model_config(
+                spec, setup.model, engine_url, max_requests(scenario), setup.engine.batch_slots
+            )
+        ],
         "api_keys": keys,
         "max_queued_per_user": max(1000, heavy + 10),
     }

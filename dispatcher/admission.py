@@ -29,7 +29,9 @@ slot is refilled as soon as fairq sees the job end (no scrape lag: fairq counts 
 flight itself), and a newcomer -- a user with nothing in the engine -- finds a kept slot
 free, or else waits at the head of the engine's queue for the next slot, never behind
 someone else's long generations. ``Decision.room`` is the room for newcomers,
-``Decision.served_room`` the part of it open to users already in the engine.
+``Decision.served_room`` the part of it open to users already in the engine. With the
+batch known, the engine's queue is counted lag-free (``batch_queue``): fairq's jobs beyond
+the batch, or those without a first token yet, whichever is more; no scrape term.
 
 A queue estimate of 0 with a target of 3 admits 3 at once (a burst). While the
 recent time per output token is over the model's ceiling nothing more is
@@ -177,18 +179,27 @@ class MetricsAdmission:
             return Decision(state.endpoint, 0, Limit.UNHEALTHY)
         if not state.fresh:
             return _static(state, config, Limit.STALE_METRICS)
-        estimate = state.queue_estimate
+        batch = config.batch(state)
+        estimate = state.queue_estimate if batch is None else batch_queue(state, batch)
         busy = state.running > 0 or state.inflight > 0
         if busy and state.tpot_s is not None and state.tpot_s > config.tpot_ceiling_s:
             return Decision(state.endpoint, 0, Limit.TPOT_CEILING, estimate, state.running)
         room = max(0, int(config.targets[band] - estimate))
-        batch = config.batch(state)
         if batch is None:
             return Decision(state.endpoint, room, Limit.QUEUE_TARGET, estimate, state.running)
         free = batch - config.reserve(batch) - state.inflight
         served = max(0, min(room, free))
         limit = Limit.BATCH_SLOTS if room > 0 and served == 0 else Limit.QUEUE_TARGET
         return Decision(state.endpoint, room, limit, estimate, state.running, served)
+
+
+def batch_queue(state: EndpointState, batch: int) -> float:
+    """The engine's queue when its batch is known, lag-free: fairq's jobs beyond the batch
+    wait (fairq is the engine's client), and a job without its first token may still wait
+    for its prefill (which bounds a burst of streamed jobs into free slots). No scrape term:
+    a non-streamed job sent since the last scrape would otherwise count as waiting until
+    the next one, although it went into a free slot."""
+    return float(max(state.inflight - batch, state.unstarted, 0))
 
 
 ADMISSION: dict[str, AdmissionPolicy] = {p.name: p for p in (MetricsAdmission(), StaticCap())}
@@ -215,6 +226,8 @@ def held_by_unseen(state: EndpointState, band: str, config: AdmissionConfig) -> 
     dispatcher anyway)."""
     if not (state.healthy and state.fresh) or state.unseen_now == 0:
         return False
+    if config.batch(state) is not None:
+        return False  # the estimate reads no scrape then (``batch_queue``)
     target = config.targets[band]
     return target - state.queue_estimate < 1 <= target - max(state.waiting, state.unstarted)
 

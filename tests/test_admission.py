@@ -293,3 +293,15 @@ def test_the_express_grant_carries_the_free_slots_for_users_in_the_engine() -> N
     )
     unknown = plan_grant(METRICS, [fresh()], ["interactive"], CONFIG)
     assert unknown is not None and unknown.served is None
+
+
+def test_with_the_batch_known_the_engine_queue_is_counted_lag_free() -> None:
+    # A non-streamed job sent since the last scrape went into a free slot: it does not
+    # hold a newcomer back until the next scrape, as it must without the batch.
+    state = fresh(running=5, inflight=6, admitted_since_scrape=3, plain_since_scrape=3)
+    assert METRICS.decide(state, "interactive", CONFIG).room == 0
+    assert METRICS.decide(state, "interactive", BATCH8).room == 3
+    # fairq's jobs beyond the batch wait in the engine: they are its queue.
+    beyond = fresh(running=8, inflight=10, admitted_since_scrape=2, plain_since_scrape=2)
+    assert METRICS.decide(beyond, "interactive", BATCH8).room == 1
+    assert not held_by_unseen(state, "interactive", BATCH8)
