@@ -69,7 +69,7 @@ class ModelConfig(_Frozen):
     # When a user with nothing in the engine finds no free batch slot, take a job of the user
     # with the most jobs there back out of the engine (one that has sent no output yet: it
     # starts again later, nothing repeated), so the newcomer gets its slot at the next step.
-    preemption: bool = False
+    preemption: bool = True
 
     @property
     def admission_policy(self) -> str:
