@@ -31,7 +31,8 @@ free, or else waits at the head of the engine's queue for the next slot, never b
 someone else's long generations. ``Decision.room`` is the room for newcomers,
 ``Decision.served_room`` the part of it open to users already in the engine. With the
 batch known, the engine's queue is counted lag-free (``batch_queue``): fairq's jobs beyond
-the batch, or those without a first token yet, whichever is more; no scrape term.
+the batch, those without a first token yet, or what the engine last reported waiting,
+whichever is most; fairq's sends since the last scrape add nothing.
 
 A queue estimate of 0 with a target of 3 admits 3 at once (a burst). While the
 recent time per output token is over the model's ceiling nothing more is
@@ -196,10 +197,12 @@ class MetricsAdmission:
 def batch_queue(state: EndpointState, batch: int) -> float:
     """The engine's queue when its batch is known, lag-free: fairq's jobs beyond the batch
     wait (fairq is the engine's client), and a job without its first token may still wait
-    for its prefill (which bounds a burst of streamed jobs into free slots). No scrape term:
-    a non-streamed job sent since the last scrape would otherwise count as waiting until
-    the next one, although it went into a free slot."""
-    return float(max(state.inflight - batch, state.unstarted, 0))
+    for its prefill (which bounds a burst of streamed jobs into free slots). What the engine
+    itself last reported waiting counts too (a batch configured larger than the engine's
+    shows there), but not fairq's sends since that scrape: a non-streamed job sent since
+    would otherwise count as waiting until the next one, although it went into a free
+    slot."""
+    return float(max(state.inflight - batch, state.unstarted, state.waiting, 0))
 
 
 ADMISSION: dict[str, AdmissionPolicy] = {p.name: p for p in (MetricsAdmission(), StaticCap())}

@@ -20,7 +20,7 @@ from fairq import runtime
 from fairq.batch_cli import batch
 from fairq.k8s_cli import k8s
 from fairq.localredis import free_port
-from fairq.stack import DEMO_KEYS, DEMO_MODELS, Stack, demo_config
+from fairq.stack import DEMO_BATCH_SLOTS, DEMO_KEYS, DEMO_MODELS, Stack, demo_config
 from fairq.status_cli import job, jobs, status, top
 
 
@@ -157,7 +157,9 @@ def up(port: int, sim_port: int | None, redis_url: str | None, workers: int) -> 
     """Run the whole stack locally: Redis, two simulated engines, dispatcher, worker, gateway."""
     ports = [sim_port + i if sim_port else free_port() for i in range(len(DEMO_MODELS))]
     stack = Stack(
-        config=demo_config(ports),
+        # The simulator's default profile runs 32 at once: fairq is told, so kept slots
+        # work from the first request (learning it waits for the engine to be seen full).
+        config=demo_config(ports, batch_slots=DEMO_BATCH_SLOTS),
         gateway_port=port,
         sims=dict(zip(ports, DEMO_MODELS, strict=True)),
         redis_url=redis_url,

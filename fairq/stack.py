@@ -39,18 +39,15 @@ DEMO_KEYS = {  # key -> (user, tenant): printed by `fairq up`, for local use onl
 }
 
 
-def demo_config(sim_ports: list[int], **overrides: Any) -> dict[str, Any]:
-    """The configuration of the demo stack: one simulated pod per demo model."""
+def demo_config(
+    sim_ports: list[int], batch_slots: int | None = None, **overrides: Any
+) -> dict[str, Any]:
+    """The configuration of the demo stack: one simulated pod per demo model, whose batch
+    (``batch_slots``, its profile's max_num_seqs) fairq is told, or learns if None."""
+    batch = {} if batch_slots is None else {"batch_slots": batch_slots}
     config: dict[str, Any] = {
         "models": [
-            {
-                "name": name,
-                "engine": "vllm",
-                "endpoints": [f"http://127.0.0.1:{port}"],
-                # The simulator's default profile runs 32 at once: known from the first
-                # request, where learning it would wait for the engine to be seen full.
-                "batch_slots": DEMO_BATCH_SLOTS,
-            }
+            {"name": name, "engine": "vllm", "endpoints": [f"http://127.0.0.1:{port}"], **batch}
             for name, port in zip(DEMO_MODELS, sim_ports, strict=True)
         ],
         "api_keys": [
