@@ -24,7 +24,9 @@ hold a band back, so the dispatcher scrapes again soon rather than on the next t
 The engine's batch (``batch_slots``: configured, or learned as the most requests the
 engine ran while others waited) bounds users who already have a job in the engine: they
 are admitted only into free batch slots, less the slots kept for users with none
-(``reserved_slots``). So the engine's own queue never holds a heavy user's jobs, a freed
+(``reserved_slots``). While the last scrape saw requests wait with the batch not full
+(the KV cache is full: long answers fill it before the slots), the engine takes only
+what it runs (``room_in``). So the engine's own queue never holds a heavy user's jobs, a freed
 slot is refilled as soon as fairq sees the job end (no scrape lag: fairq counts its jobs in
 flight itself), and a newcomer -- a user with nothing in the engine -- finds a kept slot
 free, or else waits at the head of the engine's queue for the next slot, never behind
@@ -121,6 +123,15 @@ class AdmissionConfig:
             return self.batch_slots or None
         return state.batch_seen or None
 
+    def room_in(self, state: EndpointState) -> int | None:
+        """The requests the engine takes now: its batch, or fewer while the last scrape saw
+        requests wait with the batch not full (KV cache full, or prefill budget spent):
+        then what it runs is all it takes. None: the batch is unknown or the rule off."""
+        batch = self.batch(state)
+        if batch is None or state.waiting <= 0 or state.running <= 0:
+            return batch
+        return min(batch, int(state.running))
+
     def reserve(self, batch: int) -> int:
         """Slots of a batch kept for newcomers; at least one slot stays open to the rest."""
         wanted = self.reserved_slots
@@ -180,7 +191,7 @@ class MetricsAdmission:
             return Decision(state.endpoint, 0, Limit.UNHEALTHY)
         if not state.fresh:
             return _static(state, config, Limit.STALE_METRICS)
-        batch = config.batch(state)
+        batch = config.room_in(state)
         estimate = state.queue_estimate if batch is None else batch_queue(state, batch)
         busy = state.running > 0 or state.inflight > 0
         if busy and state.tpot_s is not None and state.tpot_s > config.tpot_ceiling_s:
@@ -188,7 +199,8 @@ class MetricsAdmission:
         room = max(0, int(config.targets[band] - estimate))
         if batch is None:
             return Decision(state.endpoint, room, Limit.QUEUE_TARGET, estimate, state.running)
-        free = batch - config.reserve(batch) - state.inflight
+        full = config.batch(state) or batch
+        free = batch - config.reserve(full) - state.inflight
         served = max(0, min(room, free))
         limit = Limit.BATCH_SLOTS if room > 0 and served == 0 else Limit.QUEUE_TARGET
         return Decision(state.endpoint, room, limit, estimate, state.running, served)
@@ -230,7 +242,7 @@ def held_by_unseen(state: EndpointState, band: str, config: AdmissionConfig) -> 
     if not (state.healthy and state.fresh) or state.unseen_now == 0:
         return False
     if config.batch(state) is not None:
-        return False  # the estimate reads no scrape then (``batch_queue``)
+        return False  # the estimate counts no send since the scrape (``batch_queue``)
     target = config.targets[band]
     return target - state.queue_estimate < 1 <= target - max(state.waiting, state.unstarted)
 

@@ -2,8 +2,9 @@
 
 The admission policy needs four things from an engine: how many requests wait
 in its queue, how many run, how full its KV cache is, and how fast it emits
-tokens. vLLM and TGI expose them under different names; the engine is
-recognised by its queue gauge. Text comes apart with prometheus_client's own
+tokens; a queued job's wait estimate also needs how fast it ends requests
+(``engine_drain_per_s``). vLLM and TGI expose them under different names; the
+engine is recognised by its queue gauge. Text comes apart with prometheus_client's own
 parser, and series are matched by exact sample name, so look-alikes such as
 ``vllm:num_requests_waiting_by_reason`` or the per-request histogram
 ``vllm:request_time_per_output_token_seconds`` are never mixed in.
@@ -12,8 +13,9 @@ Names, and where they were checked:
 
 - vLLM, current (V1; the real 0.32 captures in ``tests/fixtures/vllm-0.32-cpu``):
   ``vllm:num_requests_waiting``, ``vllm:num_requests_running``,
-  ``vllm:kv_cache_usage_perc``, histogram ``vllm:inter_token_latency_seconds``;
-  every series is labelled ``engine`` and ``model_name``.
+  ``vllm:kv_cache_usage_perc``, histograms ``vllm:inter_token_latency_seconds`` and
+  ``vllm:e2e_request_latency_seconds`` (arrival to end, queue included); every
+  series is labelled ``engine`` and ``model_name``.
 - vLLM, older (V0: ``vllm/engine/metrics.py`` at vllm-project/vllm commit
   00c33e81b526a179a6afb86512d1e8198965ee2f, label ``model_name`` only): the
   same queue gauges, ``vllm:gpu_cache_usage_perc`` and histogram
@@ -22,7 +24,8 @@ Names, and where they were checked:
 - TGI (huggingface/text-generation-inference ``docs/source/reference/metrics.md``
   at commit 53fdbe617d4f3cc358842ad96914393ad6b6e4ca, and ``router/src/server.rs``,
   which gives every ``*duration`` metric histogram buckets): ``tgi_queue_size``,
-  ``tgi_batch_current_size``, histogram ``tgi_request_mean_time_per_token_duration``.
+  ``tgi_batch_current_size``, histograms ``tgi_request_mean_time_per_token_duration`` and
+  ``tgi_request_duration`` (e2e latency).
   TGI observes that histogram once per *finished request* (its mean time per
   token), not per token, so its Δsum/Δcount lags and is None while no request
   finishes. TGI has no KV-cache gauge.
@@ -49,6 +52,8 @@ class EngineSample:
     tpot_count: float | None  # cumulative _count of the same histogram
     steps: float | None = None  # cumulative engine steps (vLLM's iteration histogram _count)
     generated: float | None = None  # cumulative output tokens
+    e2e_sum_s: float | None = None  # cumulative _sum of the end-to-end request latency
+    e2e_count: float | None = None  # its _count: requests the engine ended
 
 
 class MetricsError(ValueError):
@@ -64,6 +69,7 @@ class _Dialect:
     tpot: tuple[str, ...]  # histogram names, preferred first
     steps: str = ""  # histogram whose _count is the engine's steps ("": none)
     generated: str = ""  # counter of output tokens ("": none)
+    e2e: tuple[str, ...] = ()  # histograms of a request's end-to-end latency
 
 
 _DIALECTS = (
@@ -75,6 +81,7 @@ _DIALECTS = (
         tpot=("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
         steps="vllm:iteration_tokens_total",
         generated="vllm:generation_tokens_total",
+        e2e=("vllm:e2e_request_latency_seconds",),
     ),
     _Dialect(
         engine="tgi",
@@ -82,6 +89,7 @@ _DIALECTS = (
         running="tgi_batch_current_size",
         kv_usage=(),
         tpot=("tgi_request_mean_time_per_token_duration",),
+        e2e=("tgi_request_duration",),
     ),
 )
 
@@ -100,6 +108,7 @@ def parse_metrics(text: str, model_name: str | None = None) -> EngineSample:
     if model_name is not None:
         series = _only_model(series, model_name)
     tpot_sum_s, tpot_count = _histogram(series, dialect.tpot)
+    e2e_sum_s, e2e_count = _histogram(series, dialect.e2e)
     return EngineSample(
         waiting=_queue_gauge(series, dialect.waiting, model_name),
         running=_queue_gauge(series, dialect.running, model_name),
@@ -108,6 +117,8 @@ def parse_metrics(text: str, model_name: str | None = None) -> EngineSample:
         tpot_count=tpot_count,
         steps=_total(series, f"{dialect.steps}_count") if dialect.steps else None,
         generated=_total(series, dialect.generated) if dialect.generated else None,
+        e2e_sum_s=e2e_sum_s,
+        e2e_count=e2e_count,
     )
 
 
@@ -129,6 +140,26 @@ def recent_tpot_s(previous: EngineSample | None, current: EngineSample) -> float
     if tokens <= 0 or seconds < 0:
         return None
     return seconds / tokens
+
+
+def engine_drain_per_s(sample: EngineSample) -> float | None:
+    """Requests the engine ends per second, by Little's law: the requests in it over the
+    mean time one spends in it. None when nothing is in it, or nothing says how long.
+
+    The mean time is the end-to-end histogram's _sum/_count over the engine's life
+    (queue and run, so the requests counted are the waiting ones too). Before the engine
+    ended any request, all of the per-token histogram's _sum is the decode time so far
+    of the running ones: a request takes at least their mean of it, and the drain is at
+    most the running ones over that (a bound that tightens as the batch ages).
+    """
+    if sample.e2e_sum_s is None or sample.e2e_count is None:
+        return None  # the engine does not say how long its requests take
+    if sample.e2e_count > 0:
+        in_engine, mean_s = sample.running + sample.waiting, sample.e2e_sum_s / sample.e2e_count
+        return in_engine / mean_s if in_engine > 0 and mean_s > 0 else None
+    if sample.running <= 0 or sample.tpot_sum_s is None or sample.tpot_sum_s <= 0:
+        return None
+    return sample.running / (sample.tpot_sum_s / sample.running)
 
 
 def _parse(text: str) -> dict[str, list[tuple[Mapping[str, str], float]]]:

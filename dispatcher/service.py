@@ -314,7 +314,7 @@ class Dispatcher:
         queued = [u for u, _ in top.users if not snap.in_engine.get(u)] if top else []
         parked = 0
         for state in self._states(model, snap):
-            batch = config.batch(state)
+            batch = config.room_in(state)
             if batch is None:
                 continue
             if not newcomers_sent.get(state.endpoint) and not queued:

@@ -10,7 +10,12 @@ Prometheus collector, so a scrape of ``/metrics`` never touches Redis.
 
 The history (for the dashboard's chart) is built here from the workers' latency
 stream: one point every ``HISTORY_STEP_S`` with the queue depth and the median and
-95th percentile of the time to first token of the jobs that ended in that step.
+95th percentile of the time to first token of the jobs that ended in that step. The
+newcomers' TTFT (jobs dispatched while their user had nothing in the engine, the case
+the kept batch slots are for) is the median and 95th percentile over the history's
+span, at most ``NEWCOMERS_KEPT`` jobs. Each engine row also carries the engine's own
+drain (``engine_drain_per_s``): a queued job's wait estimate uses it until fairq has
+seen jobs of the model end (``broker.position``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from broker import (
     read_queues,
 )
 from dispatcher.admission import ADMISSION, AdmissionConfig, EndpointState
+from dispatcher.metrics import engine_drain_per_s
 from dispatcher.scraper import EndpointView
 from dispatcher.service import Dispatcher
 
@@ -48,6 +54,7 @@ log = logging.getLogger(__name__)
 
 HISTORY_STEP_S = 2.0
 HISTORY_POINTS = 150  # five minutes
+NEWCOMERS_KEPT = 1000  # newcomer TTFTs kept for the quantiles (within the history's span)
 
 
 @dataclass
@@ -58,8 +65,15 @@ class _History:
     pending: list[Latency] = field(default_factory=list)
     step_end: float = 0.0  # monotonic end of the step being filled
     after: bytes | None = None  # the last latency entry read
+    # (monotonic time read, TTFT ms) of the newcomers' streamed jobs, oldest first
+    newcomers: deque[tuple[float, int]] = field(
+        default_factory=lambda: deque(maxlen=NEWCOMERS_KEPT)
+    )
 
     def add(self, now: float, now_ms: int, queued: int, latencies: list[Latency]) -> None:
+        self.newcomers.extend(
+            (now, x.ttft_ms) for x in latencies if x.newcomer and x.ttft_ms is not None
+        )
         self.pending += latencies
         if now < self.step_end:
             return
@@ -71,6 +85,19 @@ class _History:
         )  # fmt: skip
         self.pending = []
         self.step_end = now + HISTORY_STEP_S
+
+    def newcomer_ttft(self, now: float) -> dict[str, object]:
+        """The newcomers' TTFT p50/p95 (ms) over the history's span, and how many jobs."""
+        while self.newcomers and self.newcomers[0][0] < now - _HISTORY_SPAN_S:
+            self.newcomers.popleft()
+        ttfts = sorted(ttft for _, ttft in self.newcomers)
+        return {
+            "p50": _quantile(ttfts, 0.5), "p95": _quantile(ttfts, 0.95), "jobs": len(ttfts),
+            "window_s": _HISTORY_SPAN_S,
+        }  # fmt: skip
+
+
+_HISTORY_SPAN_S = HISTORY_STEP_S * HISTORY_POINTS
 
 
 def _quantile(ordered: Sequence[int], q: float) -> float | None:
@@ -115,14 +142,14 @@ class StatusPublisher:
         queues = await read_queues(self._redis, model.name, s.bands, s.status_top_users)
         history = self._history[model.name]
         latencies, history.after = await read_latencies(self._redis, model.name, history.after)
-        now_ms = int(time.time() * 1000)
-        history.add(time.monotonic(), now_ms, sum(b.queued for b in queues.bands), latencies)
+        now, now_ms = time.monotonic(), int(time.time() * 1000)
+        history.add(now, now_ms, sum(b.queued for b in queues.bands), latencies)
         endpoints = self._endpoints(model, queues)
         self.latest[model.name] = ModelStatus(queues, endpoints)
         snapshot = Snapshot(
             model.name, now_ms, "dispatcher", queues.public(), endpoints,
             [list(p) for p in history.points], model.policy, model.admission_policy,
-            self._dispatcher.name,
+            self._dispatcher.name, history.newcomer_ttft(now),
         )  # fmt: skip
         await publish_status(self._redis, snapshot)
         return snapshot
@@ -166,10 +193,17 @@ def _engine_row(state: EndpointState, view: EndpointView | None, now: float) -> 
         running=sample.running if sample else None,
         kv_usage=sample.kv_usage if sample else None,
         tpot_ms=None if view.tpot_s is None else round(view.tpot_s * 1000, 2),
+        drain_per_s=_drain(view),
         metrics_age_s=None if view.scraped_at is None else round(now - view.scraped_at, 3),
         error=view.error,
     )
     return row
+
+
+def _drain(view: EndpointView) -> float | None:
+    """The engine's requests ended per second, from a healthy view only."""
+    drain = engine_drain_per_s(view.sample) if view.healthy and view.sample else None
+    return None if drain is None else round(drain, 3)
 
 
 # -- Prometheus ---------------------------------------------------------------------

@@ -280,8 +280,9 @@ def test_the_batch_is_learned_from_metrics_unless_configured_or_turned_off() -> 
 
 
 def test_routing_prefers_free_batch_slots_over_queue_room() -> None:
+    # Both have queue room for newcomers; only one has a batch slot for the rest.
     full = fresh(endpoint="http://full", running=7, inflight=7)
-    free = fresh(endpoint="http://free", running=6, inflight=6, waiting=1)
+    free = fresh(endpoint="http://free", running=6, inflight=6, unstarted=1)
     decision = choose_endpoint(METRICS, [full, free], "default", BATCH8)
     assert decision is not None and decision.endpoint == "http://free"
 
@@ -305,3 +306,12 @@ def test_with_the_batch_known_the_engine_queue_is_counted_lag_free() -> None:
     beyond = fresh(running=8, inflight=10, admitted_since_scrape=2, plain_since_scrape=2)
     assert METRICS.decide(beyond, "interactive", BATCH8).room == 1
     assert not held_by_unseen(state, "interactive", BATCH8)
+
+
+def test_a_kv_bound_engine_takes_only_what_it_runs() -> None:
+    # 8 slots, but the KV cache is full at 5 running and 2 wait: the batch is 5 for now.
+    kv_full = fresh(running=5, waiting=2, inflight=7)
+    assert BATCH8.room_in(kv_full) == 5
+    decision = METRICS.decide(kv_full, "default", BATCH8)
+    assert decision.served_room == 0 and decision.queue_estimate == 2
+    assert BATCH8.room_in(fresh(running=5, waiting=0, inflight=5)) == 8
