@@ -13,9 +13,11 @@ flight, and the queue length (XLEN) of the first ``SCAN_USERS`` users of each ba
 in fairness order, of which the ``top`` longest are reported. Users beyond those
 are counted but not ranked.
 
-Workers append each ended job's queue wait and time to first token to a capped
-stream per model (``keys.latencies``); the dispatcher folds them into the
-snapshot's history, so the dashboard can chart the last minutes.
+Workers append each ended job's queue wait, time to first token, time in the engine
+and newcomer mark to a capped stream per model (``keys.latencies``); the dispatcher
+folds them into the snapshot's history and its newcomers' TTFT, so the dashboard can
+chart the last minutes, and a queued job's wait estimate reads the time in the engine
+(``broker.position``).
 """
 
 from __future__ import annotations
@@ -121,6 +123,8 @@ class Latency:
     band: str
     wait_ms: int | None  # enqueue -> dispatch
     ttft_ms: int | None  # enqueue -> first token (streamed jobs)
+    run_ms: int | None = None  # dispatch -> end: the job's time in the engine (the drain)
+    newcomer: bool = False  # dispatched while its user had nothing in the engine ('nw')
 
 
 def add_latency(pipe: Pipeline, model: str, latency: Latency) -> None:
@@ -129,7 +133,10 @@ def add_latency(pipe: Pipeline, model: str, latency: Latency) -> None:
         "b": latency.band,
         "w": _field(latency.wait_ms),
         "t": _field(latency.ttft_ms),
+        "r": _field(latency.run_ms),
     }
+    if latency.newcomer:
+        fields["n"] = "1"
     pipe.xadd(keys.latencies(model), fields, maxlen=keys.LATENCY_MAXLEN, approximate=True)
 
 
@@ -139,6 +146,22 @@ def _field(value: int | None) -> str:
 
 def _int(value: bytes | None) -> int | None:
     return int(value) if value else None
+
+
+def latency_of(fields: dict[bytes, bytes]) -> Latency:
+    """One entry of the latency stream (entries written before a field existed lack it)."""
+    return Latency(
+        fields[b"b"].decode(),
+        _int(fields.get(b"w")),
+        _int(fields.get(b"t")),
+        _int(fields.get(b"r")),
+        fields.get(b"n") == b"1",
+    )
+
+
+def entry_ms(entry_id: bytes) -> int:
+    """When a stream entry was added: the time part of its id."""
+    return int(entry_id.partition(b"-")[0])
 
 
 _FIRST_READ_MS = 60_000
@@ -154,12 +177,11 @@ async def read_latencies(
         last = replies.entries(await redis.xrevrange(keys.latencies(model), count=1))
         if not last:
             return [], b"0-0"
-        last_ms = int(last[0][0].split(b"-")[0])
-        after = f"{max(0, last_ms - _FIRST_READ_MS)}-0".encode()
+        after = f"{max(0, entry_ms(last[0][0]) - _FIRST_READ_MS)}-0".encode()
     entries = replies.entries(
         await redis.xrange(keys.latencies(model), min=b"(" + after, count=count)
     )
-    found = [Latency(f[b"b"].decode(), _int(f.get(b"w")), _int(f.get(b"t"))) for _, f in entries]
+    found = [latency_of(f) for _, f in entries]
     return found, entries[-1][0] if entries else after
 
 
@@ -179,6 +201,9 @@ class Snapshot:
     policy: str = ""
     admission: str = ""
     dispatcher: str | None = None
+    # TTFT of the recent jobs dispatched to a user with nothing in the engine:
+    # {"p50", "p95" (ms; None: no such job), "jobs", "window_s"}; see dispatcher.status
+    newcomer_ttft: dict[str, object] | None = None
 
     def public(self) -> dict[str, object]:
         return {
@@ -191,6 +216,7 @@ class Snapshot:
             **self.queues,
             "endpoints": self.endpoints,
             "history": self.history,
+            "newcomer_ttft_ms": self.newcomer_ttft,
         }
 
 

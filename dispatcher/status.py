@@ -14,8 +14,8 @@ stream: one point every ``HISTORY_STEP_S`` with the queue depth and the median a
 newcomers' TTFT (jobs dispatched while their user had nothing in the engine, the case
 the kept batch slots are for) is the median and 95th percentile over the history's
 span, at most ``NEWCOMERS_KEPT`` jobs. Each engine row also carries the engine's own
-drain (``engine_drain_per_s``): a queued job's wait estimate uses it until fairq has
-seen jobs of the model end (``broker.position``).
+drain (``engine_drain_per_s``): a queued job's wait estimate uses it while fairq sees
+no job of its own in the engine (``broker.position``).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ This is the only place that chooses exit codes: 0 done, 1 failed at run time,
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import signal
 import sys
@@ -145,6 +146,37 @@ def bench() -> None:
 main.add_command(k8s)
 for _command in (status, top, jobs, job):
     main.add_command(_command)
+
+
+@main.group()
+def demo() -> None:
+    """Demos against a running `fairq up` (they need the openai client: `make install`)."""
+
+
+@demo.command()
+@click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="the gateway")
+@click.option("--model", default=DEMO_MODELS[0], show_default=True)
+@click.option("--requests", default=100, show_default=True, help="alice's streamed requests")
+@click.option("--max-tokens", default=1500, show_default=True, help="tokens per answer of alice's")
+@click.option("--alice-key", default="fq-demo-alice", show_default=True)
+@click.option("--bob-key", default="fq-demo-bob", show_default=True)
+def newcomer(
+    *, url: str, model: str, requests: int, max_tokens: int, alice_key: str, bob_key: str
+) -> None:
+    """alice floods the model with long answers, then bob sends one request: prints his
+    time to first token and the estimated_wait_s his job showed while he waited."""
+    try:
+        from fairq.demo import Flood
+        from fairq.demo import newcomer as run_demo
+    except ImportError as exc:  # openai is a test extra, not a runtime dependency
+        click.echo(f"fairq demo: {exc} (pip install openai)", err=True)
+        sys.exit(2)
+    flood = Flood(model=model, requests=requests, max_tokens=max_tokens)
+    try:
+        asyncio.run(run_demo(url.rstrip("/"), alice_key, bob_key, flood, say=click.echo))
+    except Exception as exc:  # the CLI's edge: any failure is reported, exit 1
+        click.echo(f"fairq demo: {type(exc).__name__}: {exc}", err=True)
+        sys.exit(1)
 
 
 @main.command()

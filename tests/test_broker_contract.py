@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
+import orjson
 import pytest
 from redis.asyncio import Redis
 
@@ -17,6 +18,7 @@ from broker import (
     ExecutionStore,
     JobQueue,
     JobState,
+    Latency,
     Newcomer,
     NotFound,
     Outcome,
@@ -26,6 +28,7 @@ from broker import (
     Settings,
     Submission,
     Unseen,
+    add_latency,
     keys,
     parse_wake,
 )
@@ -304,6 +307,50 @@ def test_jobs_ahead_counts_higher_bands_own_earlier_jobs_and_other_users_turns()
     assert jobs_ahead(2, [5, 1], [5], 4) == 4 + 2 + (3 + 1) + 2
 
 
+def test_the_drain_is_fairqs_jobs_in_the_engine_over_the_time_one_stays_there() -> None:
+    from broker.position import drain_of
+
+    # 32 in the engine, recent ones stayed 16 s on average: 2 leave per second
+    drain = drain_of(32, [10_000, 22_000], [], 9.0)
+    assert drain is not None and (drain.per_s, drain.stay_s) == (2.0, 16.0)
+    assert drain.remaining_s == (16.0,) * 32  # none's age read: as if just started
+    # ...but those in the engine now have stayed 32 s on average and are not done
+    drain = drain_of(2, [10_000, 22_000], [34_000, 30_000], 9.0)
+    assert drain is not None and (drain.per_s, drain.remaining_s) == (1 / 16, (0.0, 2.0))
+    # a flood's first second: nothing of it ended yet (only others' short answers)
+    drain = drain_of(4, [100], [500, 500, 500], None)
+    assert drain is not None and drain.per_s == 8.0 and drain.remaining_s == (0, 0, 0, 0.5)
+    engine = drain_of(32, [], [], 9.0)  # no time known: the engines' own figure
+    assert engine is not None and (engine.per_s, engine.stay_s) == (9.0, None)
+    assert drain_of(0, [16_000], [], 9.0) == engine  # nothing of fairq's in the engine
+    assert drain_of(32, [], [], None) is None and drain_of(32, [], [], 0.0) is None
+    drain = drain_of(2, [0, 1], [], None)  # ended at once: fast, not endless
+    assert drain is not None and drain.per_s == 2000.0
+
+
+def test_the_wait_is_the_later_of_the_drains_rate_and_the_next_slots_to_free() -> None:
+    from broker.position import Drain, wait_s
+
+    assert wait_s(0, Drain(2.0)) == 0.5  # nothing ahead: the next job to end makes room
+    assert wait_s(5, Drain(2.0)) == 3.0  # by the rate alone: 6 ends at 2 per second
+    assert wait_s(3, None) is None
+    # 31 answers started together 1.6 s ago and stay 18 s: they end together in 16.4 s,
+    # and the job 37th in line needs one of the next 31 ends, a stay later
+    wave = Drain(31 / 18, 18.0, (16.4,) * 31)
+    assert wait_s(37, wave) == 34.4  # by the rate: 22 s
+    assert wait_s(5, wave) == 16.4
+    assert wait_s(0, wave, newcomer=True) == 0.6  # a kept slot, not the wave's end: 18 / 31
+    # a long straggler among short ones: the rate is the later figure
+    mixed = Drain(4 / 10, 10.0, (0.0, 0.0, 0.0, 9.0))
+    assert wait_s(3, mixed) == 10.0 and wait_s(2, mixed) == 7.5
+
+
+async def _publish_engine_drain(r: Redis, per_endpoint: list[float | None]) -> None:
+    """What a dispatcher's status snapshot says of the engines (dispatcher.status)."""
+    rows = [{"url": f"{EP}{i}", "drain_per_s": d} for i, d in enumerate(per_endpoint)]
+    await r.set(keys.status(MODEL), orjson.dumps({"model": MODEL, "endpoints": rows}))
+
+
 async def test_a_queued_job_knows_how_many_jobs_go_before_it_and_how_long(r: Redis) -> None:
     s = settings()
     q, d = JobQueue(r, s), DispatchStore(r, s)
@@ -315,14 +362,51 @@ async def test_a_queued_job_knows_how_many_jobs_go_before_it_and_how_long(r: Red
     # alice's third job waits for 3 interactive jobs, her own 2, and bob's 2 (turns before it)
     position = await q.position(await q.get(a[2], "alice"))
     assert position is not None and position.jobs_ahead == 3 + 2 + 2
-    assert position.estimated_wait_s is None  # no dispatch rate known yet
-    await d.dispatch(MODEL, EP, 100, [Pick("interactive", "urgent", 1, 0.5)], 10, rate=2.0)
+    assert position.estimated_wait_s is None  # no dispatcher has told the engines' drain
+    await d.dispatch(MODEL, EP, 100, [Pick("interactive", "urgent", 1, 0.5)], 10)
+    await _publish_engine_drain(r, [1.5, None, 0.5])
     position = await q.position(await q.get(b[1], "bob"))
     assert position is not None and position.jobs_ahead == 2 + 1 + 2  # alice's turn comes first
-    assert position.estimated_wait_s == 2.5
+    assert position.estimated_wait_s == (5 + 1) / 2.0
     await q.cancel(a[3], "alice")
     assert await r.hgetall(keys.queued_counts(MODEL)) == {b"interactive": b"2", b"default": b"5"}
     assert await q.position(await q.get(a[3], "alice")) is None  # no longer queued
+
+
+async def test_a_queued_job_has_a_wait_at_once_from_the_jobs_in_the_engine_then_their_ends(
+    r: Redis,
+) -> None:
+    s = settings()
+    q, d, x = JobQueue(r, s), DispatchStore(r, s), ExecutionStore(r, s)
+    await x.ensure_groups([MODEL])
+    for _ in range(3):
+        await q.submit(submission("alice"))
+    picks = [Pick("default", "alice", 1, 0.5), Pick("default", "alice", 2, 0.5)]
+    await d.dispatch(MODEL, EP, 100, picks, 10)  # 2 of alice's jobs in the engine
+    await _publish_engine_drain(r, [2.0])  # what the engine's metrics say (a dispatcher)
+    bob = await q.submit(submission("bob"))
+    position = await q.position(await q.get(bob, "bob"))
+    assert position is not None and position.jobs_ahead == 0  # a newcomer goes first
+    assert position.estimated_wait_s == 1 / 2.0  # no worker holds a job yet: the engines'
+    await x.claim(r, [MODEL], "w1", count=10, block_ms=100)  # a worker runs both
+    await asyncio.sleep(0.2)
+    position = await q.position(await q.get(bob, "bob"))
+    # the two in the engine stayed ~0.2 s and are not done: at most 2 per 0.2 s leave
+    assert position is not None and position.estimated_wait_s is not None
+    assert 0.1 <= position.estimated_wait_s <= 0.2
+    async with r.pipeline(transaction=False) as pipe:  # alice's earlier jobs ended (workers)
+        add_latency(pipe, MODEL, Latency("default", 5, 40, run_ms=3_000))
+        add_latency(pipe, MODEL, Latency("default", 5, 40, run_ms=5_000))
+        await pipe.execute()
+    position = await q.position(await q.get(bob, "bob"))
+    # fairq's own drain now: 2 jobs in the engine over 4 s each = 0.5 per second
+    assert position is not None and position.estimated_wait_s == 1 / 0.5
+    alice = await q.get((await q.submit(submission("alice"))), "alice")
+    position = await q.position(alice)  # her fourth job, behind her third and bob's
+    # alice has jobs in the engine: hers waits for a slot. The 2 ahead take the two that
+    # free in ~3.8 s (what is left of 4 s stays); hers frees a stay later: ~7.8 s
+    assert position is not None and position.jobs_ahead == 2
+    assert position.estimated_wait_s is not None and 7.7 <= position.estimated_wait_s <= 7.9
 
 
 async def test_token_fair_shares_by_tenant_first_then_equally_inside_a_tenant(r: Redis) -> None:

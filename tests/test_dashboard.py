@@ -1,8 +1,9 @@
 """The gateway's ``/dashboard`` in a real headless chromium, against the real local stack.
 
 The page loads, asks ``/admin/status`` with the admin key from its URL fragment,
-shows a card per demo model with its endpoint and bands, and keeps updating (the
-poll counter and the status time move on); a non-admin key gets the 403 shown.
+shows a card per demo model with its endpoint, bands and newcomers' time to first
+token, and keeps updating (the poll counter and the status time move on); a non-admin
+key gets the 403 shown.
 ``FAIRQ_UPDATE_SCREENSHOT=1`` also writes the screenshot to docs/dashboard.png.
 """
 
@@ -131,6 +132,13 @@ async def test_the_dashboard_loads_shows_both_models_and_updates(
                 "a backlog on the page",
             )
             await _until(page, "document.body.innerText.includes('alice')", "a top user")
+            # demo-code's cap of 1 sends every job while its user has nothing in the engine
+            await _until(
+                page,
+                "document.querySelector('section[data-model=\"demo-code\"] .newcomers')"
+                "?.dataset.p50",
+                "a newcomer's time to first token",
+            )
             await asyncio.sleep(float(os.environ.get("FAIRQ_SCREENSHOT_AFTER_S", "2")))
             shot = tmp_path / "dashboard.png"
             await page.screenshot(shot)

@@ -24,7 +24,13 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_late
 from servers import uvicorn_thread
 
 from broker import Unseen
-from dispatcher.metrics import EngineSample, MetricsError, parse_metrics, recent_tpot_s
+from dispatcher.metrics import (
+    EngineSample,
+    MetricsError,
+    engine_drain_per_s,
+    parse_metrics,
+    recent_tpot_s,
+)
 from dispatcher.scraper import Scraper, learned_batch
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -95,8 +101,11 @@ def sample(tpot_sum_s: float | None, tpot_count: float | None) -> EngineSample:
 
 
 def test_idle_capture_reads_as_an_empty_engine() -> None:
-    idle = EngineSample(0.0, 0.0, 0.0, 0.0, 0.0, steps=0.0, generated=0.0)
+    idle = EngineSample(
+        0.0, 0.0, 0.0, 0.0, 0.0, steps=0.0, generated=0.0, e2e_sum_s=0.0, e2e_count=0.0
+    )
     assert parse_metrics(IDLE) == idle
+    assert engine_drain_per_s(parse_metrics(IDLE)) is None  # nothing in it to drain
 
 
 def test_load_capture_reads_32_running_8_waiting_and_its_inter_token_histogram() -> None:
@@ -149,6 +158,14 @@ def test_current_names_win_over_older_ones_when_both_are_exposed() -> None:
 
 def test_tgi_queue_batch_and_mean_time_per_token_without_kv_usage() -> None:
     assert parse_metrics(TGI) == EngineSample(3.0, 5.0, None, 0.64, 32.0)
+    with_duration = TGI + (
+        "# TYPE tgi_request_duration histogram\n"
+        'tgi_request_duration_bucket{le="+Inf"} 32\n'
+        "tgi_request_duration_sum 64.0\ntgi_request_duration_count 32\n"
+    )
+    got = parse_metrics(with_duration)
+    assert (got.e2e_sum_s, got.e2e_count) == (64.0, 32.0)
+    assert engine_drain_per_s(got) == pytest.approx((3 + 5) / 2.0)
 
 
 # --- series selection ------------------------------------------------------------------
@@ -213,6 +230,45 @@ def test_a_nan_queue_gauge_is_rejected() -> None:
 
 def test_metrics_error_is_a_value_error() -> None:
     assert issubclass(MetricsError, ValueError)
+
+
+# --- engine_drain_per_s ------------------------------------------------------------------
+
+
+def _engine(running: float, waiting: float, e2e: tuple[float, float] | None, itl_sum_s: float
+            ) -> EngineSample:  # fmt: skip
+    e2e_sum_s, e2e_count = e2e if e2e is not None else (None, None)
+    return EngineSample(waiting, running, None, itl_sum_s, 1.0, e2e_sum_s=e2e_sum_s,
+                        e2e_count=e2e_count)  # fmt: skip
+
+
+def test_the_engines_drain_is_the_requests_in_it_over_their_mean_end_to_end_time() -> None:
+    # 30 running + 10 waiting, requests took 20 s each on average: 2 end per second
+    assert engine_drain_per_s(_engine(30, 10, (400.0, 20), 99.0)) == pytest.approx(2.0)
+    # the real capture: 32 running, 8 waiting, 2 requests ended in 0.135 s together
+    got = engine_drain_per_s(parse_metrics(LOAD, "tiny"))
+    assert got == pytest.approx(40 / (0.13484835624694824 / 2))
+
+
+def test_before_any_request_ended_the_drain_is_bounded_by_the_decode_time_so_far() -> None:
+    # 32 running for 2 s of decode each (64 s of token intervals), none done: each takes
+    # 2 s at least, so at most 32 end in 2 s. The longer none ends, the slower.
+    assert engine_drain_per_s(_engine(32, 8, (0.0, 0), 64.0)) == pytest.approx(16.0)
+    assert engine_drain_per_s(_engine(32, 8, (0.0, 0), 640.0)) == pytest.approx(1.6)
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        _engine(0, 0, (400.0, 20), 99.0),  # nothing in the engine
+        _engine(32, 0, None, 64.0),  # no end-to-end histogram: nothing says how long
+        _engine(0, 5, (0.0, 0), 0.0),  # nothing ended, nothing runs yet
+        _engine(32, 0, (0.0, 0), 0.0),  # nothing ended, no token yet
+    ],
+    ids=["empty", "no-histogram", "none-running", "no-token-yet"],
+)
+def test_the_engines_drain_is_none_when_nothing_tells_it(engine: EngineSample) -> None:
+    assert engine_drain_per_s(engine) is None
 
 
 # --- recent_tpot_s ---------------------------------------------------------------------

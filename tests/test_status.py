@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,21 +19,37 @@ from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 from servers import uvicorn_thread
 
-from broker import JobQueue, Latency, RequestKind, Settings, Submission, hash_key, keys
+from broker import (
+    DispatchStore,
+    ExecutionStore,
+    JobQueue,
+    JobState,
+    Latency,
+    Outcome,
+    Pick,
+    RequestKind,
+    Settings,
+    Submission,
+    hash_key,
+    keys,
+)
 from broker.gateway import create_app
 from broker.status import ModelQueues, read_queues, read_status
+from dispatcher.service import Dispatcher
 from dispatcher.status import (
     HISTORY_STEP_S,
     DispatcherCollector,
     ModelStatus,
+    StatusPublisher,
     _History,
 )
 from fairq.cli import main
-from workers.telemetry import WorkerCollector
+from workers.telemetry import WorkerCollector, WorkerTelemetry
 
 MODEL = "m1"
+EP = "http://127.0.0.1:9"
 CONFIG: dict[str, Any] = {
-    "models": [{"name": MODEL, "endpoints": ["http://127.0.0.1:9"]}],
+    "models": [{"name": MODEL, "endpoints": [EP]}],
     "api_keys": [
         {"sha256": hash_key("k-admin"), "user": "root", "admin": True},
         {"sha256": hash_key("k-alice"), "user": "alice"},
@@ -186,3 +203,51 @@ def test_every_series_of_the_grafana_dashboard_is_exported() -> None:
     missing = {n for n in bases if n not in names and f"{n}_total" not in names}
     assert not missing, f"the dashboard uses series nobody exports: {sorted(missing)}"
     assert len(used) >= 15
+
+
+async def _serve_newcomer(redis_url: str) -> dict[str, object]:
+    """bob's one streamed job goes the whole way (dispatched while he had nothing in the
+    engine, first token, completed, timed by the worker's telemetry), then a dispatcher
+    publishes the model's status; returns that snapshot."""
+    s = settings(redis_url)
+    redis = Redis.from_url(redis_url)
+    try:
+        (job_id,) = await _queue(redis, s, {("bob", "default"): 1})
+        await DispatchStore(redis, s).dispatch(MODEL, EP, 10, [Pick("default", "bob", 1, 0)], 10)
+        x = ExecutionStore(redis, s)
+        await x.ensure_groups([MODEL])
+        (claimed,) = await x.claim(redis, [MODEL], "w1", count=1, block_ms=100)
+        await x.start(claimed, "w1")
+        await asyncio.sleep(0.05)  # bob's time to first token: at least this
+        outcome = Outcome(JobState.COMPLETED, first_token_ms=int(time.time() * 1000))
+        await x.load_scripts()
+        pipe = x.pipeline()
+        x.add_first(pipe, MODEL, job_id)
+        x.add_complete(pipe, claimed, outcome)
+        await pipe.execute()
+        telemetry = WorkerTelemetry()
+        telemetry.ended(claimed, outcome)
+        assert await telemetry.observe(redis) == 1
+        snapshot = await StatusPublisher(s, redis, Dispatcher(s, redis)).publish(s.models[0])
+        return snapshot.public()
+    finally:
+        await redis.aclose()
+
+
+def test_a_newcomers_time_to_first_token_shows_in_the_status_and_fairq_status_json(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    published = asyncio.run(_serve_newcomer(redis_url))  # the commands run their own loop
+    newcomers = published["newcomer_ttft_ms"]
+    assert isinstance(newcomers, dict) and newcomers["jobs"] == 1
+    assert newcomers["p50"] == newcomers["p95"] and 50 <= newcomers["p50"] < 5000
+    config = tmp_path / "fairq.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    monkeypatch.setenv("FAIRQ_CONFIG", str(config))
+    monkeypatch.setenv("FAIRQ_REDIS_URL", redis_url)
+    shown = CliRunner().invoke(main, ["status", "--json"])
+    assert shown.exit_code == 0, shown.output
+    (model,) = json.loads(shown.output)["models"]
+    assert model["newcomer_ttft_ms"] == newcomers
+    text = CliRunner().invoke(main, ["status"])
+    assert f"newcomer TTFT p50 {newcomers['p50']:.0f} ms" in text.output

@@ -2,10 +2,12 @@
 
 On the hot path a job costs one counter increment and one list append when it
 ends (``ended``), nothing per token. The job's times live in its Redis hash
-(enqueued ``tq``, dispatched ``td``, first token ``tf``); a background task reads
-the hashes of the jobs that ended since its last round in one pipeline, observes
-the histograms, and appends each job's latencies to the model's latency stream
-(the dashboard's chart), in the same round trip. Jobs running per model are
+(enqueued ``tq``, dispatched ``td``, first token ``tf``, ended ``te``, and ``nw`` for
+a newcomer); a background task reads the hashes of the jobs that ended since its last
+round in one pipeline, observes the histograms, and appends each job's latencies to
+the model's latency stream in the next round trip. That stream is the dashboard's chart
+and newcomer TTFT, and the model's drain for queued jobs' wait estimates
+(``broker.position``: its time in the engine, ``te - td``). Jobs running per model are
 counted at scrape time from the worker's own table (job ids embed the model).
 """
 
@@ -56,11 +58,11 @@ class WorkerTelemetry:
             return 0
         async with redis.pipeline(transaction=False) as pipe:
             for e in batch:
-                pipe.hmget(keys.job(e.model, e.job_id), "tq", "td", "tf")
+                pipe.hmget(keys.job(e.model, e.job_id), *_TIMES)
             times = await pipe.execute()
         async with redis.pipeline(transaction=False) as pipe:
-            for e, (tq, td, tf) in zip(batch, times, strict=True):
-                latency = _latency(e, tq, td, tf)
+            for e, fields in zip(batch, times, strict=True):
+                latency = _latency(e, fields)
                 if latency is not None:
                     add_latency(pipe, e.model, latency)
             await pipe.execute()
@@ -76,18 +78,23 @@ class WorkerTelemetry:
                 log.warning("job timings not read (%s); their latencies are skipped", exc)
 
 
-def _latency(e: _Ended, tq: bytes | None, td: bytes | None, tf: bytes | None) -> Latency | None:
+_TIMES = ("tq", "td", "tf", "te", "nw")  # the job hash's fields ``_latency`` takes
+
+
+def _latency(e: _Ended, fields: Sequence[bytes | None]) -> Latency | None:
+    tq, td, tf, te, nw = fields
     if not tq:
         return None  # the hash expired already
     enqueued = int(tq)
     wait_ms = int(td) - enqueued if td else None
+    run_ms = max(0, int(te) - int(td)) if td and te else None
     ttft_ms = int(tf) - enqueued if e.stream and tf else None
     labels = (e.model, e.band)
     if wait_ms is not None:
         telemetry.QUEUE_WAIT.labels(*labels).observe(max(0, wait_ms) / 1000)
     if ttft_ms is not None:
         telemetry.TTFT.labels(*labels).observe(max(0, ttft_ms) / 1000)
-    return Latency(e.band, wait_ms, ttft_ms)
+    return Latency(e.band, wait_ms, ttft_ms, run_ms, newcomer=nw == b"1")
 
 
 class WorkerCollector(Collector):

@@ -1,0 +1,52 @@
+"""``fairq demo newcomer`` against the real local stack of ``fairq up`` (its demo config).
+
+A smaller flood than the README's (40 answers of 600 tokens still fill the simulated
+engine's 32 slots and queue the rest in fairq): bob's first token comes within a
+second, every look at his queued job and at alice's last one has an estimated wait,
+and the demo leaves none of alice's jobs running or queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from fairq.demo import Flood, newcomer
+from fairq.localredis import free_port
+from fairq.stack import DEMO_BATCH_SLOTS, DEMO_MODELS, Stack, demo_config
+
+pytestmark = pytest.mark.integration
+
+ALICE, BOB = "fq-demo-alice", "fq-demo-bob"
+_ENDED = {"completed", "failed", "cancelled", "expired"}
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    ports = [free_port(), free_port()]
+    sims = dict(zip(ports, DEMO_MODELS, strict=True))
+    config = demo_config(ports, batch_slots=DEMO_BATCH_SLOTS)  # as `fairq up` runs it
+    with Stack(config, gateway_port=free_port(), sims=sims) as running:
+        yield running
+
+
+def test_bob_gets_his_first_token_within_a_second_of_alices_long_flood(stack: Stack) -> None:
+    lines: list[str] = []
+    flood = Flood(model=DEMO_MODELS[0], requests=40, max_tokens=600)
+    run = asyncio.run(newcomer(stack.gateway_url, ALICE, BOB, flood, say=lines.append))
+    report = "\n".join(lines)
+    assert run.bob_ttft_s is not None and run.bob_ttft_s < 1.0, report
+    # alice filled the engine's batch and waited in fairq beyond it
+    assert run.alice_streaming <= DEMO_BATCH_SLOTS, report
+    assert run.alice_last is not None and run.alice_last.status == "queued", report
+    assert run.alice_last.estimated_wait_s is not None, report
+    assert all(wait is not None for wait in run.bob_waits), report
+    assert f"bob: first token after {run.bob_ttft_s:.3f} s" in report
+    assert len(run.alice_jobs) == flood.requests and run.alice_cancelled >= 1, report
+    headers = {"Authorization": f"Bearer {ALICE}"}
+    with httpx.Client(base_url=stack.gateway_url, headers=headers, timeout=10) as client:
+        states = [client.get(f"/v1/jobs/{job}").json()["status"] for job in run.alice_jobs]
+    assert set(states) <= _ENDED, states
