@@ -315,3 +315,20 @@ def test_a_kv_bound_engine_takes_only_what_it_runs() -> None:
     decision = METRICS.decide(kv_full, "default", BATCH8)
     assert decision.served_room == 0 and decision.queue_estimate == 2
     assert BATCH8.room_in(fresh(running=5, waiting=0, inflight=5)) == 8
+
+
+def test_users_in_the_engine_keep_the_scrapes_caution_and_newcomers_do_not() -> None:
+    # Three non-streamed jobs sent since the scrape may wait for prefill budget: no more
+    # for users already in the engine until the next scrape shows them, but a newcomer goes.
+    state = fresh(running=4, inflight=7, admitted_since_scrape=3, plain_since_scrape=3)
+    decision = METRICS.decide(state, "interactive", BATCH8)
+    assert decision.room == 3 and decision.served_room == 0
+
+
+def test_with_preemption_one_job_waits_beyond_the_batch_to_hide_the_refill() -> None:
+    ahead = AdmissionConfig(
+        targets={"default": 3}, tpot_ceiling_s=1, inflight_cap=8, batch_slots=8,
+        reserved_slots=0, refill_ahead=1,
+    )  # fmt: skip
+    assert METRICS.decide(fresh(running=8, inflight=8), "default", ahead).served_room == 1
+    assert METRICS.decide(fresh(running=8, inflight=9), "default", ahead).served_room == 0
