@@ -80,7 +80,12 @@ ARMS: dict[str, ArmSpec] = {
             via_fairq=True,
             model_overrides={"reserved_slots": 0},
         ),
-        ArmSpec("i", "fairq + preemption", via_fairq=True, model_overrides={"preemption": True}),
+        ArmSpec(
+            "i",
+            "fairq + streams resumed mid-answer",
+            via_fairq=True,
+            model_overrides={"resume_streams": True},
+        ),
     )
 }
 ENGINE_POLICIES = ("fcfs", "priority")

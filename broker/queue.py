@@ -103,7 +103,7 @@ class JobQueue:
         s = self._settings
         model = s.model(sub.model)
         engine_priority = model is not None and model.engine_priority
-        engine_resumes = model is not None and model.engine == "vllm"
+        engine_resumes = model is not None and model.engine == "vllm" and model.resume_streams
         return [
             job_id, sub.user, sub.tenant, sub.band, sub.kind.value, sub.stream_flag,
             sub.payload, max_queued, keys.wake_channel(sub.model),

@@ -70,6 +70,11 @@ class ModelConfig(_Frozen):
     # with the most jobs there back out of the engine (one that has sent no output yet: it
     # starts again later, nothing repeated), so the newcomer gets its slot at the next step.
     preemption: bool = True
+    # Preemption may also take a streamed answer back mid-way (vLLM only): it goes on later
+    # from the text sent, as an assistant message to continue. Off by default: the engine
+    # tokenises that text anew, so the count of its tokens can be off (a random-weight
+    # model's gibberish re-tokenised longer and hit the context limit 15 tokens early).
+    resume_streams: bool = False
 
     @property
     def admission_policy(self) -> str:

@@ -319,7 +319,7 @@ def test_arm_titles_name_the_policy_the_engine_ran() -> None:
 def test_the_new_arms_carry_the_new_admission_settings() -> None:
     assert ARMS["g"].model_overrides == {"batch_slots": 0, "reserved_slots": 0}
     assert ARMS["h"].model_overrides == {"reserved_slots": 0}
-    assert ARMS["i"].model_overrides == {"preemption": True}
+    assert ARMS["i"].model_overrides == {"resume_streams": True}
 
 
 # --- the stream reader and CPU ------------------------------------------------------------

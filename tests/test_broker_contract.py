@@ -531,10 +531,15 @@ async def test_a_user_in_the_engine_is_skipped_beyond_the_served_cap_and_keeps_t
 # --- park.lua: a job without output taken back out of the engine (preemption) -----------
 
 
+RESUMING = settings(
+    models=[{"name": MODEL, "endpoints": [EP], "inflight_cap": 4, "resume_streams": True}]
+)
+
+
 async def _in_engine(
-    r: Redis, user: str, n: int, payload: bytes = b'{"model":"m1"}'
+    r: Redis, user: str, n: int, payload: bytes = b'{"model":"m1"}', s: Settings | None = None
 ) -> tuple[list[str], DispatchStore]:
-    s = settings()
+    s = s or settings()
     q, d = JobQueue(r, s), DispatchStore(r, s)
     await ExecutionStore(r, s).ensure_groups([MODEL])
     jobs = [await q.submit(replace(submission(user), payload=payload)) for _ in range(n)]
@@ -586,7 +591,7 @@ async def test_park_never_takes_a_job_with_output_that_cannot_go_on_nor_a_users_
     r: Redis,
 ) -> None:
     # Several choices cannot be continued from one text: taking one back would repeat it.
-    jobs, d = await _in_engine(r, "alice", 2, payload=b'{"model":"m1","n":2}')
+    jobs, d = await _in_engine(r, "alice", 2, payload=b'{"model":"m1","n":2}', s=RESUMING)
     await _sent_output(r, jobs)
     await _in_engine(r, "bob", 1)
     assert await d.park(MODEL, EP) is None
@@ -596,7 +601,7 @@ async def test_park_never_takes_a_job_with_output_that_cannot_go_on_nor_a_users_
 async def test_a_streamed_job_with_output_is_taken_back_behind_a_fence_to_go_on_later(
     r: Redis,
 ) -> None:
-    jobs, d = await _in_engine(r, "alice", 2)
+    jobs, d = await _in_engine(r, "alice", 2, s=RESUMING)
     x = await _sent_output(r, jobs)
     parked = await d.park(MODEL, EP)
     assert parked is not None and parked.job_id == jobs[-1]
@@ -644,3 +649,9 @@ async def test_the_worker_that_ran_a_parked_job_cannot_complete_it(r: Redis) -> 
     job = await JobQueue(r, settings()).get(parked.job_id, "alice")
     assert job.state is JobState.QUEUED
     assert await r.hget(keys.job(MODEL, parked.job_id), "att") == b"0"
+
+
+async def test_without_resume_streams_a_streamed_job_with_output_stays(r: Redis) -> None:
+    jobs, d = await _in_engine(r, "alice", 2)  # resume_streams is off by default
+    await _sent_output(r, jobs)
+    assert await d.park(MODEL, EP) is None

@@ -170,7 +170,12 @@ def test_preemption_takes_a_streamed_answer_back_and_it_goes_on_with_no_token_tw
 ) -> None:
     # Alice's answers stream: one is taken back out of the engine mid-answer for bob,
     # and goes on later from the text her client already has.
-    overrides = {"batch_slots": BATCH, "reserved_slots": 0, "preemption": True}
+    overrides = {
+        "batch_slots": BATCH,
+        "reserved_slots": 0,
+        "preemption": True,
+        "resume_streams": True,
+    }
     before = taken_back(redis_url)
     ttft, _ = newcomer_during_long_flood(
         redis_url, tmp_path, overrides, running=BATCH, stream=True, finish=True
