@@ -32,9 +32,10 @@ flight itself), and a newcomer -- a user with nothing in the engine -- finds a k
 free, or else waits at the head of the engine's queue for the next slot, never behind
 someone else's long generations. ``Decision.room`` is the room for newcomers,
 ``Decision.served_room`` the part of it open to users already in the engine. With the
-batch known, the engine's queue is counted lag-free (``batch_queue``): fairq's jobs beyond
-the batch, those without a first token yet, or what the engine last reported waiting,
-whichever is most; fairq's sends since the last scrape add nothing.
+batch known, the engine's queue ahead of a newcomer is counted lag-free (``batch_queue``):
+fairq's jobs beyond the batch or those without a first token yet, whichever is more;
+fairq's sends since the last scrape add nothing, and what the engine reported waiting
+counts only beyond what fairq can have put there.
 
 A queue estimate of 0 with a target of 3 admits 3 at once (a burst). While the
 recent time per output token is over the model's ceiling nothing more is
@@ -201,7 +202,8 @@ class MetricsAdmission:
         if not state.fresh:
             return _static(state, config, Limit.STALE_METRICS)
         batch = config.room_in(state)
-        estimate = state.queue_estimate if batch is None else batch_queue(state, batch)
+        target = config.targets[band]
+        estimate = state.queue_estimate if batch is None else batch_queue(state, batch, target)
         busy = state.running > 0 or state.inflight > 0
         if busy and state.tpot_s is not None and state.tpot_s > config.tpot_ceiling_s:
             return Decision(state.endpoint, 0, Limit.TPOT_CEILING, estimate, state.running)
@@ -221,16 +223,18 @@ class MetricsAdmission:
         return Decision(state.endpoint, room, limit, estimate, state.running, served)
 
 
-def batch_queue(state: EndpointState, batch: int) -> float:
+def batch_queue(state: EndpointState, batch: int, target: int) -> float:
     """The engine's queue ahead of a newcomer when its batch is known, lag-free: fairq's
     jobs beyond the batch wait (fairq is the engine's client), and a job without its first
-    token may still wait for its prefill. What the engine itself last reported waiting
-    counts too (a batch configured larger than the engine's shows there), but not fairq's
-    sends since that scrape: a non-streamed job sent since would hold the newcomer back
-    until the next scrape although it went into a free slot (where it waits for prefill
-    budget at most a step or two). Users already in the engine are still bounded by the
-    scrape's estimate (``MetricsAdmission``)."""
-    return float(max(state.inflight - batch, state.unstarted, state.waiting, 0))
+    token may still wait for its prefill. Not fairq's sends since the last scrape: a
+    non-streamed job sent since would hold the newcomer back until the next scrape
+    although it went into a free slot, where it waits for prefill budget a step or two at
+    most (users already in the engine are still bounded by the scrape's estimate, so at
+    most ``target`` of theirs wait). What the engine last reported waiting counts only
+    beyond that: more than fairq can have put there shows a batch configured larger than
+    the engine's."""
+    waiting = state.waiting if state.waiting > target else 0.0
+    return float(max(state.inflight - batch, state.unstarted, waiting, 0))
 
 
 ADMISSION: dict[str, AdmissionPolicy] = {p.name: p for p in (MetricsAdmission(), StaticCap())}

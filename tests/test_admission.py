@@ -332,3 +332,10 @@ def test_with_preemption_one_job_waits_beyond_the_batch_to_hide_the_refill() -> 
     )  # fmt: skip
     assert METRICS.decide(fresh(running=8, inflight=8), "default", ahead).served_room == 1
     assert METRICS.decide(fresh(running=8, inflight=9), "default", ahead).served_room == 0
+
+
+def test_a_newcomer_is_held_by_the_reported_queue_only_beyond_what_fairq_put_there() -> None:
+    # Two of the flood's non-streamed jobs wait for prefill budget: not a newcomer's wait.
+    assert METRICS.decide(fresh(running=7, waiting=2, inflight=9), "default", BATCH8).room == 3
+    # Twelve waiting: more than fairq's targets allow; the engine's batch is smaller.
+    assert METRICS.decide(fresh(running=7, waiting=12, inflight=9), "default", BATCH8).room == 0
