@@ -87,6 +87,7 @@ class EndpointState:
     admitted_since_scrape: int = 0  # fairq sent these after the last scrape began
     plain_since_scrape: int = 0  # of them not streamed
     batch_seen: int = 0  # the most requests the engine ran while others waited (its batch)
+    kv_usage: float | None = None  # the engine's KV-cache use at the last scrape, 0..1
 
     @property
     def queue_estimate(self) -> float:
@@ -132,10 +133,13 @@ class AdmissionConfig:
 
     def room_in(self, state: EndpointState) -> int | None:
         """The requests the engine takes now: its batch, or fewer while the last scrape saw
-        requests wait with the batch not full (KV cache full, or prefill budget spent):
-        then what it runs is all it takes. None: the batch is unknown or the rule off."""
+        requests wait with the batch not full and its KV cache full (long answers fill it
+        before the slots): then what it runs is all it takes. Requests that wait with KV
+        room left wait only for a step's prefill budget. None: the batch is unknown or the
+        rule off."""
         batch = self.batch(state)
-        if batch is None or state.waiting <= 0 or state.running <= 0:
+        kv_full = state.kv_usage is not None and state.kv_usage >= _KV_FULL
+        if batch is None or not kv_full or state.waiting <= 0 or state.running <= 0:
             return batch
         return min(batch, int(state.running))
 
@@ -152,6 +156,9 @@ class AdmissionConfig:
 # build: 8.7%), and a newcomer still waits only for the next free slot, at the head of
 # the engine's queue (docs/performance.md).
 _SLOTS_PER_KEPT = 32
+# KV-cache use from which waiting requests wait for KV blocks (vLLM allocates a request's
+# blocks as it grows: with little free, new ones wait while the running ones fill it)
+_KV_FULL = 0.9
 # One job waiting beyond the batch hides fairq's refill round trip (a few engine steps on
 # vLLM's CPU build, whose 128-token answers lost 7% of their tokens/s without it).
 _REFILL_AHEAD = 1

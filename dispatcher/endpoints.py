@@ -134,4 +134,5 @@ def _state(
         admitted_since_scrape=since.total,
         plain_since_scrape=since.plain,
         batch_seen=view.batch_seen,
+        kv_usage=sample.kv_usage,
     )

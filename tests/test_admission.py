@@ -310,11 +310,13 @@ def test_with_the_batch_known_the_engine_queue_is_counted_lag_free() -> None:
 
 def test_a_kv_bound_engine_takes_only_what_it_runs() -> None:
     # 8 slots, but the KV cache is full at 5 running and 2 wait: the batch is 5 for now.
-    kv_full = fresh(running=5, waiting=2, inflight=7)
+    kv_full = fresh(running=5, waiting=2, inflight=7, kv_usage=0.97)
     assert BATCH8.room_in(kv_full) == 5
     decision = METRICS.decide(kv_full, "default", BATCH8)
     assert decision.served_room == 0 and decision.queue_estimate == 2
-    assert BATCH8.room_in(fresh(running=5, waiting=0, inflight=5)) == 8
+    assert BATCH8.room_in(fresh(running=5, waiting=0, inflight=5, kv_usage=0.97)) == 8
+    # Waiting with KV room left: for a step's prefill budget, not for a slot.
+    assert BATCH8.room_in(fresh(running=5, waiting=2, inflight=7, kv_usage=0.4)) == 8
 
 
 def test_users_in_the_engine_keep_the_scrapes_caution_and_newcomers_do_not() -> None:
@@ -336,6 +338,6 @@ def test_with_preemption_one_job_waits_beyond_the_batch_to_hide_the_refill() -> 
 
 def test_a_newcomer_is_held_by_the_reported_queue_only_beyond_what_fairq_put_there() -> None:
     # Two of the flood's non-streamed jobs wait for prefill budget: not a newcomer's wait.
-    assert METRICS.decide(fresh(running=7, waiting=2, inflight=9), "default", BATCH8).room == 3
+    assert METRICS.decide(fresh(running=6, waiting=2, inflight=8), "default", BATCH8).room == 3
     # Twelve waiting: more than fairq's targets allow; the engine's batch is smaller.
-    assert METRICS.decide(fresh(running=7, waiting=12, inflight=9), "default", BATCH8).room == 0
+    assert METRICS.decide(fresh(running=6, waiting=12, inflight=8), "default", BATCH8).room == 0
