@@ -6,8 +6,9 @@
 -- streamed job marked resumable ('rsm', enqueue.lua) goes on later from the text it has
 -- sent: a fence entry ('pk') is added to its result stream, so that no late write of the
 -- worker that ran it can land (result entry ids only grow), and 'rsq' tells the next
--- attempt the first entry id it writes (the worker builds the continuation). The worker running it is told on the cancel channel, drops it (closing
--- the engine request, which aborts it there) and writes nothing more for it.
+-- attempt the first entry id it writes (the worker builds the continuation). The worker
+-- running it is told on the cancel channel, drops it (closing the engine request, which
+-- aborts it there) and writes nothing more for it.
 -- The job's release mirrors cancel.lua's (in-flight, user, unstarted, transit counts, ready
 -- entry); its return to the queue mirrors enqueue.lua's (queued count, backlog, tenant
 -- count, wake message): change them together.
