@@ -268,8 +268,6 @@ def held_by_unseen(state: EndpointState, band: str, config: AdmissionConfig) -> 
     dispatcher anyway)."""
     if not (state.healthy and state.fresh) or state.unseen_now == 0:
         return False
-    if config.batch(state) is not None:
-        return False  # the estimate counts no send since the scrape (``batch_queue``)
     target = config.targets[band]
     return target - state.queue_estimate < 1 <= target - max(state.waiting, state.unstarted)
 
