@@ -15,6 +15,8 @@ RUN python -m venv /opt/fairq
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY broker ./broker
+COPY gateway ./gateway
+COPY batch ./batch
 COPY dispatcher ./dispatcher
 COPY workers ./workers
 COPY fairq ./fairq

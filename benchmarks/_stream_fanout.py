@@ -34,7 +34,7 @@ from redis.asyncio import Redis as AsyncRedis
 from benchmarks._stream_client import Load, run_load
 from benchmarks.stats import cpu_seconds, markdown_table, median, pct
 from broker import Claimed, ExecutionStore, JobState, Outcome, Settings, keys, lean_link
-from broker.redis_conn import connect
+from broker.redis.connect import connect
 from broker.settings import load_settings
 from fairq.localredis import free_port
 from fairq.stack import DEMO_MODELS, Stack, demo_config
@@ -56,7 +56,7 @@ class Producer:
         self._tokens = tokens
         self._step_s = step_ms / 1000
         self._redis = connect(settings)  # a blocking pool: a burst of starts waits its turn
-        # The worker's lean connection for result writes (``broker.resp``).
+        # The worker's lean connection for result writes (``broker.redis.resp``).
         self._store = ExecutionStore(self._redis, settings, lean_link(settings))
         self._writer = ResultWriter(self._store, settings.stream_linger_ms)
         self._active: dict[str, tuple[Claimed, int]] = {}  # job id -> (job, tokens written)

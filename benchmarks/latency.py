@@ -38,9 +38,9 @@ import redis
 from benchmarks._load import Target, capacity
 from benchmarks.stats import cpu_seconds, machine, markdown_table, median, pct, save
 from broker import keys
-from broker.gateway.errors import JOB_HEADER
 from fairq.localredis import free_port
 from fairq.stack import DEMO_MODELS, Stack, demo_config
+from gateway.errors import JOB_HEADER
 
 KEY = "fq-demo-alice"
 BACKGROUND_KEY = "fq-demo-bob"  # the background load is another user's

@@ -35,10 +35,11 @@ from broker.errors import (
 from broker.execution import Claimed, ExecutionStore, Outcome
 from broker.jobs import JobRecord, JobState, RequestKind
 from broker.ownership import OwnershipStore
+from broker.process.tasks import stop_task
+from broker.process.uvicorn_server import QuietSignalServer, quiet_config
 from broker.queue import JobQueue, Submission
-from broker.redis_conn import connect, connect_blocking, lean_link
+from broker.redis.connect import connect, connect_blocking, lean_link
 from broker.results import ResultEvent, ResultReader
-from broker.serving import QuietSignalServer, quiet_config
 from broker.settings import ApiKeyConfig, ModelConfig, Settings, load_settings
 from broker.status import (
     BandQueue,
@@ -51,7 +52,6 @@ from broker.status import (
     read_queues,
     read_status,
 )
-from broker.tasks import stop_task
 
 __all__ = [
     "ApiKeyConfig",

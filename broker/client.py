@@ -21,13 +21,14 @@ from broker.errors import JobFailed, UnknownModel
 from broker.jobs import JobRecord, JobState, RequestKind, new_job_id
 from broker.position import QueuePosition
 from broker.queue import JobQueue, Submission
-from broker.redis_conn import connect, lean_link, result_reader
+from broker.redis.connect import connect, lean_link
 from broker.requests import check_body, engine_payload, estimate_cost, wants_usage
+from broker.result_readers import result_reader
 from broker.results import ResultEvent
 from broker.settings import Settings, load_settings
 
 if TYPE_CHECKING:
-    from broker.cluster import ClusterResultReader
+    from broker.result_readers import ClusterResultReader
     from broker.results import ResultReader
 
 T = TypeVar("T")

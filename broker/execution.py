@@ -42,11 +42,12 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 from redis.typing import KeyT, StreamIdT
 
-from broker import keys, replies
+from broker import keys
 from broker.dispatching import HANDED_KEEP_MS, ensure_ready_group
 from broker.jobs import JobState, RequestKind
-from broker.packed import PackedPipeline
-from broker.resp import RespLink
+from broker.redis import replies
+from broker.redis.packed import PackedPipeline
+from broker.redis.resp import RespLink
 from broker.results import BODY_FIELD, CHUNK_FIELD
 from broker.scripts import Scripts, run_script, source
 from broker.settings import Settings
@@ -329,7 +330,7 @@ class ExecutionStore:
 
     def pipeline(self) -> ResultPipeline:
         """A pipeline for the result writer: packed by hand on the lean connection when the
-        store has one (``broker.packed``), else redis-py's (routed by slot on a cluster)."""
+        store has one (``broker.redis.packed``), else redis-py's (routed by slot on a cluster)."""
         if self._results is None:
             return self._redis.pipeline(transaction=False)
         return PackedPipeline(self._results)

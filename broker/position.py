@@ -50,8 +50,9 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from broker import keys, replies
+from broker import keys
 from broker.jobs import JobRecord
+from broker.redis import replies
 from broker.scripts import Scripts
 from broker.status import entry_ms, latency_of
 

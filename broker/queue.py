@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from broker import keys, replies, telemetry
+from broker import keys, telemetry
 from broker.errors import BrokerUnavailable, NotFound, QueueFull
 from broker.jobs import JobRecord, JobState, RequestKind, model_of, new_job_id, owner_of
 from broker.position import QueuePosition
+from broker.redis import replies
+from broker.redis.resp import RespLink
 from broker.requests import resumable
-from broker.resp import RespLink
 from broker.scripts import Scripts, run_script
 from broker.settings import Settings
 
@@ -44,7 +45,7 @@ _ROUTES = {1: "queued", 2: "express"}  # enqueue.lua's reply -> how the job went
 
 class JobQueue:
     def __init__(self, redis: Redis, settings: Settings, link: RespLink | None = None) -> None:
-        """``link``: a lean connection (``broker.resp``) for ``enqueue.lua``, which every
+        """``link``: a lean connection (``broker.redis.resp``) for ``enqueue.lua``, which every
         request runs; without it, redis-py's."""
         self._redis = redis
         self._settings = settings

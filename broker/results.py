@@ -11,7 +11,7 @@ blocking ``XREAD`` on one connection. Its cost per read must not grow with the
 streams followed, as the read repeats every time any stream has news: the
 command is kept packed (one RESP segment per key and per position, re-encoded
 only for the streams that moved) and goes over a lean connection of its own
-(``broker.resp``), whose reply is taken as Redis sent it, without redis-py's
+(``broker.redis.resp``), whose reply is taken as Redis sent it, without redis-py's
 per-entry dict building or its coroutines per reply. A new follower must join a read that is
 already blocked. Every read also names the reader's own *bell* stream, after the
 last bell entry it saw: a new follower adds an entry to it (``XADD``, at most one
@@ -23,7 +23,7 @@ followers (a client that reconnected while its first connection is not yet
 seen to be gone): the read starts at the earliest of their positions and each
 gets only the entries after its own.
 
-Entry ids are what SSE event ids are made of (``broker.gateway.sse``): chunk
+Entry ids are what SSE event ids are made of (``gateway.sse``): chunk
 entries are ``0-1``, ``0-2``, ... and the end entry's id is time-based, larger
 than all of them. ``read_after`` serves a client that resumes a job that has
 ended already.
@@ -43,16 +43,16 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from broker import keys, replies
+from broker import keys
 from broker.jobs import JobState
-from broker.mailbox import Mailbox
-from broker.resp import RespLink, bulk, pack
-from broker.tasks import stop_task
+from broker.process.mailbox import Mailbox
+from broker.process.tasks import stop_task
+from broker.redis import replies
+from broker.redis.options import READ_MARGIN_S
+from broker.redis.resp import RespLink, bulk, pack
 
 log = logging.getLogger(__name__)
 
-# A read that blocks for ``block_ms`` may take this much longer before it counts as lost.
-READ_MARGIN_S = 5.0
 
 CHUNK_FIELD = b"d"
 BODY_FIELD = b"b"
@@ -130,7 +130,9 @@ class ResultReader:
         *,
         ring_link: RespLink | None = None,
     ) -> None:
-        self._blocking = blocking  # its own lean connection (``broker.resp``): the blocking read
+        self._blocking = (
+            blocking  # its own lean connection (``broker.redis.resp``): the blocking read
+        )
         self._control = control  # shared pool: rings the bell, nothing else
         # The process's shared lean connection, if it has one: a bell per new stream is a
         # call per request, cheaper there than through redis-py.

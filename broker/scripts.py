@@ -2,7 +2,7 @@
 
 Each script is registered once per client; redis-py then calls it by SHA and
 reloads it transparently after a Redis restart (NOSCRIPT). ``run_script`` calls one
-over a lean connection (``broker.resp``) the same way, for the scripts every
+over a lean connection (``broker.redis.resp``) the same way, for the scripts every
 request runs.
 """
 
@@ -18,8 +18,8 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
-from broker.packed import PackedPipeline
-from broker.resp import Arg, RespLink
+from broker.redis.packed import PackedPipeline
+from broker.redis.resp import Arg, RespLink
 
 
 @cache
@@ -67,3 +67,10 @@ async def run_script(
     if isinstance(reply, ResponseError):
         raise reply
     return reply
+
+
+async def load_scripts(redis: Any) -> None:
+    """Load every Lua script of ``broker/lua`` (on every master of a cluster)."""
+    for path in sorted(resources.files("broker").joinpath("lua").iterdir(), key=str):
+        if path.name.endswith(".lua"):
+            await redis.script_load(source(path.name.removesuffix(".lua")))

@@ -162,7 +162,7 @@ class Settings(BaseSettings):
     # The gateway's bound on one Redis command off the streaming hot path (job status,
     # cancel, resume, admin, files): a Redis that takes connections but does not answer
     # (stopped, or stuck in a long script) gets its callers a 503, not a hang. The hot
-    # path's lean connection bounds its own round trips (broker/resp.py).
+    # path's lean connection bounds its own round trips (broker/redis/resp.py).
     redis_command_timeout_s: float = Field(default=5.0, gt=0)
     bands: tuple[str, ...] = DEFAULT_BANDS
     models: tuple[ModelConfig, ...] = ()
@@ -188,7 +188,7 @@ class Settings(BaseSettings):
     # Longest a streamed chunk waits to share a Redis write with other jobs' (workers/writer.py).
     stream_linger_ms: float = Field(default=2.0, ge=0)
     # Net allocations between young garbage collections in the long-running processes
-    # (broker/heap.py); 0 keeps CPython's defaults (700, and nothing frozen).
+    # (broker/process/gc_tuning.py); 0 keeps CPython's defaults (700, and nothing frozen).
     gc_young_threshold: int = Field(default=50_000, ge=0)
     engine_connect_timeout_s: float = Field(default=5.0, gt=0)
     engine_read_timeout_s: float = Field(default=300.0, gt=0)

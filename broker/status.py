@@ -31,7 +31,8 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.typing import EncodableT, FieldT
 
-from broker import keys, replies
+from broker import keys
+from broker.redis import replies
 from broker.settings import ModelConfig, Settings
 
 SCAN_USERS = 200  # per band: the users whose queue lengths are read to find the top ones

@@ -1,7 +1,7 @@
 """The ``fairq`` command: one entry point per component, and ``fairq up`` for all of them.
 
-This is the only place that chooses exit codes: 0 done, 1 failed at run time,
-2 bad configuration or usage.
+Exit codes: 0 done, 1 failed at run time, 2 bad configuration or usage
+(``fairq.runtime``).
 """
 
 from __future__ import annotations
@@ -11,32 +11,16 @@ import importlib
 import signal
 import sys
 import time
-from typing import NoReturn
 
 import click
-from pydantic import ValidationError
 
-from broker import Settings, hash_key, load_settings
+from broker import hash_key
 from fairq import runtime
 from fairq.batch_cli import batch
 from fairq.k8s_cli import k8s
 from fairq.localredis import free_port
 from fairq.stack import DEMO_BATCH_SLOTS, DEMO_KEYS, DEMO_MODELS, Stack, demo_config
 from fairq.status_cli import job, jobs, status, top
-
-
-def _settings() -> Settings:
-    try:
-        settings = load_settings()
-        settings.require_redis_url()
-    except (ValidationError, ValueError, FileNotFoundError) as exc:
-        _fail_config(exc)
-    return settings
-
-
-def _fail_config(exc: Exception) -> NoReturn:
-    click.echo(f"fairq: configuration error: {exc}", err=True)
-    sys.exit(2)
 
 
 @click.group()
@@ -49,10 +33,10 @@ def main() -> None:
 @click.option("--port", default=8000, show_default=True)
 def api(host: str, port: int) -> None:
     """Run the OpenAI-compatible HTTP gateway."""
-    from broker.gateway import serve
+    from fairq.services import run_gateway
 
     runtime.setup_logging()
-    serve(_settings(), host, port)
+    run_gateway(runtime.settings_or_exit(), host, port)
 
 
 @main.command()
@@ -60,7 +44,7 @@ def dispatcher() -> None:
     """Run a dispatcher for every configured model."""
     from fairq.services import run_dispatcher
 
-    settings = _settings()
+    settings = runtime.settings_or_exit()
     runtime.setup_logging()
     runtime.run_until_signalled(lambda stop: run_dispatcher(settings, stop))
 
@@ -71,7 +55,7 @@ def worker(concurrency: int | None) -> None:
     """Run a worker that executes dispatched jobs against the engines."""
     from fairq.services import run_worker
 
-    settings = _settings()
+    settings = runtime.settings_or_exit()
     runtime.setup_logging()
     runtime.run_until_signalled(lambda stop: run_worker(settings, stop, concurrency))
 
@@ -79,11 +63,11 @@ def worker(concurrency: int | None) -> None:
 @main.command(name="batch-worker")
 def batch_worker() -> None:
     """Run an RQ batch worker (queue fairq-batch): ingest, progress, finalize, expire."""
-    from broker.batch.worker import run_batch_worker
+    from fairq.services import run_batch_worker
 
-    settings = _settings()
+    settings = runtime.settings_or_exit()
     if settings.redis_cluster:
-        _fail_config(
+        runtime.fail_config(
             ValueError(
                 "the batch worker runs on RQ, which does not support Redis Cluster "
                 "(FAIRQ_REDIS_CLUSTER=true): run no batch workers against a cluster, or "
@@ -109,7 +93,7 @@ def sim(host: str, port: int, models: tuple[str, ...], profile: str | None) -> N
     try:
         sim_profile = load_profile(profile)
     except ProfileError as exc:
-        _fail_config(exc)
+        runtime.fail_config(exc)
     serve(host, port, list(models), sim_profile)
 
 

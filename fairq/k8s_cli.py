@@ -41,9 +41,9 @@ def render(k8s_dir: Path, check: bool) -> None:
 @click.option("--timeout", "timeout_s", default=2.0, show_default=True, help="seconds")
 def probe(timeout_s: float) -> None:
     """Readiness of a dispatcher or worker pod: the configuration loads and Redis answers."""
-    from fairq.cli import _settings
+    from fairq.runtime import settings_or_exit
 
-    settings = _settings()  # exits 2 on a bad configuration
+    settings = settings_or_exit()  # exits 2 on a bad configuration
 
     async def ping() -> None:
         from broker import connect

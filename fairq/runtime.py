@@ -1,7 +1,9 @@
-"""Running one long-lived asyncio service under signals.
+"""What every ``fairq`` command shares: the settings (or exit 2), logging, and running
+one long-lived asyncio service under signals.
 
 SIGINT and SIGTERM set a stop event (the service drains and returns); a second
-signal exits at once. Only the CLI decides exit codes.
+signal exits at once. Only the CLI decides exit codes: 0 done, 1 failed at run time,
+2 bad configuration or usage (``settings_or_exit``, ``fail_config``).
 """
 
 from __future__ import annotations
@@ -10,7 +12,29 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable
+from typing import NoReturn
+
+import click
+from pydantic import ValidationError
+
+from broker import Settings, load_settings
+
+
+def settings_or_exit() -> Settings:
+    """The settings, or exit 2 with the configuration error."""
+    try:
+        settings = load_settings()
+        settings.require_redis_url()
+    except (ValidationError, ValueError, FileNotFoundError) as exc:
+        fail_config(exc)
+    return settings
+
+
+def fail_config(exc: Exception) -> NoReturn:
+    click.echo(f"fairq: configuration error: {exc}", err=True)
+    sys.exit(2)
 
 
 def setup_logging() -> None:

@@ -1,4 +1,6 @@
-"""Entry points of the long-lived components, each as it runs in production."""
+"""Entry points of the long-lived services, each as it runs in production: the one place
+that starts the gateway, the dispatcher, the worker and the batch worker. Each service's
+modules are imported when it starts, so that one service's start-up loads no other's."""
 
 from __future__ import annotations
 
@@ -9,14 +11,38 @@ import logging
 from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 
-from broker import Settings, connect, connect_blocking, heap, telemetry
-from broker.cluster import load_scripts
+from broker import Settings, connect, connect_blocking, keys, telemetry
+from broker.process import gc_tuning
+from broker.scripts import load_scripts
 from dispatcher.service import Dispatcher
 from dispatcher.status import DispatcherCollector, StatusPublisher
 from workers.service import Worker
 from workers.telemetry import WorkerCollector
 
 log = logging.getLogger("fairq")
+
+
+def run_gateway(settings: Settings, host: str, port: int) -> None:
+    """Serve the gateway on ``host:port`` until SIGINT or SIGTERM (blocking); it returns
+    normally after its graceful shutdown (``gateway.server``)."""
+    from broker.process.uvicorn_server import quiet_config
+    from gateway import GRACEFUL_SHUTDOWN_S, GatewayServer, create_app
+
+    app = create_app(settings)
+    gc_tuning.settle(settings)
+    GatewayServer(quiet_config(app, host, port, GRACEFUL_SHUTDOWN_S), app).run()
+
+
+def run_batch_worker(settings: Settings) -> None:
+    """Run a batch worker until SIGINT or SIGTERM (RQ's warm shutdown: the step finishes)."""
+    from redis import Redis as SyncRedis
+
+    from batch import BatchWorker
+
+    telemetry.serve_metrics(settings)  # batch lines and batches ended, on metrics_port
+    worker = BatchWorker(settings, SyncRedis.from_url(settings.require_redis_url()))
+    log.info("batch worker %s on queue %s", worker.name, keys.BATCH_QUEUE)
+    worker.work(logging_level=logging.getLevelName(logging.getLogger().level))
 
 
 async def run_dispatcher(settings: Settings, stop: asyncio.Event) -> None:
@@ -31,7 +57,7 @@ async def run_dispatcher(settings: Settings, stop: asyncio.Event) -> None:
             "dispatcher %s sharing models: %s",
             dispatcher.name, ", ".join(m.name for m in settings.models),
         )  # fmt: skip
-        heap.settle(settings)
+        gc_tuning.settle(settings)
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(dispatcher.run(stop))
             tasks.create_task(publisher.run(stop))
@@ -50,7 +76,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event, concurrency: int |
         REGISTRY.register(WorkerCollector(models, lambda: worker.running, running))
         telemetry.serve_metrics(settings)
         log.info("worker %s serving models: %s", worker.name, ", ".join(models))
-        heap.settle(settings)
+        gc_tuning.settle(settings)
         timings = asyncio.create_task(worker.telemetry.loop(redis))
         try:
             await worker.run(stop)
@@ -66,6 +92,6 @@ async def run_worker(settings: Settings, stop: asyncio.Event, concurrency: int |
 
 async def _prepare(settings: Settings, redis: Redis) -> None:
     """On a cluster, load the scripts that pipelines call by SHA on every master first
-    (``broker.cluster``): a single Redis's pipelines load them on their own."""
+    (``broker.redis.cluster``): a single Redis's pipelines load them on their own."""
     if settings.redis_cluster:
         await load_scripts(redis)

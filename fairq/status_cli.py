@@ -27,6 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from broker import FairqError, JobQueue, JobRecord, JobState, Settings, connect, keys, read_status
+from fairq.runtime import settings_or_exit
 
 T = TypeVar("T")
 
@@ -160,17 +161,11 @@ def render_status(status: dict[str, Any]) -> RenderableType:
 # -- commands -------------------------------------------------------------------------
 
 
-def _settings() -> Settings:
-    from fairq.cli import _settings as load  # the one place that maps config errors to exit 2
-
-    return load()
-
-
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="print the status as JSON")
 def status(as_json: bool) -> None:
     """Show each model's endpoints, admission state, backlog and top users."""
-    settings = _settings()
+    settings = settings_or_exit()
     body = _run(settings, lambda redis: _status(redis, settings))
     if as_json:
         click.echo(_dumps(body))
@@ -182,7 +177,7 @@ def status(as_json: bool) -> None:
 @click.option("--interval", default=1.0, show_default=True, help="seconds between refreshes")
 def top(interval: float) -> None:
     """The status, live: redrawn every --interval seconds until Ctrl-C."""
-    settings = _settings()
+    settings = settings_or_exit()
 
     async def watch(redis: Redis) -> None:
         with Live(Text("loading…"), auto_refresh=False, screen=False) as live:
@@ -228,7 +223,7 @@ def jobs(
     as_json: bool,
 ) -> None:  # fmt: skip
     """List jobs, newest first (queued, running and those ended within result_ttl_s)."""
-    settings = _settings()
+    settings = settings_or_exit()
     names = model_names or tuple(m.name for m in settings.models)
 
     async def collect(redis: Redis) -> list[JobRecord]:
@@ -266,7 +261,7 @@ def _jobs_table(rows: list[dict[str, Any]], total: int) -> Table:
 @click.argument("job_id")
 def job(job_id: str) -> None:
     """Show one job's record (any user's) as JSON."""
-    settings = _settings()
+    settings = settings_or_exit()
 
     async def read(redis: Redis) -> dict[str, Any]:
         queue = JobQueue(redis, settings)

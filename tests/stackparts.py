@@ -26,8 +26,8 @@ from redis.asyncio import Redis
 from servers import uvicorn_thread
 
 from broker import Settings, connect, connect_blocking, hash_key, keys
-from broker.gateway import create_app
 from dispatcher.service import Dispatcher
+from gateway import create_app
 from workers.service import Worker
 from workers.sim import SimProfile
 from workers.sim import create_app as create_sim

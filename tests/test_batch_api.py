@@ -16,9 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from servers import uvicorn_thread
 
 from broker import Settings, hash_key
-from broker.gateway import create_app
 from fairq.localredis import LocalRedis, free_port
 from fairq.stack import DEMO_MODELS, Stack, demo_config
+from gateway import create_app
 
 pytestmark = pytest.mark.integration
 

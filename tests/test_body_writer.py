@@ -1,4 +1,4 @@
-"""``broker.gateway.body_writer`` under a real uvicorn on 127.0.0.1 (the gateway's server).
+"""``gateway.body_writer`` under a real uvicorn on 127.0.0.1 (the gateway's server).
 
 The writer bypasses ASGI's ``send`` and so depends on uvicorn's internals: these
 tests fail if a uvicorn release changes them, instead of the gateway silently
@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 from servers import uvicorn_thread
 
-from broker.gateway.body_writer import body_writer
+from gateway.body_writer import body_writer
 
 _START = {"type": "http.response.start", "status": 200,
           "headers": [(b"content-type", b"text/plain")]}  # fmt: skip

@@ -24,12 +24,12 @@ from redis.crc import key_slot
 from stackparts import metric
 
 from broker import Settings, keys
-from broker.cluster import node_url, slot_groups, slot_of
-from broker.gateway.restarts import RestartWatch, restarted
-from broker.redis_conn import connect
+from broker.redis.cluster import node_url, slot_groups, slot_of
+from broker.redis.connect import connect
 from fairq.localcluster import LocalCluster
 from fairq.localredis import free_port
 from fairq.stack import Stack, demo_config
+from gateway.restarts import RestartWatch, restarted
 
 pytestmark = pytest.mark.integration
 

@@ -38,7 +38,7 @@ from broker import (
     hash_key,
     keys,
 )
-from broker.gateway import create_app, sse
+from gateway import create_app, sse
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(10)]
 
@@ -642,8 +642,8 @@ def test_serve_answers_queued_streams_and_exits_cleanly_on_sigterm(redis_url: st
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     code = (
-        "from broker import Settings\nfrom broker.gateway import serve\n"
-        f"serve(Settings(redis_url={redis_url!r}, **{CONFIG!r}), '127.0.0.1', {port})\n"
+        "from broker import Settings\nfrom fairq.services import run_gateway\n"
+        f"run_gateway(Settings(redis_url={redis_url!r}, **{CONFIG!r}), '127.0.0.1', {port})\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAIRQ_")}
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)

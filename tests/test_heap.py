@@ -1,4 +1,4 @@
-"""The garbage collector settings of long-running processes (broker.heap), checked in a
+"""The garbage collector settings of long-running processes (broker.process.gc_tuning), checked in a
 fresh interpreter: settling the test process itself would change every later test."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import sys
 
 SCRIPT = """
 import gc
-from broker import heap
+from broker.process import gc_tuning
 from broker.settings import Settings
 before = gc.get_threshold()
-heap.settle(Settings(gc_young_threshold={threshold}))
+gc_tuning.settle(Settings(gc_young_threshold={threshold}))
 print(before, gc.get_threshold(), gc.get_freeze_count() > 0)
 """
 

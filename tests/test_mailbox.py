@@ -1,4 +1,4 @@
-"""The mailbox between the result reader and a request (broker.mailbox): pure, no I/O."""
+"""The mailbox between the result reader and a request (broker.process.mailbox): pure, no I/O."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from broker.mailbox import Mailbox
+from broker.process.mailbox import Mailbox
 
 
 async def test_take_returns_everything_that_arrived_oldest_first() -> None:

@@ -1,5 +1,6 @@
-"""The hand-packed pipeline (broker.packed) on its lean connection (broker.resp), against
-the session's real Redis and against servers that misbehave on purpose."""
+"""The hand-packed pipeline (broker.redis.packed) on its lean connection
+(broker.redis.resp), against the session's real Redis and against servers that misbehave
+on purpose."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from servers import silent_server
 
-from broker import resp
-from broker.packed import PackedPipeline
-from broker.resp import RespLink
+from broker.redis import resp
+from broker.redis.packed import PackedPipeline
+from broker.redis.resp import RespLink
 from broker.scripts import run_script
 from fairq.localredis import LocalRedis
 

@@ -42,10 +42,10 @@ from broker import (
     hash_key,
     keys,
 )
-from broker.gateway import create_app
 from broker.jobs import new_job_id
 from fairq.localredis import LocalRedis, free_port
 from fairq.stack import DEMO_MODELS, Stack, demo_config
+from gateway import create_app
 
 pytestmark = pytest.mark.integration
 

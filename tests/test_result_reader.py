@@ -16,8 +16,8 @@ from redis.asyncio import Redis
 from servers import silent_server
 
 from broker import keys, results
-from broker.mailbox import Mailbox
-from broker.resp import RespLink
+from broker.process.mailbox import Mailbox
+from broker.redis.resp import RespLink
 from broker.results import ResultEvent, ResultReader
 
 BLOCK_MS = 60_000

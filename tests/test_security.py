@@ -28,11 +28,11 @@ from servers import uvicorn_thread
 from tlsproxy import make_certificates, tls_proxy
 
 from broker import ApiKeyConfig, JobQueue, KeyRing, Settings, Submission, hash_key
-from broker.gateway import create_app
 from broker.jobs import RequestKind
 from broker.requests import engine_payload
 from fairq.localredis import LocalRedis, free_port
 from fairq.stack import DEMO_MODELS, Stack, demo_config
+from gateway import create_app
 
 MODEL = "sec-model"
 ADMIN = {"Authorization": "Bearer k-admin"}

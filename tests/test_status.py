@@ -33,7 +33,6 @@ from broker import (
     hash_key,
     keys,
 )
-from broker.gateway import create_app
 from broker.status import ModelQueues, read_queues, read_status
 from dispatcher.service import Dispatcher
 from dispatcher.status import (
@@ -44,6 +43,7 @@ from dispatcher.status import (
     _History,
 )
 from fairq.cli import main
+from gateway import create_app
 from workers.telemetry import WorkerCollector, WorkerTelemetry
 
 MODEL = "m1"

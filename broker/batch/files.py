@@ -17,8 +17,9 @@ from typing import cast
 
 from redis.asyncio import Redis
 
-from broker import keys, replies
+from broker import keys
 from broker.errors import NotFound
+from broker.redis import replies
 
 
 def new_file_id() -> str:

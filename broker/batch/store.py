@@ -25,10 +25,11 @@ import orjson
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
-from broker import keys, replies, telemetry
+from broker import keys, telemetry
 from broker.auth import Principal
 from broker.batch.errors import NotCancellable
 from broker.errors import NotFound
+from broker.redis import replies
 from broker.scripts import source
 
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})

@@ -1,0 +1,253 @@
+"""Validate and ingest a batch's input file: its lines become band-``batch`` jobs.
+
+The file is read from the batch's cursor on (``off``: byte offset, ``line``:
+the last line read) in chunks of ``batch.ingest_chunk_lines`` lines. Per chunk:
+
+1. each line is checked (``lines.check_line``); a repeated ``custom_id`` is found
+   with ``HSETNX custom_id -> line`` (a line that finds its own number there was
+   read before, by a step that died: it is not a duplicate);
+2. the valid lines are queued with ``enqueue.lua`` in one pipeline, under the
+   batch cap (``batch.max_queued_lines_per_user``) instead of the interactive
+   per-user cap. Job ids are derived from the batch and line, so a line queued
+   before is refused by the script (``{-1}``) rather than queued twice;
+3. one transaction adds the queued lines to ``pending``, records the invalid
+   lines, and moves the cursor past the chunk.
+
+A step killed anywhere in a chunk redoes that chunk and nothing twice. When the
+file is read, the batch moves to ``in_progress`` (or ``failed``, when no line at
+all was a valid request: the file is not a batch file).
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from batch.context import StepContext
+from broker import keys
+from broker.batch.lines import KINDS, LineError, ValidLine, check_line, error_record
+from broker.batch.reading import Line, read_lines
+from broker.batch.store import BatchRecord
+from broker.errors import NotFound
+from broker.jobs import new_job_id
+from broker.queue import Submission
+from broker.requests import engine_payload, estimate_cost
+
+_FAILED_ERRORS_SHOWN = 10
+
+
+def line_job_id(model: str, batch_id: str, number: int) -> str:
+    return new_job_id(model, f"{batch_id.removeprefix('batch_')}-{number}")
+
+
+def pending_member(job_id: str, custom_id: str) -> str:
+    return f"{job_id}\n{custom_id}"
+
+
+async def ingest(ctx: StepContext, batch: BatchRecord) -> None:
+    """Read the rest of the file into jobs; then in_progress, or failed."""
+    try:
+        await ctx.files.get(batch.s("input_file_id") or "", batch.owner)
+    except NotFound:
+        await _fail(ctx, batch, "file_not_found", "the input file was deleted before it was read")
+        return
+    chunk: list[Line] = []
+    lines = read_lines(
+        ctx.files,
+        batch.s("input_file_id") or "",
+        batch.n("off"),
+        batch.n("line"),
+        ctx.settings.max_body_bytes,
+    )
+    async for line in lines:
+        chunk.append(line)
+        if len(chunk) >= ctx.settings.batch.ingest_chunk_lines:
+            await _ingest_chunk(ctx, batch, chunk)
+            chunk = []
+            if not await _still_validating(ctx):
+                return  # cancelled or expired meanwhile; the next step ends the batch
+    if chunk:
+        await _ingest_chunk(ctx, batch, chunk)
+    await _finish(ctx, batch)
+
+
+async def _still_validating(ctx: StepContext) -> bool:
+    await ctx.renew()
+    status, expiring = await ctx.redis.hmget(keys.batch(ctx.batch_id), "status", "expiring")
+    return status == b"validating" and not expiring
+
+
+async def _ingest_chunk(ctx: StepContext, batch: BatchRecord, chunk: list[Line]) -> None:
+    checked = [_check(ctx, batch, line) for line in chunk]
+    valid = [c for c in checked if isinstance(c, ValidLine)]
+    errors = [c for c in checked if isinstance(c, LineError)]
+    duplicates = await _duplicates(ctx, valid)
+    errors += [
+        LineError(
+            v.number,
+            v.custom_id,
+            "duplicate_custom_id",
+            f"line {v.number}: custom_id {v.custom_id!r} was used before, on line "
+            f"{duplicates[v.number]}; custom_ids must be unique in a batch",
+        )
+        for v in valid
+        if v.number in duplicates
+    ]
+    valid = [v for v in valid if v.number not in duplicates]
+    queued, full = await _enqueue(ctx, batch, valid)
+    errors += [
+        LineError(
+            v.number,
+            v.custom_id,
+            "queue_full",
+            f"line {v.number}: you have {ctx.settings.batch.max_queued_lines_per_user} "
+            f"batch requests queued for model {v.model.name!r} already (the limit)",
+        )
+        for v in full
+    ]
+    await _commit(ctx, chunk[-1], queued, errors)
+
+
+def _check(ctx: StepContext, batch: BatchRecord, line: Line) -> ValidLine | LineError:
+    if line.raw is None:
+        return LineError(
+            line.number,
+            None,
+            "line_too_long",
+            f"line {line.number} is longer than {ctx.settings.max_body_bytes} bytes",
+        )
+    if line.number > ctx.settings.batch.max_lines:
+        return LineError(
+            line.number,
+            None,
+            "too_many_requests",
+            f"line {line.number}: a batch holds at most {ctx.settings.batch.max_lines} requests",
+        )
+    endpoint = batch.s("endpoint") or ""
+    return check_line(line.number, line.raw, endpoint, ctx.settings, batch.models)
+
+
+async def _duplicates(ctx: StepContext, valid: list[ValidLine]) -> dict[int, int]:
+    """Line -> the earlier line that holds its custom_id, for repeated custom_ids."""
+    if not valid:
+        return {}
+    cids = keys.batch_custom_ids(ctx.batch_id)
+    async with ctx.redis.pipeline(transaction=False) as pipe:
+        for v in valid:
+            pipe.hsetnx(cids, v.custom_id, v.number)
+            pipe.hget(cids, v.custom_id)
+        replies = await pipe.execute()
+    owners = [int(replies[2 * i + 1]) for i in range(len(valid))]
+    return {v.number: owner for v, owner in zip(valid, owners, strict=True) if owner != v.number}
+
+
+def _submission(batch: BatchRecord, line: ValidLine, job_id: str) -> Submission:
+    return Submission(
+        model=line.model.name,
+        owner=batch.owner,
+        user=batch.owner,
+        tenant=batch.s("tenant") or batch.owner,
+        band="batch",
+        kind=KINDS[batch.s("endpoint") or ""],
+        stream_flag="0",
+        payload=engine_payload(line.body, job_id, line.model),
+        job_id=job_id,
+        cost=estimate_cost(line.body, line.model),
+        weight=float(batch.s("weight") or 1.0),
+    )
+
+
+async def _enqueue(
+    ctx: StepContext, batch: BatchRecord, valid: list[ValidLine]
+) -> tuple[list[tuple[ValidLine, str]], list[ValidLine]]:
+    """Queue the lines: (queued or queued before, with job ids), (refused: cap reached)."""
+    if not valid:
+        return [], []
+    settings = ctx.settings.batch
+    ids = [line_job_id(v.model.name, ctx.batch_id, v.number) for v in valid]
+    async with ctx.redis.pipeline(transaction=False) as pipe:
+        for line, job_id in zip(valid, ids, strict=True):
+            call_keys, args = ctx.queue.enqueue_call(
+                _submission(batch, line, job_id),
+                job_id,
+                settings.max_queued_lines_per_user,
+                settings.line_keep_s,
+            )
+            await ctx.scripts.enqueue(keys=call_keys, args=args, client=pipe)
+        replies = await pipe.execute()
+    queued = [(v, i) for v, i, r in zip(valid, ids, replies, strict=True) if r[0] != 0]
+    full = [v for v, r in zip(valid, replies, strict=True) if r[0] == 0]
+    return queued, full
+
+
+async def _commit(
+    ctx: StepContext, last: Line, queued: list[tuple[ValidLine, str]], errors: list[LineError]
+) -> None:
+    b = ctx.batch_id
+    async with ctx.redis.pipeline(transaction=True) as pipe:
+        if queued:
+            members = {pending_member(job_id, v.custom_id): v.number for v, job_id in queued}
+            pipe.zadd(keys.batch_pending(b), members)
+            pipe.hsetnx(keys.batch(b), "model", queued[0][0].model.name)
+        for error in errors:
+            await ctx.record(
+                keys=[keys.batch(b), keys.batch_results(b), keys.batch_pending(b)],
+                args=[error.number, "failed", error_record(b, error), ""],
+                client=pipe,
+            )
+        pipe.hset(keys.batch(b), mapping={"off": last.end, "line": last.number})
+        pipe.hincrby(keys.batch(b), "queued", len(queued))
+        await pipe.execute()
+
+
+async def _finish(ctx: StepContext, batch: BatchRecord) -> None:
+    b = ctx.batch_id
+    lines, queued = await ctx.redis.hmget(keys.batch(b), "line", "queued")
+    total = await ctx.redis.hlen(keys.batch_results(b)) + int(queued or 0)
+    if not int(queued or 0):
+        await _fail(
+            ctx,
+            batch,
+            "invalid_file",
+            "the file holds no valid request: it must be JSONL, one batch request "
+            "({custom_id, method, url, body}) per line",
+            int(lines or 0),
+        )
+        return
+    await ctx.store.move(b, "in_progress", ("validating",), "in_progress_at", total=total)
+    await ctx.redis.delete(keys.batch_custom_ids(b))
+
+
+async def _fail(
+    ctx: StepContext, batch: BatchRecord, code: str, message: str, lines: int = 0
+) -> None:
+    """Fail the batch; its first line errors, if any, are shown in ``errors``."""
+    shown = (
+        await ctx.redis.hmget(
+            keys.batch_results(ctx.batch_id), list(range(1, lines + 1))[: _FAILED_ERRORS_SHOWN * 10]
+        )
+        if lines
+        else []
+    )
+    data = [{"code": code, "message": message, "line": None, "param": None}]
+    for record in [r for r in shown if r][:_FAILED_ERRORS_SHOWN]:
+        error = orjson.loads(record[1:])["error"]
+        data.append({**error, "param": None})
+    errors = orjson.dumps({"object": "list", "data": data})
+    await ctx.store.move(
+        ctx.batch_id,
+        "failed",
+        ("validating",),
+        "failed_at",
+        errors=errors,
+        total=0,
+        completed=0,
+        failed=0,
+    )
+    await cleanup(ctx)
+
+
+async def cleanup(ctx: StepContext) -> None:
+    """Drop the working keys of an ended batch and take it off the active set."""
+    b = ctx.batch_id
+    await ctx.redis.delete(keys.batch_results(b), keys.batch_pending(b), keys.batch_custom_ids(b))
+    await ctx.redis.srem(keys.ACTIVE_BATCHES, b)

@@ -1,0 +1,23 @@
+"""fairq's OpenAI-compatible HTTP gateway (FastAPI on uvicorn).
+
+    app          the application and its lifespan
+    state        the per-process resources (Redis, queue, result reader, key ring)
+    auth, body   the caller's key; a size-bounded request body
+    completions  POST /v1/chat/completions and /v1/completions
+    sse          the streaming hot path (byte pass-through)
+    followed     a submitted job followed to its end; cancelled if its client leaves
+    outcomes     failed / cancelled / expired jobs as OpenAI errors (status codes)
+    jobs         GET and DELETE /v1/jobs/{id}
+    models       GET /v1/models
+    health       /healthz, /readyz
+    admin        /metrics, /admin/status (admin keys), /dashboard (static page)
+    errors       OpenAI-shaped error bodies for everything, including 404/405/500
+    server       GatewayServer: uvicorn that drains the gateway on SIGINT/SIGTERM
+
+Only ``create_app`` and ``GatewayServer`` are public; ``fairq.services`` runs them.
+"""
+
+from gateway.app import create_app
+from gateway.server import GRACEFUL_SHUTDOWN_S, GatewayServer
+
+__all__ = ["GRACEFUL_SHUTDOWN_S", "GatewayServer", "create_app"]

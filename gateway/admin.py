@@ -1,0 +1,61 @@
+"""The operator's routes: ``/metrics`` (Prometheus), ``/admin/status`` and ``/dashboard``.
+
+``/admin/status`` answers admin API keys only (``Principal.admin``; others get 403):
+every model's status snapshot as ``fairq status --json`` prints it
+(``broker.status``). ``/dashboard`` is one static page (no external assets: the
+chart is drawn on a canvas) that asks for an admin key, keeps it in the tab's
+session storage, and polls ``/admin/status``; the page itself holds no data, so it
+is served to anyone. ``/metrics`` is the gateway's own series, unauthenticated as
+Prometheus expects; do not route it through the public Ingress.
+"""
+
+from __future__ import annotations
+
+import time
+from importlib import resources
+
+from fastapi import APIRouter, Request
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from redis.exceptions import RedisError
+from starlette.responses import HTMLResponse, Response
+
+from broker.errors import BrokerUnavailable, Forbidden
+from broker.status import read_status
+from gateway.auth import Caller
+from gateway.errors import json_response
+from gateway.state import gateway_of
+
+router = APIRouter()
+
+_PAGE = resources.files("gateway").joinpath("static/dashboard.html")
+
+
+@router.get("/metrics")
+async def metrics() -> Response:
+    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/admin/status")
+async def admin_status(request: Request, caller: Caller) -> Response:
+    if not caller.admin:
+        raise Forbidden("the status of the queues is for admin API keys only")
+    gateway = gateway_of(request)
+    now_ms = int(time.time() * 1000)
+    try:
+        models = await read_status(gateway.redis, gateway.settings, now_ms)
+    except RedisError as exc:
+        raise BrokerUnavailable(f"could not read the status from Redis: {exc}") from exc
+    return json_response({"object": "fairq.status", "at_ms": now_ms, "models": models})
+
+
+@router.get("/dashboard")
+async def dashboard() -> Response:
+    headers = {"Cache-Control": "no-store", "Content-Security-Policy": _CSP}
+    return HTMLResponse(_PAGE.read_text(encoding="utf-8"), headers=headers)
+
+
+# Everything the page loads comes from the gateway itself; nothing may frame it.
+_CSP = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'"
+)

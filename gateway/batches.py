@@ -1,0 +1,109 @@
+"""The Batch API: ``/v1/batches`` (create, retrieve, list, cancel), OpenAI's shapes.
+
+Creating a batch only records it (status ``validating``); the batch workers
+(RQ, ``batch.jobs``) read the file, run its lines in band ``batch`` and
+write the output and error files. The key must be entitled to band ``batch``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Query, Request
+from starlette.responses import Response
+
+from broker.batch import KINDS, BatchStore, FileStore
+from broker.errors import InvalidRequest
+from gateway.auth import Caller
+from gateway.body import read_body
+from gateway.errors import json_response, list_response
+from gateway.state import gateway_of
+
+_METADATA_PAIRS, _METADATA_KEY, _METADATA_VALUE = METADATA_LIMITS = 16, 64, 512
+
+router = APIRouter()
+
+
+def _store(request: Request) -> BatchStore:
+    return BatchStore(gateway_of(request).redis)
+
+
+def _metadata(value: object) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if (
+        not isinstance(value, dict)
+        or len(value) > _METADATA_PAIRS
+        or not all(
+            isinstance(k, str)
+            and isinstance(v, str)
+            and len(k) <= _METADATA_KEY
+            and len(v) <= _METADATA_VALUE
+            for k, v in value.items()
+        )
+    ):
+        raise InvalidRequest(
+            f"metadata must be an object of at most {_METADATA_PAIRS} string pairs "
+            f"(keys up to {_METADATA_KEY} characters, values up to {_METADATA_VALUE})"
+        )
+    return value
+
+
+def _field(body: dict[str, Any], name: str) -> str:
+    value = body.get(name)
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"'{name}' is required (a string)")
+    return value
+
+
+@router.post("/v1/batches")
+async def create_batch(request: Request, caller: Caller) -> Response:
+    gateway = gateway_of(request)
+    try:
+        body = orjson.loads(await read_body(request, gateway.settings.max_body_bytes))
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    caller.band_for("batch")  # Forbidden unless the key may use band batch
+    endpoint, window = _field(body, "endpoint"), _field(body, "completion_window")
+    if endpoint not in KINDS:
+        raise InvalidRequest(f"endpoint must be one of {', '.join(KINDS)}, not {endpoint!r}")
+    windows = gateway.settings.batch.completion_windows
+    if window not in windows:
+        raise InvalidRequest(f"completion_window must be one of {', '.join(windows)}")
+    metadata = _metadata(body.get("metadata"))
+    file = await FileStore(gateway.redis).get(_field(body, "input_file_id"), caller.user)
+    if file.purpose != "batch":
+        raise InvalidRequest(f"file {file.id} has purpose {file.purpose!r}, not 'batch'")
+    batch = await _store(request).create(
+        caller,
+        input_file_id=file.id,
+        endpoint=endpoint,
+        window=window,
+        window_s=windows[window],
+        metadata=metadata,
+    )
+    return json_response(batch.public())
+
+
+@router.get("/v1/batches")
+async def list_batches(
+    request: Request,
+    caller: Caller,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: str | None = None,
+) -> Response:
+    records, more = await _store(request).list(caller.user, limit, after)
+    return list_response([r.public() for r in records], more)
+
+
+@router.get("/v1/batches/{batch_id}")
+async def retrieve_batch(request: Request, caller: Caller, batch_id: str) -> Response:
+    return json_response((await _store(request).get(batch_id, caller.user)).public())
+
+
+@router.post("/v1/batches/{batch_id}/cancel")
+async def cancel_batch(request: Request, caller: Caller, batch_id: str) -> Response:
+    return json_response((await _store(request).cancel(batch_id, caller.user)).public())

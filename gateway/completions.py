@@ -1,0 +1,120 @@
+"""``POST /v1/chat/completions`` and ``POST /v1/completions``: queue, then answer.
+
+The request is checked in the order that costs least first: key, body size,
+body, model entitlement, band. The job id is generated before the payload (the
+engine payload embeds it), the result stream is followed before the job is
+queued, and then:
+
+* ``stream: true`` answers ``text/event-stream`` at once (``sse``);
+* otherwise the request waits for the body and end events while it watches
+  the connection; a client that leaves cancels its job. The answer it would
+  have had is never sent; 499 (nginx's "client closed request") is used for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from broker.auth import Principal
+from broker.errors import UnknownModel
+from broker.jobs import RequestKind, new_job_id
+from broker.queue import Submission
+from broker.requests import engine_payload, estimate_cost, parse_body, wants_usage
+from broker.settings import ModelConfig
+from gateway.auth import Caller
+from gateway.body import read_body
+from gateway.errors import JOB_HEADER, error_response
+from gateway.followed import FollowedJob
+from gateway.outcomes import ended_error, no_body
+from gateway.sse import JobStreamResponse
+from gateway.state import Gateway, gateway_of
+
+BAND_HEADER = "X-Fairq-Band"
+_CLIENT_CLOSED = 499
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request, caller: Caller) -> Response:
+    return await _complete(request, caller, RequestKind.CHAT)
+
+
+@router.post("/v1/completions")
+async def completions(request: Request, caller: Caller) -> Response:
+    return await _complete(request, caller, RequestKind.COMPLETION)
+
+
+async def _complete(request: Request, caller: Principal, kind: RequestKind) -> Response:
+    gateway = gateway_of(request)
+    body = parse_body(kind, await read_body(request, gateway.settings.max_body_bytes))
+    sub = _submission(gateway, caller, kind, body, request.headers.get(BAND_HEADER))
+    job = await FollowedJob.submit(gateway, sub)
+    if sub.stream_flag != "0":
+        return JobStreamResponse(job)
+    try:
+        return await _wait_for_result(request, job)
+    finally:
+        await gateway.finish(job.release())
+
+
+def _model(gateway: Gateway, caller: Principal, name: str) -> ModelConfig:
+    model = gateway.settings.model(name)
+    if model is None or not caller.may_use_model(name):
+        raise UnknownModel(f"The model `{name}` does not exist or you do not have access to it.")
+    return model
+
+
+def _stream_flag(body: dict[str, Any]) -> str:
+    if not body.get("stream"):
+        return "0"
+    return "2" if wants_usage(body) else "1"
+
+
+def _submission(
+    gateway: Gateway, caller: Principal, kind: RequestKind, body: dict[str, Any], band: str | None
+) -> Submission:
+    model = _model(gateway, caller, body["model"])
+    job_id = new_job_id(model.name)
+    return Submission(
+        model=model.name,
+        owner=caller.user,
+        user=caller.end_user(body.get("user")),
+        tenant=caller.tenant,
+        band=caller.band_for(band or None),
+        kind=kind,
+        stream_flag=_stream_flag(body),
+        payload=engine_payload(body, job_id, model),
+        job_id=job_id,
+        cost=estimate_cost(body, model),
+        weight=caller.weight,
+    )
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns when the client disconnects (the body has been read: nothing else comes)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _wait_for_result(request: Request, job: FollowedJob) -> Response:
+    result = asyncio.ensure_future(job.result())
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+        await asyncio.wait((result, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (result, gone):
+            task.cancel()
+        await asyncio.gather(result, gone, return_exceptions=True)
+    if result.cancelled() or result.exception() is not None:
+        return Response(status_code=_CLIENT_CLOSED)  # job.ended is False: release cancels it
+    body, end = result.result()
+    headers = {JOB_HEADER: job.id}
+    error = ended_error(end) or (no_body() if body is None else None)
+    if error is not None:
+        return error_response(error, headers)
+    return Response(body, 200, headers, media_type="application/json")

@@ -1,0 +1,152 @@
+"""A job this gateway submitted (or resumed) and follows until it ends or its client leaves.
+
+The result stream is followed *before* the job is queued, so no event can be
+written before this process reads from the stream's start. The job belongs to
+the connections that follow it: if the client leaves before the job's end
+event was read, ``release`` cancels the job (cancel.lua tells the worker to
+abort the engine request). A job whose end event was read is never cancelled.
+
+A streaming client that leaves after output began may come back with
+``Last-Event-ID`` (``resume``), on this gateway or another: its job is then
+cancelled only if no newer connection took it over within
+``stream_resume_grace_s``. Each connection takes a generation number from the
+job's hash (``HINCRBY cx``, the original is 0); the one that leaves cancels
+only while its generation is still the newest. The check and the cancel are
+two calls: a resume in the few microseconds between them finds its job
+cancelled, and its client sees that as the end event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from broker import keys
+from broker.errors import FairqError, InvalidRequest
+from broker.jobs import JobRecord
+from broker.process.mailbox import Mailbox
+from broker.queue import Submission
+from broker.results import ResultEvent, read_after
+from gateway.outcomes import SHUTDOWN
+from gateway.state import Gateway
+
+log = logging.getLogger(__name__)
+
+_GENERATION = "cx"  # field of the job hash: the newest connection following the job
+
+
+class FollowedJob:
+    """One request's job: its events' mailbox, and the cleanup that must run exactly once."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        *,
+        model: str,
+        owner: str,
+        job_id: str,
+        events: Mailbox[ResultEvent],
+        stack: contextlib.AsyncExitStack,
+    ) -> None:
+        self.gateway = gateway
+        self.model = model
+        self.owner = owner
+        self.id = job_id
+        self.events = events
+        self.ended = False  # set once the end event was read: nothing left to cancel
+        self.delivered = False  # output went to the client: it may resume, so wait first
+        self.generation = 0
+        self.resume_entry = b""  # resuming: the entry the client saw part of
+        self.skip = 0  # ... and how many of its events it saw
+        self._stack = stack
+
+    @classmethod
+    async def submit(cls, gateway: Gateway, sub: Submission) -> FollowedJob:
+        """Follow the job's results, then queue it (QueueFull etc. propagate)."""
+        assert sub.job_id is not None, "the payload embeds the id: generate it first"
+        stack = contextlib.AsyncExitStack()
+        events = await stack.enter_async_context(gateway.reader.follow(sub.model, sub.job_id))
+        gateway.track(sub.job_id, events)
+        stack.callback(gateway.untrack, sub.job_id)
+        try:
+            await gateway.queue.submit(sub)
+        except BaseException:
+            await stack.aclose()
+            raise
+        return cls(
+            gateway, model=sub.model, owner=sub.owner, job_id=sub.job_id, events=events, stack=stack
+        )
+
+    @classmethod
+    async def resume(
+        cls, gateway: Gateway, job: JobRecord, owner: str, entry: bytes, skip: int
+    ) -> FollowedJob:
+        """Follow a streamed job again from a point its client reached (``sse.resume_point``).
+
+        The events from ``entry`` on are read again; the first ``skip`` of ``entry``'s own
+        are left out by ``sse``. A job that has ended is served from what Redis holds.
+        """
+        if not job.stream:
+            raise InvalidRequest(
+                f"job {job.id!r} was not streamed: read its result with GET /v1/jobs/{job.id}"
+            )
+        after = _before(entry) if skip else entry
+        stack = contextlib.AsyncExitStack()
+        events: Mailbox[ResultEvent]
+        if job.state.terminal:
+            events = Mailbox()
+            for event in await read_after(gateway.redis, job.model, job.id, after):
+                events.put_nowait(event)
+        else:
+            events = await stack.enter_async_context(
+                gateway.reader.follow(job.model, job.id, after)
+            )
+        followed = cls(
+            gateway, model=job.model, owner=owner, job_id=job.id, events=events, stack=stack
+        )
+        followed.resume_entry, followed.skip = entry, skip
+        followed.delivered = True  # it is a reconnection: its client may come back again
+        followed.generation = int(
+            await gateway.redis.hincrby(keys.job(job.model, job.id), _GENERATION, 1)
+        )
+        return followed
+
+    async def release(self) -> None:
+        """Stop following; cancel the job first if its client left before it ended."""
+        try:
+            await self._stack.aclose()
+            if not self.ended and await self._abandoned():
+                await self.gateway.queue.cancel(self.id, self.owner)
+        except FairqError as exc:
+            log.warning("could not cancel job %s after its client left: %s", self.id, exc)
+
+    async def _abandoned(self) -> bool:
+        """True unless the client may still resume, or has (a newer connection follows)."""
+        grace_s = self.gateway.settings.stream_resume_grace_s
+        if not self.delivered or grace_s <= 0:
+            return True
+        await asyncio.sleep(grace_s)
+        newest = await self.gateway.redis.hget(keys.job(self.model, self.id), _GENERATION)
+        return int(newest or 0) == self.generation
+
+    async def result(self) -> tuple[bytes | None, ResultEvent]:
+        """The response body (if one was written) and the end event (or ``SHUTDOWN``)."""
+        body = None
+        while True:
+            event = await self.events.get()
+            if event.body is not None:
+                body = event.body
+            elif event.end is not None:
+                self.ended = True
+                return body, event
+            elif event is SHUTDOWN:
+                return body, event
+
+
+def _before(entry: bytes) -> bytes:
+    """The id just before ``entry``, so that a read *after* it includes ``entry``."""
+    ms, _, seq = entry.partition(b"-")
+    if int(seq or 0) > 0:
+        return b"%s-%d" % (ms, int(seq) - 1)
+    return b"%d-%d" % (int(ms) - 1, 2**63 - 1) if int(ms) > 0 else b"0-0"

@@ -1,0 +1,166 @@
+"""The gateway's OpenAPI schema, served at ``/openapi.json``.
+
+The completion, batch and file routes read their bodies by hand (size-capped,
+validated, every other completion field passed on to the engine), so FastAPI
+cannot see them; this module adds what it cannot: the request bodies (for the
+completions generated from the very pydantic models that validate them, with
+``model`` limited to the configured models; for batches and files from the
+limits their routes enforce); the ``X-Fairq-Band`` header; bearer
+authentication; and the OpenAI error object of every error status. A fuzzer
+(tests/test_schema.py) generates its requests from this document.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+from broker.batch import KINDS
+from broker.requests import ChatBody, CompletionBody
+from broker.settings import Settings
+from gateway.batches import METADATA_LIMITS
+from gateway.completions import BAND_HEADER
+
+_REF = "#/components/schemas/{model}"
+_BODIES: dict[str, type[BaseModel]] = {
+    "/v1/chat/completions": ChatBody,
+    "/v1/completions": CompletionBody,
+}
+_ERRORS = {
+    "400": "invalid request (body, header or parameter)",
+    "401": "missing or invalid API key",
+    "403": "a band or model the key is not entitled to",
+    "404": "unknown model, job or URL (another user's job is not found either)",
+    "408": "the job expired in the queue",
+    "409": "the job was cancelled",
+    "413": "request body over max_body_bytes",
+    "429": "the user has max_queued_per_user jobs queued; see Retry-After",
+    "503": "Redis is unavailable, or the gateway is shutting down",
+}
+_ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+
+
+def install_openapi(app: FastAPI, settings: Settings) -> None:
+    """Make ``app.openapi()`` (served at ``app.openapi_url``) return the full schema."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = build_schema(app, settings)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def build_schema(app: FastAPI, settings: Settings) -> dict[str, Any]:
+    schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
+                         description=app.description)  # fmt: skip
+    components = schema.setdefault("components", {})
+    schemas = components.setdefault("schemas", {})
+    schemas["Error"] = _ERROR_SCHEMA
+    components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    models = [m.name for m in settings.models]
+    for path, body in _BODIES.items():
+        schemas[body.__name__] = _body_schema(body, models, schemas)
+        _document_completion(schema["paths"][path]["post"], body.__name__, settings)
+    schemas["BatchBody"] = _batch_schema(settings)
+    _json_body(schema["paths"]["/v1/batches"]["post"], "BatchBody")
+    schema["paths"]["/v1/files"]["post"]["requestBody"] = _UPLOAD
+    for path, operations in schema["paths"].items():
+        for operation in operations.values():
+            if path.startswith("/v1/"):
+                operation["security"] = [{"bearer": []}]
+                _document_errors(operation)
+    return schema
+
+
+def _body_schema(
+    body: type[BaseModel], models: list[str], schemas: dict[str, Any]
+) -> dict[str, Any]:
+    generated = body.model_json_schema(ref_template=_REF)
+    schemas.update(generated.pop("$defs", {}))
+    if models:
+        generated["properties"]["model"]["enum"] = models
+    return generated
+
+
+def _batch_schema(settings: Settings) -> dict[str, Any]:
+    pairs, key, value = METADATA_LIMITS
+    return {
+        "type": "object",
+        "required": ["input_file_id", "endpoint", "completion_window"],
+        "properties": {
+            "input_file_id": {"type": "string", "minLength": 1},
+            "endpoint": {"type": "string", "enum": list(KINDS)},
+            "completion_window": {
+                "type": "string",
+                "enum": list(settings.batch.completion_windows),
+            },
+            "metadata": {
+                "type": ["object", "null"],
+                "maxProperties": pairs,
+                "propertyNames": {"maxLength": key},
+                "additionalProperties": {"type": "string", "maxLength": value},
+            },
+        },
+    }
+
+
+_UPLOAD = {
+    "required": True,
+    "content": {
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "required": ["purpose", "file"],
+                "properties": {
+                    "purpose": {"type": "string", "enum": ["batch"]},
+                    "file": {"type": "string", "format": "binary"},
+                },
+            }
+        }
+    },
+}
+
+
+def _json_body(operation: dict[str, Any], name: str) -> None:
+    ref = {"$ref": _REF.format(model=name)}
+    operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref}}}
+
+
+def _document_completion(operation: dict[str, Any], body: str, settings: Settings) -> None:
+    _json_body(operation, body)
+    operation.setdefault("parameters", []).append({
+        "name": BAND_HEADER, "in": "header", "required": False,
+        "description": "queue in this priority band instead of the key's default "
+                       "(only a band the key is entitled to)",
+        "schema": {"type": "string", "enum": list(settings.bands)},
+    })  # fmt: skip
+    operation["responses"]["200"] = {
+        "description": "the engine's response; with stream: true, Server-Sent Events",
+        "content": {"application/json": {}, "text/event-stream": {}},
+    }
+
+
+def _document_errors(operation: dict[str, Any]) -> None:
+    responses = operation.setdefault("responses", {})
+    responses.pop("422", None)  # FastAPI's own validation error: the gateway answers 400
+    error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    for status, description in _ERRORS.items():
+        responses.setdefault(status, {"description": description, "content": error})

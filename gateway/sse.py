@@ -1,0 +1,238 @@
+"""The streaming hot path: result-stream entries to Server-Sent Events, bytes as they are.
+
+Each chunk entry already holds complete ``data: {...}\\n\\n`` events as the engine
+sent them, so chunks pass through without JSON parsing, logging or Redis calls
+of their own. Whatever the reader delivered since the last write goes out as one
+body message, so a burst of tokens costs one ``send``. The end event adds an
+error event when the job did not complete (see ``outcomes``), then ``[DONE]``.
+While nothing arrives (queued, or a slow first token) a comment line at least
+every ``HEARTBEAT_S`` keeps proxies from closing an idle connection. One timer
+per stream, re-armed twice per period, watches for the lull: a token costs no
+timer of its own.
+
+Under uvicorn, a token that arrives while the stream's task waits idle is written
+to the client by the result reader itself (the mailbox's handler, a
+``body_writer``): no wake-up of the task, no ASGI ``send`` coroutine. Everything
+else (the end, a heartbeat, a resumed entry's first events, a client that reads
+slower than tokens come) goes through the task, and the mailbox keeps the order.
+
+Every event carries an SSE ``id``: ``<result entry id>.<n>``, the n-th event of
+that entry (``0-7.2``). A client that lost its connection sends the last id it
+saw as ``Last-Event-ID`` to ``GET /v1/jobs/{id}/stream`` and gets exactly the
+events after it (``resume_point``): nothing twice, nothing missing, even when
+the connection broke in the middle of an entry's events. The ids cost one
+split and join per entry, no parsing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+
+import orjson
+from starlette.responses import Response
+from starlette.types import Message, Receive, Scope, Send
+
+from broker.errors import InvalidRequest
+from broker.process.mailbox import Mailbox
+from broker.results import ResultEvent
+from gateway.body_writer import BodyWriter, body_writer
+from gateway.errors import JOB_HEADER
+from gateway.followed import FollowedJob
+from gateway.outcomes import SHUTDOWN, ended_error
+
+HEARTBEAT_S = 15.0
+# The scope key of the server's own ``send`` (``app._GatewayApp``), for the body messages.
+SERVER_SEND = "fairq.server_send"
+_KEEPALIVE = b": keep-alive\n\n"
+_DONE = b"data: [DONE]\n\n"
+_LULL = ResultEvent(b"lull")  # put in a mailbox by _Heartbeat: nothing came for a while
+_GONE = ResultEvent(b"gone")  # put in a mailbox by _watch_disconnect: the client left
+_EVENT_ID = re.compile(r"^(\d{1,20}-\d{1,20})(?:\.(\d{1,9}))?$")
+
+
+def resume_point(last_event_id: str | None) -> tuple[bytes, int]:
+    """The result entry to resume from and how many of its events the client has seen.
+
+    ``None`` (a first connection) gives (``0-0``, 0): everything.
+    """
+    if not last_event_id:
+        return b"0-0", 0
+    match = _EVENT_ID.match(last_event_id.strip())
+    if match is None:
+        raise InvalidRequest(
+            f"Last-Event-ID {last_event_id[:40]!r} is not an event id of this stream "
+            "(expected the id of the last event received, like '0-7.2')"
+        )
+    entry, index = match.groups()
+    return entry.encode(), 0 if index is None else int(index) + 1
+
+
+def _with_ids(entry_id: bytes, events: bytes, skip: int = 0) -> bytes:
+    """The entry's events, each with its id; the first ``skip`` left out (seen already)."""
+    if not skip and events.count(b"\n\n") == 1:  # the usual entry: one token's event
+        return b"id: %s.0\n%s" % (entry_id, events)
+    parts = events.split(b"\n\n")
+    parts.pop()  # what follows the last event's blank line: nothing
+    prefix = b"id: " + entry_id + b"."
+    return b"".join([prefix + b"%d\n" % i + e + b"\n\n" for i, e in enumerate(parts) if i >= skip])
+
+
+class _Heartbeat:
+    """Puts ``_LULL`` in a stream's mailbox when no event arrived for half a period twice."""
+
+    def __init__(self, events: Mailbox[ResultEvent]) -> None:
+        self.batches = 0  # counted by the stream as it takes or writes events
+        self._seen = -1
+        self._events = events
+        self._loop = asyncio.get_running_loop()
+        self._handle = self._loop.call_later(HEARTBEAT_S / 2, self._tick)
+
+    def _tick(self) -> None:
+        if self.batches == self._seen and self._events.empty():
+            self._events.put_nowait(_LULL)
+        self._seen = self.batches
+        self._handle = self._loop.call_later(HEARTBEAT_S / 2, self._tick)
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+
+def _to_send(batch: list[ResultEvent]) -> list[ResultEvent] | None:
+    """Of the events that have arrived, those to send: up to the first that ends the
+    stream; None on a lull."""
+    if batch[0] is _LULL:  # put only into an empty mailbox: first if at all
+        del batch[0]
+        if not batch:
+            return None
+    for index, event in enumerate(batch):
+        if event.end is not None or event is SHUTDOWN or event is _GONE:
+            return batch[: index + 1]  # nothing after it is sent
+    return batch
+
+
+def _end_frame(event: ResultEvent, skip: int = 0) -> bytes:
+    error = ended_error(event)
+    frame = _DONE if error is None else b"data: " + orjson.dumps(error.to_body()) + b"\n\n" + _DONE
+    return frame if event is SHUTDOWN else _with_ids(event.id, frame, skip)
+
+
+def _frames(batch: list[ResultEvent], job: FollowedJob) -> bytes:
+    out = []
+    for event in batch:
+        skip = 0
+        if job.skip and event.id == job.resume_entry:
+            skip, job.skip = job.skip, 0
+        if event.chunk is not None:
+            out.append(_with_ids(event.id, event.chunk, skip))
+        elif event.end is not None or event is SHUTDOWN:
+            out.append(_end_frame(event, skip))
+    return b"".join(out)
+
+
+async def _send_events(job: FollowedJob, send: Send, write: BodyWriter | None) -> None:
+    """Send the job's events as they arrive, until its end, a shutdown or the client leaves.
+
+    With ``write``, the reader writes the tokens that find this task idle itself.
+    """
+    heartbeat = _Heartbeat(job.events)
+    if write is not None:
+        job.events.handler = _write_at_once(job, heartbeat, write)
+    try:
+        while True:
+            batch = _to_send(await job.events.take())
+            heartbeat.batches += 1
+            if batch is None:
+                await send(_body(_KEEPALIVE))
+                continue
+            last = batch[-1]
+            if last is _GONE:
+                return  # job.ended stays False: release cancels the job
+            data = _frames(batch, job)
+            if last.end is not None:
+                job.ended = True  # before the write: a client leaving now cancels nothing
+                await send(_body(data))
+                return
+            if last is SHUTDOWN:
+                await send(_body(data))  # job.ended stays False: release cancels the job
+                return
+            if data:
+                job.delivered = True
+                await send(_body(data))
+    finally:
+        job.events.handler = None
+        heartbeat.cancel()
+
+
+def _write_at_once(
+    job: FollowedJob, heartbeat: _Heartbeat, write: BodyWriter
+) -> Callable[[ResultEvent], bool]:
+    """The mailbox's handler: a token's event straight to the client, if it can go now."""
+
+    def handle(event: ResultEvent) -> bool:
+        if event.chunk is None or job.skip or not write(_with_ids(event.id, event.chunk)):
+            return False  # not a plain token, a resumed entry, or the client must catch up
+        job.delivered = True
+        heartbeat.batches += 1
+        return True
+
+    return handle
+
+
+def _body(data: bytes) -> Message:
+    return {"type": "http.response.body", "body": data, "more_body": True}
+
+
+async def _watch_disconnect(receive: Receive, events: Mailbox[ResultEvent]) -> None:
+    """Put ``_GONE`` in the job's mailbox once the server reports the client gone."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    events.put_nowait(_GONE)
+
+
+class JobStreamResponse(Response):
+    """An SSE response that releases its job however the response ends.
+
+    A plain ASGI response rather than Starlette's ``StreamingResponse``, which runs a
+    task group and a body generator for each response and passes every chunk through
+    both. Here the task that sends also takes the events from the job's mailbox, and
+    one small task per response waits for the client's disconnect (the ASGI server
+    reports it only through ``receive``) and ends the stream through the mailbox.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(self, job: FollowedJob) -> None:
+        # Response.__init__ would add a content-length: this body's length is not known.
+        self.status_code = 200
+        self.background = None
+        self.body = b""
+        self.raw_headers = [
+            (JOB_HEADER.lower().encode(), job.id.encode()),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+        ]
+        self.job = job
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        watcher = asyncio.create_task(_watch_disconnect(receive, self.job.events))
+        try:
+            start = {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
+            await send(start)  # through every middleware: they see the response begin
+            # The body goes straight to the server, past middlewares that only watch the
+            # start (none of ours changes a body; one that did would have to be outermost).
+            send_body: Send = scope.get(SERVER_SEND, send)
+            write = body_writer(send_body)
+            # The events go out from a task of their own: a token that does not find it idle
+            # (or any token, without ``write``) wakes the task that sends it, and a wake-up
+            # reaches a coroutine through every frame that awaits it. Here that would be ~18
+            # frames of middlewares and routing, twice per token.
+            await asyncio.create_task(_send_events(self.job, send_body, write))
+            await send_body({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:
+            pass  # the client is gone (a server that reports it by failing the send)
+        finally:
+            watcher.cancel()
+            await self.job.gateway.finish(self.job.release())

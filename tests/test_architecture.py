@@ -1,0 +1,204 @@
+"""The arrows of ``../shared/DESIGN.md``, section "Shape", held by reading every import.
+
+Every service imports broker; broker imports no service; services never import each
+other (they meet only through Redis); ``fairq`` (the command and local stack) is the
+composition root and may import them all. No module of the product imports itself back
+through others (no circle), counting imports made inside functions too.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVICES = ("gateway", "batch", "dispatcher", "workers")
+PRODUCT = ("broker", *SERVICES, "fairq")
+# Names of broker a service must not use: the Lua scripts are called through their typed
+# wrappers in broker's stores, and the lean connection's internals stay in the transport.
+BROKER_INTERNALS = ("broker.lua", "broker.redis.resp", "broker.redis.packed")
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def product_modules(root: Path, packages: tuple[str, ...] = PRODUCT) -> dict[str, Path]:
+    found = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            found[module_name(root, path)] = path
+    return found
+
+
+def imported(tree: ast.AST, here: str, is_package: bool, known: set[str]) -> Iterator[str]:
+    """The modules of ``known`` that a module's code imports, at any depth of its code."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield from _known_prefix(alias.name, known)
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node, here, is_package)
+            for alias in node.names:
+                submodule = f"{base}.{alias.name}"
+                yield from _known_prefix(submodule if submodule in known else base, known)
+
+
+def _absolute(node: ast.ImportFrom, here: str, is_package: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    parent = here.split(".")
+    parent = parent if is_package else parent[:-1]
+    parent = parent[: len(parent) - (node.level - 1)]
+    return ".".join([*parent, *([node.module] if node.module else [])])
+
+
+def _known_prefix(name: str, known: set[str]) -> Iterator[str]:
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:end])
+        if candidate in known:
+            yield candidate
+            return
+
+
+def import_graph(root: Path, packages: tuple[str, ...] = PRODUCT) -> dict[str, set[str]]:
+    modules = product_modules(root, packages)
+    known = set(modules)
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        is_package = path.name == "__init__.py"
+        graph[name] = set(imported(tree, name, is_package, known)) - {name}
+    return graph
+
+
+def forbidden_arrows(graph: dict[str, set[str]]) -> list[str]:
+    """Each import that breaks the rules, as ``importer -> imported``."""
+    wrong = []
+    for importer, targets in graph.items():
+        source = importer.split(".")[0]
+        for target in sorted(targets):
+            if not _allowed(source, target):
+                wrong.append(f"{importer} -> {target}")
+    return wrong
+
+
+def _allowed(source: str, target: str) -> bool:
+    package = target.split(".")[0]
+    if source == "fairq" or package == source:
+        return True
+    if package != "broker":
+        return False  # broker imports no service; services never import each other
+    return not any(target == inner or target.startswith(inner + ".") for inner in BROKER_INTERNALS)
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+# -- the product ----------------------------------------------------------------------
+
+
+def test_every_package_of_the_shape_exists() -> None:
+    modules = product_modules(ROOT)
+    assert set(PRODUCT) <= set(modules), "a package of DESIGN.md's Shape is missing"
+
+
+def test_no_import_breaks_the_arrows_of_the_shape() -> None:
+    assert forbidden_arrows(import_graph(ROOT)) == []
+
+
+def test_no_module_imports_itself_back() -> None:
+    assert circles(import_graph(ROOT)) == []
+
+
+# -- the checker, on planted imports ---------------------------------------------------
+
+
+def _tree(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+@pytest.fixture
+def clean(tmp_path: Path) -> Path:
+    _tree(
+        tmp_path,
+        {
+            "broker/__init__.py": "from broker.keys import ready\n",
+            "broker/keys.py": "def ready(): ...\n",
+            "broker/lua/__init__.py": "",
+            "gateway/__init__.py": "from broker import keys\n",
+            "batch/__init__.py": "import broker.keys\n",
+            "dispatcher/__init__.py": "from . import fair\n",
+            "dispatcher/fair.py": "from broker.keys import ready\n",
+            "workers/__init__.py": "",
+            "fairq/__init__.py": "import gateway, batch, dispatcher, workers\n",
+        },
+    )
+    return tmp_path
+
+
+def test_the_checker_passes_a_clean_tree(clean: Path) -> None:
+    graph = import_graph(clean)
+    assert graph["fairq"] == {"gateway", "batch", "dispatcher", "workers"}
+    assert graph["dispatcher"] == {"dispatcher.fair"}
+    assert forbidden_arrows(graph) == []
+    assert circles(graph) == []
+
+
+@pytest.mark.parametrize(
+    ("path", "line", "arrow"),
+    [
+        ("broker/keys.py", "from gateway import x", "broker.keys -> gateway"),
+        ("gateway/__init__.py", "import dispatcher.fair", "gateway -> dispatcher.fair"),
+        ("workers/__init__.py", "def f():\n    from batch import y", "workers -> batch"),
+        ("dispatcher/fair.py", "from broker.lua import s", "dispatcher.fair -> broker.lua"),
+    ],
+)
+def test_the_checker_finds_a_planted_forbidden_import(
+    clean: Path, path: str, line: str, arrow: str
+) -> None:
+    target = clean / path
+    target.write_text(target.read_text() + line + "\n")
+    assert forbidden_arrows(import_graph(clean)) == [arrow]
+
+
+def test_the_checker_finds_a_planted_circle(clean: Path) -> None:
+    (clean / "broker/keys.py").write_text("import broker\n")
+    assert circles(import_graph(clean)) == [["broker", "broker.keys"]]
