@@ -38,8 +38,8 @@ from broker import (
     lean_link,
     stop_task,
 )
-from broker.cluster import SlotConnections, slot_groups
 from broker.execution import Reclaim, Reclaimed
+from broker.redis.cluster import SlotConnections, slot_groups
 from workers import metrics
 from workers.cancel import CancelListener
 from workers.deadlines import DeadlineSweeper
