@@ -9,6 +9,7 @@ through others (no circle), counting imports made inside functions too.
 from __future__ import annotations
 
 import ast
+import graphlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -89,44 +90,21 @@ def forbidden_arrows(graph: dict[str, set[str]]) -> list[str]:
 
 
 def _allowed(source: str, target: str) -> bool:
-    package = target.split(".")[0]
-    if source == "fairq" or package == source:
+    package = target.split(".", maxsplit=1)[0]
+    if source in ("fairq", package):
         return True
     if package != "broker":
         return False  # broker imports no service; services never import each other
     return not any(target == inner or target.startswith(inner + ".") for inner in BROKER_INTERNALS)
 
 
-def circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    groups: list[list[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        for target in sorted(graph.get(node, ())):
-            if target not in index:
-                visit(target)
-                low[node] = min(low[node], low[target])
-            elif target in stack:
-                low[node] = min(low[node], index[target])
-        if low[node] == index[node]:
-            group = []
-            while True:
-                member = stack.pop()
-                group.append(member)
-                if member == node:
-                    break
-            if len(group) > 1:
-                groups.append(sorted(group))
-
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
-    return groups
+def circle(graph: dict[str, set[str]]) -> list[str]:
+    """One import circle (its modules, sorted), or [] if none."""
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as exc:
+        return sorted(exc.args[1][:-1])
+    return []
 
 
 # -- the product ----------------------------------------------------------------------
@@ -142,7 +120,7 @@ def test_no_import_breaks_the_arrows_of_the_shape() -> None:
 
 
 def test_no_module_imports_itself_back() -> None:
-    assert circles(import_graph(ROOT)) == []
+    assert circle(import_graph(ROOT)) == []
 
 
 # -- the checker, on planted imports ---------------------------------------------------
@@ -179,7 +157,7 @@ def test_the_checker_passes_a_clean_tree(clean: Path) -> None:
     assert graph["fairq"] == {"gateway", "batch", "dispatcher", "workers"}
     assert graph["dispatcher"] == {"dispatcher.fair"}
     assert forbidden_arrows(graph) == []
-    assert circles(graph) == []
+    assert circle(graph) == []
 
 
 @pytest.mark.parametrize(
@@ -201,4 +179,4 @@ def test_the_checker_finds_a_planted_forbidden_import(
 
 def test_the_checker_finds_a_planted_circle(clean: Path) -> None:
     (clean / "broker/keys.py").write_text("import broker\n")
-    assert circles(import_graph(clean)) == [["broker", "broker.keys"]]
+    assert circle(import_graph(clean)) == ["broker", "broker.keys"]

@@ -1,0 +1,580 @@
+"""deploy/k8s: every overlay renders, validates offline and deploys a working fairq.
+
+Each overlay is rendered with ``kubectl kustomize`` where kubectl is installed, else
+with the Python renderer of test_k8s_kustomize.py (which a test there checks against
+kubectl). Built-in kinds are validated against the Kubernetes OpenAPI schemas that
+the kubernetes-validate package bundles (strict: unknown fields fail), for the oldest
+and newest Kubernetes we claim. The CRDs (KEDA, Prometheus Operator) have no bundled
+schema: they are checked against the minimal JSON schemas below (the fields we use
+and their types), not against the operators' full CRDs.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import fnmatch
+import os
+import tomllib
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from dockerfile_parse import DockerfileParser
+
+from broker import keys
+from broker.settings import Settings, load_settings
+from fairq import k8s
+from fairq.cli import main as fairq_cli
+from tests.support.kustomize import K8S_DIR, OVERLAYS, has_kubectl, kubectl_kustomize, kustomize
+
+ROOT = K8S_DIR.parent.parent
+KUBERNETES_VERSIONS = ("1.29.0", "1.37.0")  # oldest supported (docs/operations.md), newest
+Obj = dict[str, Any]
+
+
+@cache
+def _render(overlay: str) -> tuple[Obj, ...]:
+    path = K8S_DIR / "overlays" / overlay
+    return tuple(kubectl_kustomize(path) if has_kubectl() else kustomize(path))
+
+
+def rendered(overlay: str) -> list[Obj]:
+    return copy.deepcopy(list(_render(overlay)))
+
+
+def of_kind(objects: list[Obj], kind: str) -> list[Obj]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def named(objects: list[Obj], kind: str, name: str) -> Obj:
+    return next(o for o in of_kind(objects, kind) if o["metadata"]["name"] == name)
+
+
+def pod_specs(objects: list[Obj]) -> list[tuple[Obj, Obj]]:
+    return [
+        (o, o["spec"]["template"]["spec"])
+        for o in objects
+        if o["kind"] in ("Deployment", "StatefulSet", "DaemonSet")
+    ]
+
+
+def fairq_containers(objects: list[Obj]) -> list[tuple[Obj, Obj, Obj]]:
+    """(workload, pod spec, container) of every container running the fairq image."""
+    return [
+        (workload, pod, container)
+        for workload, pod in pod_specs(objects)
+        for container in pod["containers"]
+        if container["image"].split(":")[0].rsplit("/", 1)[-1] == "fairq"
+    ]
+
+
+def source_models() -> list[str]:
+    return [m.name for m in k8s.load_source(K8S_DIR / "fairq.yaml")[1]]
+
+
+# -- the generated files ----------------------------------------------------------------
+
+
+def test_generated_files_match_a_fresh_render_of_fairq_yaml() -> None:
+    assert k8s.stale(K8S_DIR) == [], "run `fairq k8s render` and commit the result"
+
+
+def test_render_writes_one_engine_file_per_model_and_drops_a_removed_one(tmp_path: Path) -> None:
+    source = yaml.safe_load((K8S_DIR / "fairq.yaml").read_text())
+    source["models"].append({"name": "org/New-Model:v2", "k8s": {"pods": 2}})
+    (tmp_path / "fairq.yaml").write_text(yaml.safe_dump(source))
+    (tmp_path / "engines" / "vllm").mkdir(parents=True)
+    (tmp_path / "engines" / "vllm" / "gone.yaml").write_text("{}\n")
+    k8s.write(tmp_path)
+    new = yaml.safe_load_all((tmp_path / "engines/vllm/org-new-model-v2.yaml").read_text())
+    names = sorted(f"{d['kind']}/{d['metadata']['name']}" for d in new)
+    assert names == [
+        "Deployment/engine-org-new-model-v2-0", "Deployment/engine-org-new-model-v2-1",
+        "Service/engine-org-new-model-v2-0", "Service/engine-org-new-model-v2-1",
+    ]  # fmt: skip
+    assert not (tmp_path / "engines/vllm/gone.yaml").exists()
+    config = yaml.safe_load((tmp_path / "base/fairq.yaml").read_text())
+    assert config["models"][-1]["endpoints"] == [
+        "http://engine-org-new-model-v2-0:8000", "http://engine-org-new-model-v2-1:8000"
+    ]  # fmt: skip
+
+
+def test_render_rejects_two_models_with_the_same_kubernetes_name(tmp_path: Path) -> None:
+    (tmp_path / "fairq.yaml").write_text(
+        yaml.safe_dump({"models": [{"name": "a.b"}, {"name": "a-b"}]})
+    )
+    with pytest.raises(ValueError, match="same Kubernetes name"):
+        k8s.render(tmp_path)
+
+
+def test_render_rejects_an_invalid_fairq_model_entry(tmp_path: Path) -> None:
+    (tmp_path / "fairq.yaml").write_text(
+        yaml.safe_dump({"models": [{"name": "m", "policy": "lottery"}]})
+    )
+    with pytest.raises(ValueError, match="policy"):
+        k8s.render(tmp_path)
+
+
+# -- schemas ----------------------------------------------------------------------------
+
+_STR = {"type": "string", "minLength": 1}
+_SELECTOR = {"type": "object", "required": ["matchLabels"],
+             "properties": {"matchLabels": {"type": "object"}}}  # fmt: skip
+_META = {"type": "object", "required": ["name", "namespace"],
+         "properties": {"name": _STR, "namespace": _STR}}  # fmt: skip
+
+
+def _crd(api_version: str, spec: Obj) -> Obj:
+    return {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {"apiVersion": {"const": api_version}, "metadata": _META, "spec": spec},
+    }
+
+
+CRD_SCHEMAS = {
+    "ScaledObject": _crd("keda.sh/v1alpha1", {
+        "type": "object",
+        "required": ["scaleTargetRef", "triggers"],
+        "properties": {
+            "scaleTargetRef": {"type": "object", "required": ["name"],
+                               "properties": {"name": _STR}},
+            "minReplicaCount": {"type": "integer", "minimum": 0},
+            "maxReplicaCount": {"type": "integer", "minimum": 1},
+            "pollingInterval": {"type": "integer"},
+            "cooldownPeriod": {"type": "integer"},
+            "advanced": {"type": "object", "properties": {"scalingModifiers": {
+                "type": "object", "required": ["formula", "target"],
+                "properties": {"formula": _STR, "target": _STR,
+                               "metricType": {"enum": ["AverageValue", "Value"]}},
+                "additionalProperties": False}}},
+            "triggers": {"type": "array", "minItems": 1, "items": {
+                "type": "object", "required": ["type", "metadata"],
+                "properties": {
+                    "type": _STR, "name": _STR,
+                    "metadata": {"type": "object",
+                                 "additionalProperties": {"type": "string"}},
+                    "authenticationRef": {"type": "object", "required": ["name"]}},
+                "additionalProperties": False}},
+        },
+        "additionalProperties": False,
+    }),
+    "TriggerAuthentication": _crd("keda.sh/v1alpha1", {
+        "type": "object",
+        "properties": {"secretTargetRef": {"type": "array", "items": {
+            "type": "object", "required": ["parameter", "name", "key"],
+            "properties": {"parameter": _STR, "name": _STR, "key": _STR},
+            "additionalProperties": False}}},
+    }),
+    "PodMonitor": _crd("monitoring.coreos.com/v1", {
+        "type": "object",
+        "required": ["selector", "podMetricsEndpoints"],
+        "properties": {"selector": _SELECTOR, "podMetricsEndpoints": {
+            "type": "array", "minItems": 1,
+            "items": {"type": "object", "required": ["port"]}}},
+    }),
+    "ServiceMonitor": _crd("monitoring.coreos.com/v1", {
+        "type": "object",
+        "required": ["selector", "endpoints"],
+        "properties": {"selector": _SELECTOR, "endpoints": {
+            "type": "array", "minItems": 1,
+            "items": {"type": "object", "required": ["port"]}}},
+    }),
+}  # fmt: skip
+
+
+def validate(obj: Obj) -> None:
+    """Raise unless ``obj`` is valid for every claimed Kubernetes version (or CRD schema)."""
+    if obj["kind"] in CRD_SCHEMAS:
+        jsonschema.validate(obj, CRD_SCHEMAS[obj["kind"]])
+        return
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_of_the_overlay_is_valid(overlay: str) -> None:
+    objects = rendered(overlay)
+    assert objects
+    for obj in objects:
+        try:
+            validate(obj)
+        except (kubernetes_validate.ValidationError, jsonschema.ValidationError) as exc:
+            name = f"{obj['kind']}/{obj['metadata']['name']}"
+            pytest.fail(f"{overlay}: {name}: {exc.message} at {list(exc.path)}")
+
+
+def test_the_validation_catches_a_misspelled_field_and_a_wrong_type() -> None:
+    deployment = named(rendered("production"), "Deployment", "gateway")
+    validate(deployment)
+    misspelled = copy.deepcopy(deployment)
+    misspelled["spec"]["replica"] = 2
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(misspelled)
+    scaled = copy.deepcopy(named(rendered("production"), "ScaledObject", "worker"))
+    scaled["spec"]["triggers"][0]["metadata"]["pendingEntriesCount"] = 48
+    with pytest.raises(jsonschema.ValidationError):
+        validate(scaled)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_namespaced_object_lands_in_the_fairq_namespace(overlay: str) -> None:
+    for obj in rendered(overlay):
+        if obj["kind"] != "Namespace":
+            assert obj["metadata"].get("namespace") == "fairq", obj["metadata"]["name"]
+
+
+# -- fairq's settings -------------------------------------------------------------------
+
+
+def settings_env_names() -> set[str]:
+    """FAIRQ_* names pydantic-settings reads: the prefix and every field of Settings."""
+    prefix = Settings.model_config["env_prefix"]
+    return {f"{prefix}{name}".upper() for name in Settings.model_fields}
+
+
+def test_the_settings_names_come_from_the_model() -> None:
+    names = settings_env_names()
+    assert {"FAIRQ_REDIS_URL", "FAIRQ_API_KEYS", "FAIRQ_MODELS"} <= names
+    assert "FAIRQ_CONFIG" not in names  # read by settings_customise_sources, checked below
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_env_var_of_a_fairq_container_is_a_real_setting(overlay: str) -> None:
+    valid = settings_env_names() | {"FAIRQ_CONFIG"}
+    seen = 0
+    for workload, _, container in fairq_containers(rendered(overlay)):
+        for env in container.get("env", []):
+            seen += 1
+            assert env["name"] in valid, f"{workload['metadata']['name']}: {env['name']}"
+        assert "envFrom" not in container  # every name is listed, so every name is checked
+    assert seen > 0
+
+
+def _secret_value(objects: list[Obj], ref: Obj) -> str:
+    secret = named(objects, "Secret", ref["name"])
+    if ref["key"] in secret.get("stringData", {}):
+        return str(secret["stringData"][ref["key"]])
+    return base64.b64decode(secret["data"][ref["key"]]).decode()
+
+
+def _container_env(objects: list[Obj], pod: Obj, container: Obj, root: Path) -> dict[str, str]:
+    """The environment Kubernetes would give the container, with its mounted config
+    files written under ``root`` (FAIRQ_CONFIG points there)."""
+    mounts = {m["name"]: m["mountPath"] for m in container.get("volumeMounts", [])}
+    for volume in pod.get("volumes", []):
+        if "configMap" in volume and volume["name"] in mounts:
+            data = named(objects, "ConfigMap", volume["configMap"]["name"])["data"]
+            for key, text in data.items():
+                target = root / mounts[volume["name"]].lstrip("/") / key
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(text)
+    env = {}
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        else:
+            env[item["name"]] = _secret_value(objects, item["valueFrom"]["secretKeyRef"])
+    env["FAIRQ_CONFIG"] = str(root / env["FAIRQ_CONFIG"].lstrip("/"))
+    return env
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_fairq_container_loads_valid_settings_from_its_manifests(
+    overlay: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    objects = rendered(overlay)
+    services = [c for c in fairq_containers(objects) if c[2]["args"][0] != "sim"]
+    assert services
+    for i, (workload, pod, container) in enumerate(services):
+        for name in [n for n in os.environ if n.startswith("FAIRQ_")]:
+            monkeypatch.delenv(name)
+        env = _container_env(objects, pod, container, tmp_path / str(i))
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        settings = load_settings()
+        assert [m.name for m in settings.models] == source_models(), workload["metadata"]
+        assert settings.require_redis_url().startswith(("redis://", "rediss://"))
+
+
+# -- engines: one Deployment and Service per model and pod ------------------------------
+
+
+def _selects(selector: Obj, labels: Obj) -> bool:
+    if not selector:
+        return True
+    expressions = selector.get("matchExpressions", [])
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items()) and all(
+        (labels.get(e["key"]) in e["values"]) == (e["operator"] == "In") for e in expressions
+    )
+
+
+def _config(objects: list[Obj]) -> Obj:
+    (config_map,) = [c for c in of_kind(objects, "ConfigMap") if "fairq.yaml" in c["data"]]
+    config: Obj = yaml.safe_load(config_map["data"]["fairq.yaml"])
+    return config
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_model_endpoint_is_a_service_in_front_of_its_models_engine(overlay: str) -> None:
+    objects = rendered(overlay)
+    models = _config(objects)["models"]
+    assert [m["name"] for m in models] == source_models()
+    for model in models:
+        for url in model["endpoints"]:
+            host, port = url.removeprefix("http://").split(":")
+            service = named(objects, "Service", host)
+            assert int(port) in [p["port"] for p in service["spec"]["ports"]]
+            engines = [
+                (w, pod)
+                for w, pod in pod_specs(objects)
+                if _selects(
+                    {"matchLabels": service["spec"]["selector"]},
+                    w["spec"]["template"]["metadata"]["labels"],
+                )
+            ]
+            assert len(engines) == 1, f"{host}: one Deployment behind each endpoint"
+            workload, pod = engines[0]
+            labels = workload["spec"]["template"]["metadata"]["labels"]
+            assert labels["fairq.io/model"] == k8s.label_value(model["name"])
+            assert labels["app.kubernetes.io/component"] == "engine"
+            _check_engine_container(pod["containers"][0], model["name"])
+
+
+def _check_engine_container(container: Obj, model: str) -> None:
+    args = container["args"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    if container["image"].startswith("vllm/vllm-openai"):
+        # The served name is what clients send and fairq passes through unchanged.
+        assert args[args.index("--served-model-name") + 1] == model
+        assert container["resources"]["limits"]["nvidia.com/gpu"] >= 1
+    else:
+        assert args[0] == "sim" and args[args.index("--model") + 1] == model
+
+
+def test_the_simulator_overlay_asks_for_no_gpu_and_production_for_one_per_engine() -> None:
+    def gpus(overlay: str) -> int:
+        return sum(
+            int(c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
+            for _, pod in pod_specs(rendered(overlay))
+            for c in pod["containers"]
+        )
+
+    assert gpus("simulator") == 0
+    assert gpus("production") >= len(source_models())
+
+
+# -- probes, resources, security --------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_container_has_a_readiness_probe_and_resource_requests(overlay: str) -> None:
+    for workload, pod in pod_specs(rendered(overlay)):
+        for container in pod["containers"]:
+            where = f"{workload['metadata']['name']}/{container['name']}"
+            assert "readinessProbe" in container, where
+            assert {"cpu", "memory"} <= set(container["resources"]["requests"]), where
+            assert "memory" in container["resources"].get("limits", {}), where
+            if any(p["name"] == "http" for p in container.get("ports", [])):
+                assert "livenessProbe" in container, f"{where} serves HTTP: probe its liveness"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_fairq_pods_run_as_the_images_non_root_user(overlay: str) -> None:
+    for workload, pod, container in fairq_containers(rendered(overlay)):
+        assert pod["securityContext"]["runAsNonRoot"] is True, workload["metadata"]["name"]
+        assert pod["securityContext"]["runAsUser"] == 10001  # USER in the Dockerfile
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_fairq_container_runs_a_fairq_command(overlay: str) -> None:
+    commands = set(fairq_cli.commands)
+    for workload, _, container in fairq_containers(rendered(overlay)):
+        command = container["args"][0]
+        if command == "batch-worker" and command not in commands:
+            continue  # comes with the batch work; test_batch_worker_command_exists says so
+        assert command in commands, workload["metadata"]["name"]
+        probe = container.get("readinessProbe", {}).get("exec", {}).get("command")
+        if probe:
+            assert probe[:3] == ["fairq", "k8s", "probe"]
+
+
+def test_batch_worker_command_exists() -> None:
+    if "batch-worker" not in fairq_cli.commands:
+        pytest.skip("`fairq batch-worker` is not in this branch yet (the RQ batch work adds it)")
+    assert "batch-worker" in fairq_cli.commands
+
+
+def test_every_deployment_with_more_than_one_replica_has_a_disruption_budget() -> None:
+    objects = rendered("production")
+    budgets = of_kind(objects, "PodDisruptionBudget")
+    for workload in of_kind(objects, "Deployment"):
+        if workload["spec"]["replicas"] > 1:
+            labels = workload["spec"]["template"]["metadata"]["labels"]
+            assert any(_selects(b["spec"]["selector"], labels) for b in budgets), workload
+
+
+# -- network policies -------------------------------------------------------------------
+
+
+def _allowed_sources(objects: list[Obj], labels: Obj) -> list[Obj]:
+    """The ``from`` peers of every ingress rule that selects a pod with ``labels``;
+    a rule without ``from`` allows every source and shows as ``{}``."""
+    peers: list[Obj] = []
+    for policy in of_kind(objects, "NetworkPolicy"):
+        if _selects(policy["spec"]["podSelector"], labels):
+            for rule in policy["spec"].get("ingress", []):
+                peers += rule.get("from", [{}])
+    return peers
+
+
+def _labels_of(objects: list[Obj], component: str) -> Obj:
+    return next(
+        w["spec"]["template"]["metadata"]["labels"]
+        for w, _ in pod_specs(objects)
+        if w["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == component
+    )
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_network_policies_expose_only_the_gateway(overlay: str) -> None:
+    objects = rendered(overlay)
+    assert any(
+        p["spec"]["podSelector"] == {} and "ingress" not in p["spec"]
+        for p in of_kind(objects, "NetworkPolicy")
+    ), "a default deny of ingress"
+    components = {
+        w["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+        for w, _ in pod_specs(objects)
+    }
+    for component in components:
+        open_to_all = {} in _allowed_sources(objects, _labels_of(objects, component))
+        assert open_to_all == (component == "gateway"), component
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_only_workers_and_dispatchers_reach_the_engine_pods(overlay: str) -> None:
+    objects = rendered(overlay)
+    peers = _allowed_sources(objects, _labels_of(objects, "engine"))
+    pod_peers = [p for p in peers if "podSelector" in p and "namespaceSelector" not in p]
+    assert pod_peers
+    others = [p for p in peers if p not in pod_peers]
+    # Other namespaces only for scraping: the Prometheus component's "monitoring".
+    assert all(
+        p["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
+        for p in others
+    )
+    for component in ("gateway", "batch-worker", "redis", "dispatcher", "worker"):
+        labels = {"app.kubernetes.io/component": component}
+        reaches = any(_selects(p["podSelector"], labels) for p in pod_peers)
+        assert reaches == (component in ("dispatcher", "worker")), component
+
+
+# -- Redis and autoscaling --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", ["production", "simulator"])
+def test_redis_keeps_an_aof_fsynced_every_second_on_a_volume_claim(overlay: str) -> None:
+    redis = named(rendered(overlay), "StatefulSet", "redis")
+    args = redis["spec"]["template"]["spec"]["containers"][0]["args"]
+    options = dict(zip(args[::2], args[1::2], strict=True))
+    assert options["--appendonly"] == "yes"
+    assert options["--appendfsync"] == "everysec"
+    assert options["--maxmemory-policy"] == "noeviction"  # never drop queued jobs
+    (claim,) = redis["spec"]["volumeClaimTemplates"]
+    mounts = redis["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    assert {"name": claim["metadata"]["name"], "mountPath": options["--dir"]} in mounts
+
+
+def test_the_external_redis_overlay_runs_no_redis_and_points_fairq_elsewhere() -> None:
+    objects = rendered("external-redis")
+    assert not of_kind(objects, "StatefulSet")
+    assert "redis:6379" not in _secret_value(objects, {"name": "fairq-redis", "key": "url"})
+
+
+def test_keda_scales_workers_on_every_models_ready_stream() -> None:
+    objects = rendered("production")
+    scaled = named(objects, "ScaledObject", "worker")
+    triggers = scaled["spec"]["triggers"]
+    assert {t["metadata"]["stream"] for t in triggers} == {keys.ready(m) for m in source_models()}
+    assert {t["metadata"]["consumerGroup"] for t in triggers} == {keys.READY_GROUP}
+    assert {t["type"] for t in triggers} == {"redis-streams"}
+    formula = scaled["spec"]["advanced"]["scalingModifiers"]["formula"]
+    assert sorted(formula.split(" + ")) == sorted(t["name"] for t in triggers)
+    assert named(objects, "Deployment", scaled["spec"]["scaleTargetRef"]["name"])
+    auth = named(objects, "TriggerAuthentication", triggers[0]["authenticationRef"]["name"])
+    for ref in auth["spec"]["secretTargetRef"]:
+        assert _secret_value(objects, ref)
+    hpa_targets = {
+        h["spec"]["scaleTargetRef"]["name"] for h in of_kind(objects, "HorizontalPodAutoscaler")
+    }
+    assert "worker" not in hpa_targets, "KEDA makes its own HPA: two would fight"
+
+
+@pytest.mark.parametrize("overlay", ["simulator", "external-redis"])
+def test_without_keda_an_hpa_scales_the_workers(overlay: str) -> None:
+    objects = rendered(overlay)
+    assert not of_kind(objects, "ScaledObject")
+    targets = {
+        h["spec"]["scaleTargetRef"]["name"] for h in of_kind(objects, "HorizontalPodAutoscaler")
+    }
+    assert {"gateway", "worker"} <= targets
+
+
+# -- the image --------------------------------------------------------------------------
+
+
+def test_dockerfile_builds_in_one_stage_and_runs_fairq_unprivileged_from_a_slim_one() -> None:
+    parser = DockerfileParser(path=str(ROOT / "Dockerfile"))
+    stages: list[list[dict[str, Any]]] = []
+    for instruction in parser.structure:
+        if instruction["instruction"] == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append(instruction)
+    assert len(stages) >= 2, "multi-stage: a builder and a final image"
+    final = stages[-1]
+    values = {i["instruction"]: i["value"] for i in final}
+    user = values["USER"].split(":")[0]
+    assert user not in ("0", "root") and user.isdigit(), "a numeric non-root USER"
+    assert values["ENTRYPOINT"] == '["fairq"]'
+    assert any(i["instruction"] == "COPY" and "--from=builder" in i["value"] for i in final)
+    runs = " ".join(i["value"] for i in final if i["instruction"] == "RUN")
+    for tool in ("build-essential", "gcc", "pip install"):
+        assert tool not in runs, f"the final stage must not install {tool}"
+    builder = " ".join(i["value"] for i in stages[0] if i["instruction"] == "RUN")
+    assert "pip wheel" in builder and "pip install" in builder
+
+
+def test_dockerignore_lets_in_every_package_the_wheel_needs() -> None:
+    rules = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = [
+        p.rstrip("*") for p in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    ]
+    for path in ["pyproject.toml", "README.md", *(f"{p}/" for p in packages)]:
+        assert f"!{path}" in rules, f".dockerignore keeps {path} out of the build"
+
+
+def test_every_data_file_of_the_packages_is_declared_package_data() -> None:
+    """The image installs a wheel, not the source tree: a file the code reads at run
+    time (a Lua script, a simulator profile) must be package data or the image lacks it."""
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    declared = pyproject["tool"]["setuptools"]["package-data"]
+    for package in ("broker", "dispatcher", "workers", "fairq"):
+        for file in (ROOT / package).rglob("*"):
+            if not file.is_file() or file.suffix in (".py", ".pyc") or "__pycache__" in file.parts:
+                continue
+            relative = file.relative_to(ROOT / package).as_posix()
+            patterns = declared.get(package, [])
+            assert any(fnmatch.fnmatch(relative, p) for p in patterns), f"{package}/{relative}"
