@@ -77,9 +77,10 @@ async def harvest(ctx: StepContext, lines: list[PendingLine]) -> int:
             record = _record(b, line, st, err, bodies.get(line.job_id))
             counters.append("completed" if record[:1] == b"o" else "failed")
             await ctx.record(
-                keys=record_keys, args=[line.number, counters[-1], record, line.member],
+                keys=record_keys,
+                args=[line.number, counters[-1], record, line.member],
                 client=pipe,
-            )  # fmt: skip
+            )
         recorded = await pipe.execute()
     for (line, _, _), counter, first_time in zip(ended, counters, recorded, strict=True):
         if first_time:  # a line recorded by an earlier pass is not counted again

@@ -69,13 +69,19 @@ class AsyncClient:
         stream_flag = ("2" if wants_usage(body) else "1") if body.get("stream") else "0"
         return await self._queue.submit(
             Submission(
-                model=model, owner=self._principal.user,
-                user=self._principal.end_user(body.get("user")), tenant=self._principal.tenant,
-                band=self._principal.band_for(band), kind=kind, stream_flag=stream_flag,
-                payload=engine_payload(body, job_id, config), job_id=job_id,
-                cost=estimate_cost(body, config), weight=self._principal.weight,
+                model=model,
+                owner=self._principal.user,
+                user=self._principal.end_user(body.get("user")),
+                tenant=self._principal.tenant,
+                band=self._principal.band_for(band),
+                kind=kind,
+                stream_flag=stream_flag,
+                payload=engine_payload(body, job_id, config),
+                job_id=job_id,
+                cost=estimate_cost(body, config),
+                weight=self._principal.weight,
             )
-        )  # fmt: skip
+        )
 
     async def status(self, job_id: str) -> JobRecord:
         return await self._queue.get(job_id, self._principal.user)

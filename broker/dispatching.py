@@ -193,8 +193,9 @@ class DispatchStore:
             for model in models:
                 await self._scripts.unseen(
                     keys=[keys.transit(model), keys.handed(model)],
-                    args=[endpoint, lag_ms, keys.job_prefix(model)], client=pipe,
-                )  # fmt: skip
+                    args=[endpoint, lag_ms, keys.job_prefix(model)],
+                    client=pipe,
+                )
             counts = await pipe.execute()
         return Unseen(sum(int(c[0]) for c in counts), sum(int(c[1]) for c in counts))
 
@@ -226,11 +227,20 @@ class DispatchStore:
         script_keys += [keys.backlog(model, band) for band in bands]
         script_keys += [keys.queue(model, p.band, p.user) for p in picks]
         args: list[str | float | int] = [
-            endpoint, keys.job_prefix(model), self._settings.ready_stream_maxlen,
-            cap, depth, len(bands), int(engine_priority), "" if rate is None else rate,
-            "" if served_cap is None else served_cap, int(served_cap is not None),
-            keys.parked_prefix(model), *(keys.join_field(band) for band in bands), *bands,
-        ]  # fmt: skip
+            endpoint,
+            keys.job_prefix(model),
+            self._settings.ready_stream_maxlen,
+            cap,
+            depth,
+            len(bands),
+            int(engine_priority),
+            "" if rate is None else rate,
+            "" if served_cap is None else served_cap,
+            int(served_cap is not None),
+            keys.parked_prefix(model),
+            *(keys.join_field(band) for band in bands),
+            *bands,
+        ]
         for p in picks:
             score = "cost" if p.score_after is None else p.score_after
             args += [band_number[p.band], p.user, score, p.join_after]
@@ -252,16 +262,27 @@ class DispatchStore:
         its worker is told to drop it. None when no such job is there."""
         reply = await self._scripts.park(
             keys=[
-                keys.ready(model), keys.inflight(model), keys.unstarted(model),
-                keys.user_counts(model), keys.transit(model), keys.queued_counts(model),
+                keys.ready(model),
+                keys.inflight(model),
+                keys.unstarted(model),
+                keys.user_counts(model),
+                keys.transit(model),
+                keys.queued_counts(model),
                 keys.meta(model),
             ],
             args=[
-                endpoint, keys.job_prefix(model), keys.READY_GROUP, keys.parked_prefix(model),
-                keys.backlog_prefix(model), PARK_SCAN, min_jobs, keys.wake_channel(model),
-                keys.cancel_channel(model), keys.results_prefix(model),
+                endpoint,
+                keys.job_prefix(model),
+                keys.READY_GROUP,
+                keys.parked_prefix(model),
+                keys.backlog_prefix(model),
+                PARK_SCAN,
+                min_jobs,
+                keys.wake_channel(model),
+                keys.cancel_channel(model),
+                keys.results_prefix(model),
             ],
-        )  # fmt: skip
+        )
         if not reply:
             return None
         return Parked(reply[0].decode(), reply[1].decode())
@@ -294,9 +315,12 @@ def _counts(flat: list[bytes]) -> dict[str, int]:
 
 
 def _state(
-    bands: Sequence[str], ranges: list[list[bytes | float]], meta_fields: list[bytes | None],
-    inflight: list[bytes], unstarted: list[bytes],
-) -> ModelSnapshot:  # fmt: skip
+    bands: Sequence[str],
+    ranges: list[list[bytes | float]],
+    meta_fields: list[bytes | None],
+    inflight: list[bytes],
+    unstarted: list[bytes],
+) -> ModelSnapshot:
     """A snapshot from flat replies: per band [user, score, ...], the joins and the express
     sequence, [endpoint, n, ...]."""
     *joins, sequence = meta_fields

@@ -107,8 +107,9 @@ class JobFailed(FairqError):
     type = "server_error"
     code = "job_failed"
 
-    def __init__(self, message: str, *, state: str, status: int | None = None,
-                 code: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, message: str, *, state: str, status: int | None = None, code: str | None = None
+    ) -> None:
         super().__init__(message, code=code)
         self.state = state
         if status is not None:

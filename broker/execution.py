@@ -83,12 +83,19 @@ class Claimed:
         cls, model: str, entry_id: bytes, fields: dict[bytes, bytes], worker: str = ""
     ) -> Claimed:
         return cls(
-            model, entry_id, fields[b"j"].decode(), fields[b"p"],
-            RequestKind(fields[b"k"].decode()), fields[b"s"].decode(), fields[b"ep"].decode(),
-            fields[b"b"].decode(), fields[b"u"].decode(),
-            int(fields[b"pr"]) if fields.get(b"pr") else None, worker,
+            model,
+            entry_id,
+            fields[b"j"].decode(),
+            fields[b"p"],
+            RequestKind(fields[b"k"].decode()),
+            fields[b"s"].decode(),
+            fields[b"ep"].decode(),
+            fields[b"b"].decode(),
+            fields[b"u"].decode(),
+            int(fields[b"pr"]) if fields.get(b"pr") else None,
+            worker,
             int(fields[b"rq"]) if fields.get(b"rq") else None,
-        )  # fmt: skip
+        )
 
     @property
     def stream(self) -> bool:
@@ -219,9 +226,8 @@ class ExecutionStore:
         last = b"0-%d" % ((job.resume_seq or 1) - 1)
         entries = await self._redis.xrange(keys.results(job.model, job.job_id), "-", last)
         return [
-            fields[CHUNK_FIELD] for _, fields in replies.entries(entries)
-            if CHUNK_FIELD in fields
-        ]  # fmt: skip
+            fields[CHUNK_FIELD] for _, fields in replies.entries(entries) if CHUNK_FIELD in fields
+        ]
 
     @staticmethod
     def is_duplicate_write(error: Exception) -> bool:
@@ -234,24 +240,41 @@ class ExecutionStore:
         prompt_cost = config.prompt_token_cost if config else 1.0
         output_cost = config.output_token_cost if config else 1.0
         pipe.evalsha(
-            self._scripts.complete.sha, 9,
-            keys.job(model, job.job_id), keys.results(model, job.job_id),
-            keys.ready(model), keys.inflight(model), keys.unstarted(model),
-            keys.backlog(model, job.band), keys.user_counts(model), keys.dead_letters(model),
+            self._scripts.complete.sha,
+            9,
+            keys.job(model, job.job_id),
+            keys.results(model, job.job_id),
+            keys.ready(model),
+            keys.inflight(model),
+            keys.unstarted(model),
+            keys.backlog(model, job.band),
+            keys.user_counts(model),
+            keys.dead_letters(model),
             keys.transit(model),
-            outcome.state.value, keys.READY_GROUP, self._settings.result_ttl_s,
-            keys.wake_channel(model), _json(outcome.error), _json(outcome.usage),
-            outcome.finish_reason or "", outcome.first_token_ms or "",
-            prompt_cost, output_cost, job.user, job.worker,
+            outcome.state.value,
+            keys.READY_GROUP,
+            self._settings.result_ttl_s,
+            keys.wake_channel(model),
+            _json(outcome.error),
+            _json(outcome.usage),
+            outcome.finish_reason or "",
+            outcome.first_token_ms or "",
+            prompt_cost,
+            output_cost,
+            job.user,
+            job.worker,
             job.job_id if outcome.dead_letter else "",
-        )  # fmt: skip
+        )
 
     def add_first(self, pipe: ResultPipeline, model: str, job_id: str) -> None:
         """Queue ``first.lua``: the job's first output is written (it has started)."""
         pipe.evalsha(
-            self._scripts.first.sha, 2,
-            keys.job(model, job_id), keys.unstarted(model), keys.wake_channel(model),
-        )  # fmt: skip
+            self._scripts.first.sha,
+            2,
+            keys.job(model, job_id),
+            keys.unstarted(model),
+            keys.wake_channel(model),
+        )
 
     async def load_scripts(self) -> None:
         """Load the scripts pipelines call by SHA (at start, and after Redis lost them)."""
@@ -275,10 +298,15 @@ class ExecutionStore:
         reply = await self._reclaim(
             keys=[keys.ready(model), keys.unstarted(model), keys.transit(model)],
             args=[
-                keys.READY_GROUP, worker, s.lease_ms, count, keys.job_prefix(model),
-                keys.results_prefix(model), s.job_max_attempts,
+                keys.READY_GROUP,
+                worker,
+                s.lease_ms,
+                count,
+                keys.job_prefix(model),
+                keys.results_prefix(model),
+                s.job_max_attempts,
             ],
-        )  # fmt: skip
+        )
         out, malformed = [], []
         for decision, entry_id, attempts, flat in reply:
             fields = dict(zip(flat[::2], flat[1::2], strict=True))
@@ -308,12 +336,19 @@ class ExecutionStore:
             reply = await self._expire(
                 keys=[keys.backlog(model, band), keys.queued_counts(model), keys.meta(model)],
                 args=[
-                    keys.queue_prefix(model, band), keys.job_prefix(model),
-                    keys.results_prefix(model), band, deadline_ms, self._settings.result_ttl_s,
-                    keys.wake_channel(model), budget, rank, 200,
+                    keys.queue_prefix(model, band),
+                    keys.job_prefix(model),
+                    keys.results_prefix(model),
+                    band,
+                    deadline_ms,
+                    self._settings.result_ttl_s,
+                    keys.wake_channel(model),
+                    budget,
+                    rank,
+                    200,
                     f"{keys.parked_prefix(model)}{band}:",
                 ],
-            )  # fmt: skip
+            )
             rank = int(reply[0])
             expired += [job_id.decode() for job_id in reply[1:]]
         return expired
@@ -354,8 +389,12 @@ def _parsed(model: str, entry_id: bytes, fields: dict[bytes, bytes], worker: str
         log.error(
             "ready entry %s of model %s is malformed (%s: %s); it is removed, as no worker "
             "could run it (fields: %s)",
-            entry_id.decode(), model, type(exc).__name__, exc, names,
-        )  # fmt: skip
+            entry_id.decode(),
+            model,
+            type(exc).__name__,
+            exc,
+            names,
+        )
         return None
 
 

@@ -49,13 +49,15 @@ async def model_queue(
     for i, band in enumerate(bands):
         depth = [(u.decode(), int(next(lengths))) for u in users_of[band]]
         ranked = sorted(depth, key=lambda pair: -pair[1])[:top]
-        result["bands"].append({
-            "band": band,
-            "queued": queued_by_band.get(band, 0),
-            "users": int(per_band[2 * i]),
-            "next_users": [user for user, _ in depth[:top]],
-            "top_users": [{"user": user, "queued": n} for user, n in ranked],
-        })  # fmt: skip
+        result["bands"].append(
+            {
+                "band": band,
+                "queued": queued_by_band.get(band, 0),
+                "users": int(per_band[2 * i]),
+                "next_users": [user for user, _ in depth[:top]],
+                "top_users": [{"user": user, "queued": n} for user, n in ranked],
+            }
+        )
     result["inflight"] = _int_map(inflight)
     result["unstarted"] = _int_map(unstarted)
     return result

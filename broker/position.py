@@ -189,8 +189,11 @@ def _raised(results: list[object]) -> list[Any]:
 
 def _recent_runs_ms(ended: list[replies.Entry], now_ms: int) -> list[int]:
     """Time in the engine of the ended jobs of the latency stream, the fresh ones."""
-    runs = (latency_of(fields).run_ms for entry_id, fields in ended
-            if now_ms - entry_ms(entry_id) <= _RUN_FRESH_MS)  # fmt: skip
+    runs = (
+        latency_of(fields).run_ms
+        for entry_id, fields in ended
+        if now_ms - entry_ms(entry_id) <= _RUN_FRESH_MS
+    )
     return [run for run in runs if run is not None]
 
 

@@ -106,15 +106,30 @@ class JobQueue:
         engine_priority = model is not None and model.engine_priority
         engine_resumes = model is not None and model.engine == "vllm" and model.resume_streams
         return [
-            job_id, sub.user, sub.tenant, sub.band, sub.kind.value, sub.stream_flag,
-            sub.payload, max_queued, keys.wake_channel(sub.model),
-            keys.join_field(sub.band), sub.owner, sub.cost, sub.weight,
-            keys.tenant_field(sub.band, sub.tenant), s.ready_stream_maxlen,
-            int(engine_priority), s.bands.index(sub.band) + 1, len(s.bands),
-            *s.bands, *(keys.grant_field(b) for b in s.bands), keep_s or "",
+            job_id,
+            sub.user,
+            sub.tenant,
+            sub.band,
+            sub.kind.value,
+            sub.stream_flag,
+            sub.payload,
+            max_queued,
+            keys.wake_channel(sub.model),
+            keys.join_field(sub.band),
+            sub.owner,
+            sub.cost,
+            sub.weight,
+            keys.tenant_field(sub.band, sub.tenant),
+            s.ready_stream_maxlen,
+            int(engine_priority),
+            s.bands.index(sub.band) + 1,
+            len(s.bands),
+            *s.bands,
+            *(keys.grant_field(b) for b in s.bands),
+            keep_s or "",
             # Going on from the text needs vLLM's continue_final_message (workers.resume).
             int(engine_resumes and sub.stream_flag != "0" and resumable(sub.payload)),
-        ]  # fmt: skip
+        ]
 
     async def get(self, job_id: str, owner: str | None) -> JobRecord:
         """The job record; NotFound if it does not exist or belongs to someone else.
@@ -155,9 +170,13 @@ class JobQueue:
 
     async def _end_early(self, job: JobRecord, state: JobState) -> None:
         call_keys, args = cancel_call(
-            job.model, job.id, band=job.band, user=job.user, state=state,
+            job.model,
+            job.id,
+            band=job.band,
+            user=job.user,
+            state=state,
             ttl_s=self._settings.result_ttl_s,
-        )  # fmt: skip
+        )
         try:
             await self._scripts.cancel(keys=call_keys, args=args)
         except RedisError as exc:
@@ -183,7 +202,13 @@ def cancel_call(
         keys.parked(m, band, user),
     ]
     args: list[str | int] = [
-        job_id, keys.READY_GROUP, ttl_s, keys.wake_channel(m), keys.cancel_channel(m),
-        user, state.value, band,
-    ]  # fmt: skip
+        job_id,
+        keys.READY_GROUP,
+        ttl_s,
+        keys.wake_channel(m),
+        keys.cancel_channel(m),
+        user,
+        state.value,
+        band,
+    ]
     return call_keys, args

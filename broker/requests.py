@@ -112,9 +112,17 @@ def estimate_cost(body: dict[str, Any], model: ModelConfig) -> float:
 # tool calls and constrained output (a grammar restarted mid-way), echoed or scored prompts.
 # A byte search: a prompt that merely mentions one of these only costs the job its resume.
 _NOT_RESUMABLE = (
-    b'"n":', b'"tools"', b'"functions"', b'"response_format"', b'"guided_', b'"echo"',
-    b'"best_of"', b'"structured_outputs"', b'"prompt_logprobs"', b'"prompt":[',
-)  # fmt: skip
+    b'"n":',
+    b'"tools"',
+    b'"functions"',
+    b'"response_format"',
+    b'"guided_',
+    b'"echo"',
+    b'"best_of"',
+    b'"structured_outputs"',
+    b'"prompt_logprobs"',
+    b'"prompt":[',
+)
 
 
 def resumable(payload: bytes) -> bool:

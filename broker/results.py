@@ -151,8 +151,10 @@ class ResultReader:
         # The XREAD's arguments, packed: per stream its key and the position to read after.
         self._key_args: dict[bytes, bytes] = {}
         self._id_args: dict[bytes, bytes] = {}
-        self._head = b"".join(bulk(a) for a in (b"XREAD", b"COUNT", b"%d" % count, b"BLOCK",
-                                                 b"%d" % block_ms, b"STREAMS"))  # fmt: skip
+        self._head = b"".join(
+            bulk(a)
+            for a in (b"XREAD", b"COUNT", b"%d" % count, b"BLOCK", b"%d" % block_ms, b"STREAMS")
+        )
         self._reading = False  # a read is in flight (sent, its reply not yet taken)
         self._changed = asyncio.Event()
         self._ringing: set[asyncio.Task[None]] = set()
@@ -271,9 +273,15 @@ class ResultReader:
         n = len(self._key_args) + 1  # and the bell
         # Both dicts hold the same keys in the same order (added and removed together).
         return b"".join(
-            (b"*%d\r\n" % (6 + 2 * n), self._head, *self._key_args.values(), self._bell_arg,
-             *self._id_args.values(), self._bell_seen)
-        )  # fmt: skip
+            (
+                b"*%d\r\n" % (6 + 2 * n),
+                self._head,
+                *self._key_args.values(),
+                self._bell_arg,
+                *self._id_args.values(),
+                self._bell_seen,
+            )
+        )
 
     async def _xread(self) -> list[Any]:
         """One blocking XREAD of every followed stream; the reply as Redis sent it."""

@@ -254,6 +254,11 @@ def _unpublished(model: ModelConfig, queues: ModelQueues, now_ms: int) -> Snapsh
         for url in model.endpoints
     ]
     return Snapshot(
-        model.name, now_ms, "redis", queues.public(), endpoints,
-        policy=model.policy, admission=model.admission_policy,
-    )  # fmt: skip
+        model.name,
+        now_ms,
+        "redis",
+        queues.public(),
+        endpoints,
+        policy=model.policy,
+        admission=model.admission_policy,
+    )

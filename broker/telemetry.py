@@ -102,8 +102,10 @@ def serve_metrics(settings: Settings) -> int | None:
     except OSError as exc:
         log.error(
             "cannot serve /metrics on %s:%d (%s); running without metrics",
-            settings.metrics_host, settings.metrics_port, exc,
-        )  # fmt: skip
+            settings.metrics_host,
+            settings.metrics_port,
+            exc,
+        )
         return None
     log.info("serving /metrics on %s:%d", settings.metrics_host, settings.metrics_port)
     return settings.metrics_port

@@ -6,7 +6,7 @@ with the user's score after service (or ``None``: charge the job's own cost,
 which only the dispatch script sees) and the band's new join score. Redis keeps
 users ordered by score; the dispatch script applies the plan atomically.
 
-Policies are registered by name; ``tests/test_fairness.py`` runs every
+Policies are registered by name; ``tests/dispatcher/test_fairness.py`` runs every
 registered policy against the shared contract.
 """
 

@@ -114,9 +114,12 @@ class Dispatcher:
                 self._own(owned, loops, wake, stop, tasks)
 
             ownership = Ownership(
-                OwnershipStore(self._redis), [m.name for m in self._models], self.name,
-                self._settings.dispatcher_lease_ms, own,
-            )  # fmt: skip
+                OwnershipStore(self._redis),
+                [m.name for m in self._models],
+                self.name,
+                self._settings.dispatcher_lease_ms,
+                own,
+            )
             background = [tasks.create_task(wake.run()), tasks.create_task(ownership.run())]
             if self._scraper is not None:
                 background.append(tasks.create_task(self._scraper.run()))
@@ -145,9 +148,13 @@ class Dispatcher:
                 loops[model.name] = tasks.create_task(self._model_loop(model, wake, stop))
         if self._scraper is not None:
             self._scraper.watch(
-                [ep for m in self._models if m.name in owned and m.admission_policy == "metrics"
-                 for ep in m.endpoints]
-            )  # fmt: skip
+                [
+                    ep
+                    for m in self._models
+                    if m.name in owned and m.admission_policy == "metrics"
+                    for ep in m.endpoints
+                ]
+            )
         log.info("dispatcher %s owns models: %s", self.name, ", ".join(sorted(owned)) or "none")
 
     def _make_scraper(self, http: httpx.AsyncClient, wake: WakeListener) -> Scraper | None:
@@ -175,10 +182,14 @@ class Dispatcher:
 
         s = self._settings
         return Scraper(
-            [], http, interval_s=s.scrape_interval_s, timeout_s=s.scrape_timeout_s,
-            unhealthy_after=s.unhealthy_after_failures, on_update=on_update,
+            [],
+            http,
+            interval_s=s.scrape_interval_s,
+            timeout_s=s.scrape_timeout_s,
+            unhealthy_after=s.unhealthy_after_failures,
+            on_update=on_update,
             unseen=unseen,
-        )  # fmt: skip
+        )
 
     async def _model_loop(
         self, model: ModelConfig, wake: WakeListener, stop: asyncio.Event
@@ -263,9 +274,15 @@ class Dispatcher:
             newcomers_sent[decision.endpoint] = newcomers_sent.get(decision.endpoint, 0) + fresh
             rate = self._rates[model.name].rate(time.monotonic())
             dispatched, snap, plain = await self._store.dispatch(
-                model.name, decision.endpoint, inflight + decision.room, picks, depth,
-                engine_priority=model.engine_priority, rate=rate, served_cap=served_cap,
-            )  # fmt: skip
+                model.name,
+                decision.endpoint,
+                inflight + decision.room,
+                picks,
+                depth,
+                engine_priority=model.engine_priority,
+                rate=rate,
+                served_cap=served_cap,
+            )
             # Sent when the script has run (after its reply), so that a scrape whose
             # in-transit count was read before the script always counts these as sent since.
             now = time.monotonic()
@@ -327,8 +344,9 @@ class Dispatcher:
                     break
                 parked += 1
                 telemetry.PREEMPTIONS.labels(model.name).inc()
-                log.debug("took job %s of %s back out of %s", taken.job_id, taken.user,
-                          state.endpoint)  # fmt: skip
+                log.debug(
+                    "took job %s of %s back out of %s", taken.job_id, taken.user, state.endpoint
+                )
         if not parked:
             return snap
         return await self._store.snapshot(model.name, _depth(model, config), in_engine=True)
@@ -381,9 +399,13 @@ class Dispatcher:
         if model.admission_policy == "metrics" and self._scraper is not None:
             views = {ep: self._scraper.view(ep) for ep in model.endpoints}
         return endpoint_states(
-            model.endpoints, snap, views, self._sent,
-            now=time.monotonic(), stale_s=self._settings.metrics_stale_s,
-        )  # fmt: skip
+            model.endpoints,
+            snap,
+            views,
+            self._sent,
+            now=time.monotonic(),
+            stale_s=self._settings.metrics_stale_s,
+        )
 
 
 def _admission_config(model: ModelConfig, bands: Sequence[str]) -> AdmissionConfig:

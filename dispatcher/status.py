@@ -80,9 +80,15 @@ class _History:
         ttfts = sorted(x.ttft_ms for x in self.pending if x.ttft_ms is not None)
         waits = [x.wait_ms for x in self.pending if x.wait_ms is not None]
         self.points.append(
-            [now_ms, queued, _quantile(ttfts, 0.5), _quantile(ttfts, 0.95),
-             statistics.median(waits) if waits else None, len(self.pending)]
-        )  # fmt: skip
+            [
+                now_ms,
+                queued,
+                _quantile(ttfts, 0.5),
+                _quantile(ttfts, 0.95),
+                statistics.median(waits) if waits else None,
+                len(self.pending),
+            ]
+        )
         self.pending = []
         self.step_end = now + HISTORY_STEP_S
 
@@ -92,9 +98,11 @@ class _History:
             self.newcomers.popleft()
         ttfts = sorted(ttft for _, ttft in self.newcomers)
         return {
-            "p50": _quantile(ttfts, 0.5), "p95": _quantile(ttfts, 0.95), "jobs": len(ttfts),
+            "p50": _quantile(ttfts, 0.5),
+            "p95": _quantile(ttfts, 0.95),
+            "jobs": len(ttfts),
             "window_s": _HISTORY_SPAN_S,
-        }  # fmt: skip
+        }
 
 
 _HISTORY_SPAN_S = HISTORY_STEP_S * HISTORY_POINTS
@@ -147,10 +155,17 @@ class StatusPublisher:
         endpoints = self._endpoints(model, queues)
         self.latest[model.name] = ModelStatus(queues, endpoints)
         snapshot = Snapshot(
-            model.name, now_ms, "dispatcher", queues.public(), endpoints,
-            [list(p) for p in history.points], model.policy, model.admission_policy,
-            self._dispatcher.name, history.newcomer_ttft(now),
-        )  # fmt: skip
+            model.name,
+            now_ms,
+            "dispatcher",
+            queues.public(),
+            endpoints,
+            [list(p) for p in history.points],
+            model.policy,
+            model.admission_policy,
+            self._dispatcher.name,
+            history.newcomer_ttft(now),
+        )
         await publish_status(self._redis, snapshot)
         return snapshot
 

@@ -166,8 +166,12 @@ def newcomer(
 @main.command()
 @click.option("--port", default=8000, show_default=True, help="gateway port on 127.0.0.1")
 @click.option("--sim-port", default=None, type=int, help="first simulator port [free ports]")
-@click.option("--redis-url", envvar="FAIRQ_REDIS_URL", default=None,
-              help="use this Redis instead of starting a private one")  # fmt: skip
+@click.option(
+    "--redis-url",
+    envvar="FAIRQ_REDIS_URL",
+    default=None,
+    help="use this Redis instead of starting a private one",
+)
 @click.option("--workers", default=1, show_default=True)
 def up(port: int, sim_port: int | None, redis_url: str | None, workers: int) -> None:
     """Run the whole stack locally: Redis, two simulated engines, dispatcher, worker, gateway."""

@@ -87,8 +87,10 @@ async def newcomer(
         httpx.AsyncClient(base_url=base_url, timeout=10.0) as http,
     ):
         started: list[float] = []
-        say(f"alice: {flood.requests} streamed requests of {flood.max_tokens} tokens "
-            f"to {flood.model}")  # fmt: skip
+        say(
+            f"alice: {flood.requests} streamed requests of {flood.max_tokens} tokens "
+            f"to {flood.model}"
+        )
         floods = [
             asyncio.create_task(_alice_request(alice, flood, run.alice_jobs, started))
             for _ in range(flood.requests)
@@ -97,8 +99,10 @@ async def newcomer(
             await _until_full(run, flood.requests, started)
             run.alice_streaming = len(started)
             run.alice_last = await _last_queued(http, alice_key, run.alice_jobs)
-            say(f"alice: {run.alice_streaming} answers streaming, "
-                f"{flood.requests - run.alice_streaming} waiting")  # fmt: skip
+            say(
+                f"alice: {run.alice_streaming} answers streaming, "
+                f"{flood.requests - run.alice_streaming} waiting"
+            )
             say(f"alice: {_describe('her last queued job', run.alice_last)}")
             await _bob(bob, http, (bob_key, flood.model, flood.bob_max_tokens), run, say)
         finally:
@@ -106,8 +110,10 @@ async def newcomer(
             for task in floods:
                 task.cancel()
             await asyncio.gather(*floods, return_exceptions=True)
-        say(f"alice: {run.alice_cancelled} of her {len(run.alice_jobs)} jobs cancelled "
-            "(the others had ended)")  # fmt: skip
+        say(
+            f"alice: {run.alice_cancelled} of her {len(run.alice_jobs)} jobs cancelled "
+            "(the others had ended)"
+        )
     return run
 
 

@@ -15,8 +15,13 @@ def k8s() -> None:
 
 
 @k8s.command()
-@click.option("--dir", "k8s_dir", default="deploy/k8s", show_default=True,
-              type=click.Path(file_okay=False, exists=True, path_type=Path))  # fmt: skip
+@click.option(
+    "--dir",
+    "k8s_dir",
+    default="deploy/k8s",
+    show_default=True,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+)
 @click.option("--check", is_flag=True, help="only compare; exit 1 if a generated file is stale")
 def render(k8s_dir: Path, check: bool) -> None:
     """Write base/fairq.yaml, engines/ and the KEDA triggers from DIR/fairq.yaml."""

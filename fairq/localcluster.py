@@ -27,10 +27,13 @@ class LocalCluster:
         if masters < 1:
             raise ValueError("a cluster needs at least one master")
         args = [
-            "--cluster-enabled", "yes",
-            "--cluster-config-file", "nodes.conf",  # in the node's own directory
-            "--cluster-node-timeout", str(node_timeout_ms),
-        ]  # fmt: skip
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",  # in the node's own directory
+            "--cluster-node-timeout",
+            str(node_timeout_ms),
+        ]
         # The cluster bus port is free too: the default, port + 10000, may be taken or
         # beyond 65535.
         self.bus_ports = [free_port() for _ in range(masters)]

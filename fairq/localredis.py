@@ -93,11 +93,24 @@ class LocalRedis:
         if self._dir is None:
             self._dir = tempfile.TemporaryDirectory(prefix="fairq-redis-")
         args = [
-            server_binary(), "--bind", "127.0.0.1", "--port", str(self.port),
-            "--dir", self._dir.name, "--save", "", "--protected-mode", "yes",
-            "--appendonly", "yes" if self._appendonly else "no",
-            "--appendfsync", "everysec", "--loglevel", "warning",
-        ]  # fmt: skip
+            server_binary(),
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dir",
+            self._dir.name,
+            "--save",
+            "",
+            "--protected-mode",
+            "yes",
+            "--appendonly",
+            "yes" if self._appendonly else "no",
+            "--appendfsync",
+            "everysec",
+            "--loglevel",
+            "warning",
+        ]
         if self.password:
             args += ["--requirepass", self.password]
         self.process = subprocess.Popen(

@@ -14,10 +14,6 @@ from redis.asyncio import Redis
 from broker import Settings, connect, connect_blocking, keys, telemetry
 from broker.process import gc_tuning
 from broker.scripts import load_scripts
-from dispatcher.service import Dispatcher
-from dispatcher.status import DispatcherCollector, StatusPublisher
-from workers.service import Worker
-from workers.telemetry import WorkerCollector
 
 log = logging.getLogger("fairq")
 
@@ -46,6 +42,9 @@ def run_batch_worker(settings: Settings) -> None:
 
 
 async def run_dispatcher(settings: Settings, stop: asyncio.Event) -> None:
+    from dispatcher.service import Dispatcher
+    from dispatcher.status import DispatcherCollector, StatusPublisher
+
     redis = connect(settings)
     try:
         await _prepare(settings, redis)
@@ -55,8 +54,9 @@ async def run_dispatcher(settings: Settings, stop: asyncio.Event) -> None:
         telemetry.serve_metrics(settings)
         log.info(
             "dispatcher %s sharing models: %s",
-            dispatcher.name, ", ".join(m.name for m in settings.models),
-        )  # fmt: skip
+            dispatcher.name,
+            ", ".join(m.name for m in settings.models),
+        )
         gc_tuning.settle(settings)
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(dispatcher.run(stop))
@@ -66,6 +66,9 @@ async def run_dispatcher(settings: Settings, stop: asyncio.Event) -> None:
 
 
 async def run_worker(settings: Settings, stop: asyncio.Event, concurrency: int | None) -> None:
+    from workers.service import Worker
+    from workers.telemetry import WorkerCollector
+
     redis = connect(settings)
     blocking = connect_blocking(settings, block_s=1.0)
     try:

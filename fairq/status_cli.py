@@ -85,10 +85,15 @@ def _endpoints(model: dict[str, Any]) -> Table:
     for ep in model["endpoints"]:
         kv = ep.get("kv_usage")
         table.add_row(
-            ep["url"], _health(ep), _num(ep.get("waiting")), _num(ep.get("running")),
-            "-" if kv is None else f"{kv * 100:.0f}%", _num(ep.get("tpot_ms"), 1),
-            _num(ep.get("inflight")), _admission(ep.get("admission") or {}, bands),
-        )  # fmt: skip
+            ep["url"],
+            _health(ep),
+            _num(ep.get("waiting")),
+            _num(ep.get("running")),
+            "-" if kv is None else f"{kv * 100:.0f}%",
+            _num(ep.get("tpot_ms"), 1),
+            _num(ep.get("inflight")),
+            _admission(ep.get("admission") or {}, bands),
+        )
     return table
 
 
@@ -219,9 +224,14 @@ def _job_row(job: JobRecord) -> dict[str, Any]:
 @click.option("--scan", default=10_000, show_default=True, help="job keys read per model")
 @click.option("--json", "as_json", is_flag=True)
 def jobs(
-    *, model_names: tuple[str, ...], state: str | None, user: str | None, limit: int, scan: int,
+    *,
+    model_names: tuple[str, ...],
+    state: str | None,
+    user: str | None,
+    limit: int,
+    scan: int,
     as_json: bool,
-) -> None:  # fmt: skip
+) -> None:
     """List jobs, newest first (queued, running and those ended within result_ttl_s)."""
     settings = settings_or_exit()
     names = model_names or tuple(m.name for m in settings.models)
@@ -251,9 +261,14 @@ def _jobs_table(rows: list[dict[str, Any]], total: int) -> Table:
         created = row["created_at_ms"]
         when = time.strftime("%H:%M:%S", time.localtime(created / 1000)) if created else "-"
         table.add_row(
-            row["id"], row["model"], row["status"], row["band"], row["user"], when,
+            row["id"],
+            row["model"],
+            row["status"],
+            row["band"],
+            row["user"],
+            when,
             row["endpoint"] or "-",
-        )  # fmt: skip
+        )
     return table
 
 

@@ -29,7 +29,7 @@ except ImportError:  # httptools missing, or a uvicorn that moved it: everything
 
 BodyWriter = Callable[[bytes], bool]
 # What the writer reads of uvicorn's cycle. Internals, not API: a release without them
-# gets no writer (and tests/test_body_writer.py fails), not a broken stream.
+# gets no writer (and tests/gateway/test_body_writer.py fails), not a broken stream.
 _USED = ("transport", "flow", "disconnected")
 
 

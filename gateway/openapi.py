@@ -7,7 +7,7 @@ completions generated from the very pydantic models that validate them, with
 ``model`` limited to the configured models; for batches and files from the
 limits their routes enforce); the ``X-Fairq-Band`` header; bearer
 authentication; and the OpenAI error object of every error status. A fuzzer
-(tests/test_schema.py) generates its requests from this document.
+(tests/integration/test_schema.py) generates its requests from this document.
 """
 
 from __future__ import annotations
@@ -69,8 +69,9 @@ def install_openapi(app: FastAPI, settings: Settings) -> None:
 
 
 def build_schema(app: FastAPI, settings: Settings) -> dict[str, Any]:
-    schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
-                         description=app.description)  # fmt: skip
+    schema = get_openapi(
+        title=app.title, version=app.version, routes=app.routes, description=app.description
+    )
     components = schema.setdefault("components", {})
     schemas = components.setdefault("schemas", {})
     schemas["Error"] = _ERROR_SCHEMA
@@ -146,12 +147,16 @@ def _json_body(operation: dict[str, Any], name: str) -> None:
 
 def _document_completion(operation: dict[str, Any], body: str, settings: Settings) -> None:
     _json_body(operation, body)
-    operation.setdefault("parameters", []).append({
-        "name": BAND_HEADER, "in": "header", "required": False,
-        "description": "queue in this priority band instead of the key's default "
-                       "(only a band the key is entitled to)",
-        "schema": {"type": "string", "enum": list(settings.bands)},
-    })  # fmt: skip
+    operation.setdefault("parameters", []).append(
+        {
+            "name": BAND_HEADER,
+            "in": "header",
+            "required": False,
+            "description": "queue in this priority band instead of the key's default "
+            "(only a band the key is entitled to)",
+            "schema": {"type": "string", "enum": list(settings.bands)},
+        }
+    )
     operation["responses"]["200"] = {
         "description": "the engine's response; with stream: true, Server-Sent Events",
         "content": {"application/json": {}, "text/event-stream": {}},

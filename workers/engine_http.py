@@ -297,9 +297,12 @@ class EngineClient:
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 _, conn = await loop.create_connection(
-                    _Connection, target.host, target.port, ssl=tls,
+                    _Connection,
+                    target.host,
+                    target.port,
+                    ssl=tls,
                     server_hostname=target.host if tls else None,
-                )  # fmt: skip
+                )
         except (OSError, TimeoutError) as exc:
             raise ConnectFailed(f"{type(exc).__name__}: {exc}") from exc
         return conn

@@ -138,19 +138,28 @@ class JobRunner:
                 self._writer.chunk(job, events)
 
         await stream_events(
-            self._http, url, payload, accounting, on_events, keep_usage=job.stream_flag == "2",
+            self._http,
+            url,
+            payload,
+            accounting,
+            on_events,
+            keep_usage=job.stream_flag == "2",
             idle_timeout_s=self._settings.engine_stream_idle_timeout_s,
             on_response=progress.on_sent,
-        )  # fmt: skip
+        )
 
     async def _plain(
         self, job: Claimed, url: str, payload: bytes, accounting: Accounting, progress: _Progress
     ) -> None:
         self._writer.mark_started(job)  # written with the next flush, once the request is out
         body = await complete(
-            self._http, url, payload, accounting,
-            idle_timeout_s=self._settings.engine_read_timeout_s, on_sent=progress.on_sent,
-        )  # fmt: skip
+            self._http,
+            url,
+            payload,
+            accounting,
+            idle_timeout_s=self._settings.engine_read_timeout_s,
+            on_sent=progress.on_sent,
+        )
         progress.first_ms = int(time.time() * 1000)
         self._writer.body(job, body)
 

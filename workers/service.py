@@ -297,8 +297,9 @@ class Worker:
             try:
                 return await self._store.start(job, self.name)
             except RedisError as exc:
-                log.warning("starting job %s failed (%s); retrying in %.2fs", job.job_id,
-                            exc, backoff)  # fmt: skip
+                log.warning(
+                    "starting job %s failed (%s); retrying in %.2fs", job.job_id, exc, backoff
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
 

@@ -33,9 +33,15 @@ def quiet_config(app: Any, host: str, port: int, graceful_s: float) -> uvicorn.C
     # uvicorn annotates timeout_graceful_shutdown as int but only hands it to
     # asyncio.wait_for, which takes float seconds.
     return uvicorn.Config(
-        app, host=host, port=port, log_level="warning", access_log=False, lifespan="on",
-        timeout_graceful_shutdown=graceful_s, server_header=False,  # type: ignore[arg-type]
-    )  # fmt: skip
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=graceful_s,  # type: ignore[arg-type]
+        server_header=False,
+    )
 
 
 class QuietSignalServer(uvicorn.Server):

@@ -76,6 +76,11 @@ def malformed_event() -> bytes:
 
 
 def error_event(fault: Fault) -> bytes:
-    error = {"object": "error", "message": fault.message, "type": "InternalServerError",
-             "param": None, "code": 500}  # fmt: skip
+    error = {
+        "object": "error",
+        "message": fault.message,
+        "type": "InternalServerError",
+        "param": None,
+        "code": 500,
+    }
     return b"data: " + orjson.dumps({"error": error}) + b"\n\n"
