@@ -20,18 +20,20 @@ run: install
 test: install browser
 	$(BIN)/pytest
 
-# tests/test_dashboard.py drives Debian's chromium (no browser download of its own). As
+# tests/integration/test_dashboard.py drives Debian's chromium (no browser download of its own). As
 # root on a machine with apt-get it is installed when missing; elsewhere the test skips.
 browser:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
 	  || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
 	       && apt-get update -q >/dev/null \
 	       && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } \
-	  || echo "chromium not installed: tests/test_dashboard.py will be skipped"
+	  || echo "chromium not installed: tests/integration/test_dashboard.py will be skipped"
 
+# The formatter wins; mypy --strict over every package (pyproject.toml, [tool.mypy]).
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # The throughput-and-scale suite (one table: every figure next to its target), then the
 # fairness scenario. `python -m benchmarks.suite --quick` checks the suite runs, fast.

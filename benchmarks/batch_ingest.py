@@ -23,7 +23,7 @@ from fairq.stack import DEMO_MODELS, Stack, demo_config
 
 
 def used_memory(r: redis.Redis) -> int:
-    return int(r.info("memory")["used_memory"])  # type: ignore[index]
+    return int(r.info("memory")["used_memory"])
 
 
 def run(lines: int) -> dict[str, object]:
@@ -68,7 +68,7 @@ def run(lines: int) -> dict[str, object]:
 
 
 def render(result: dict[str, object]) -> str:
-    rows = [
+    rows: list[list[object]] = [
         ["lines", result["lines"]],
         ["file size (MB)", f"{int(result['file_bytes']) / 2**20:.1f}"],  # type: ignore[call-overload]
         ["upload (s)", result["upload_s"]],

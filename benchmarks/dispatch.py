@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 import psutil
@@ -68,11 +69,15 @@ def dispatched(r: redis.Redis, models: int) -> tuple[int, float]:
     for i in range(models):
         stream = keys.ready(f"m{i}")
         count += r.xlen(stream)
-        head, tail = r.xrange(stream, count=1), r.xrevrange(stream, count=1)
-        if head:
-            first = min(first, int(head[0][0].split(b"-")[0]))
-            last = max(last, int(tail[0][0].split(b"-")[0]))
+        head, tail = _entry_ms(r.xrange(stream, count=1)), _entry_ms(r.xrevrange(stream, count=1))
+        if head is not None and tail is not None:
+            first, last = min(first, head), max(last, tail)
     return count, last - first
+
+
+def _entry_ms(entries: Any) -> int | None:
+    """The time part of the first entry's id (ms), or None for no entry."""
+    return int(entries[0][0].split(b"-")[0]) if entries else None
 
 
 def redis_cpu_s(r: redis.Redis) -> float:

@@ -146,7 +146,7 @@ def run(jobs: int, rq_jobs: int, concurrency: int, rounds: int) -> dict[str, Any
         stack = Stack(config, gateway_port=free_port(), sims=sims,
                       sim_profiles=dict.fromkeys(ports, str(profile)))  # fmt: skip
         with stack:
-            settings = Settings(redis_url=stack.redis_url, **config)
+            settings = Settings(redis_url=stack.redis_url, **config)  # type: ignore[arg-type]
             asyncio.run(client_arm(settings, 50, concurrency))  # warm-up
             arms = {
                 "fairq client": lambda: client_arm(settings, jobs, concurrency),

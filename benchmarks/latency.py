@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import click
 import httpx
@@ -193,7 +194,7 @@ def trace(redis_url: str, probes: list[Probe], slowest: float = 95) -> dict[str,
             pipe.hmget(keys.job(DEMO_MODELS[0], p.job_id), *fields)
         rows = pipe.execute()
     client.close()
-    split = []
+    split: list[dict[str, Any]] = []
     for p, (qe, *times) in zip(probes, rows, strict=True):
         if not all(times):
             continue

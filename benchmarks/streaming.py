@@ -177,8 +177,8 @@ def _hop_ms(row: dict[str, Any]) -> float:
     if "hop_ms_per_1k_tokens" in row:  # a median row: the median of the rounds' hops
         return float(row["hop_ms_per_1k_tokens"])
     cpu = row["cpu_ms_per_1k_tokens"]
-    return {"fairq": cpu.get("worker", 0) + cpu.get("gateway", 0), "proxy": cpu.get("proxy", 0),
-            "direct": 0.0}[row["arm"]]  # fmt: skip
+    hops = {"fairq": cpu.get("worker", 0) + cpu.get("gateway", 0), "proxy": cpu.get("proxy", 0)}
+    return float(hops.get(row["arm"], 0.0))  # "direct": no hop
 
 
 def _row_line(row: dict[str, Any]) -> str:
