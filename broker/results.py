@@ -45,6 +45,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from broker import keys
 from broker.jobs import JobState
+from broker.process.backoff import Backoff
 from broker.process.mailbox import Mailbox
 from broker.process.tasks import stop_task
 from broker.redis import replies
@@ -215,15 +216,16 @@ class ResultReader:
         task.add_done_callback(self._ringing.discard)
 
     async def _ring(self) -> None:
-        backoff = 0.05
+        backoff = Backoff()
         while self._rung:  # cleared once a new read is issued: that read has the key
             try:
                 await self._ring_once()
                 return
             except RedisError as exc:
-                log.warning("result reader bell failed (%s); retry in %.2fs", _said(exc), backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                log.warning(
+                    "result reader bell failed (%s); retry in %.2fs", _said(exc), backoff.delay_s
+                )
+                await backoff.wait()
 
     async def _ring_once(self) -> None:
         if self._ring_link is None:
@@ -235,7 +237,7 @@ class ResultReader:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        backoff = 0.05
+        backoff = Backoff()
         while True:
             if not self._followers:
                 self._reading = False
@@ -247,12 +249,13 @@ class ResultReader:
                 # handler may write each to its client, the bulk of the work). Callbacks
                 # run in the order they were scheduled: a read's events go before the next's.
                 loop.call_soon(_deliver, await self._read_once())
-                backoff = 0.05
+                backoff.reset()
             except Exception as exc:  # the reader must outlive any error: every stream waits on it
-                log.warning("result reader failed (%s); retrying in %.2fs", _said(exc), backoff)
+                log.warning(
+                    "result reader failed (%s); retrying in %.2fs", _said(exc), backoff.delay_s
+                )
                 self._reading = False
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                await backoff.wait()
 
     def _moved(self, key: bytes) -> None:
         """Re-pack ``key``'s position: the earliest of its followers', or drop it."""

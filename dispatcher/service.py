@@ -49,6 +49,7 @@ from broker import (
     stop_task,
     telemetry,
 )
+from broker.process.backoff import Backoff
 from dispatcher.admission import (
     ADMISSION,
     AdmissionConfig,
@@ -194,7 +195,7 @@ class Dispatcher:
     async def _model_loop(
         self, model: ModelConfig, wake: WakeListener, stop: asyncio.Event
     ) -> None:
-        backoff = 0.05
+        backoff = Backoff()
         event = wake.event(model.name)
         while not stop.is_set():
             if not wake.urgent(model.name) and self._idle(model.name):
@@ -205,12 +206,11 @@ class Dispatcher:
             event.clear()  # before reading state, so a wake-up during the round is not lost
             try:
                 await self.dispatch_model(model, wake.take(model.name))
-                backoff = 0.05
+                backoff.reset()
             except RedisError as exc:
                 log.warning("dispatch for model %s failed (%s); retrying", model.name, exc)
                 wake.mark_stale(model.name)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                await backoff.wait()
                 continue
             try:
                 await asyncio.wait_for(event.wait(), self._settings.dispatcher_idle_tick_s)

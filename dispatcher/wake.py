@@ -20,6 +20,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from broker import Newcomer, express_send, keys, parse_wake
+from broker.process.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class WakeListener:
         return self._by_model[model].urgent
 
     async def run(self) -> None:
-        backoff = 0.05
+        backoff = Backoff()
         while True:
             try:
                 await self._listen()
@@ -81,8 +82,7 @@ class WakeListener:
                 for wake in self._by_channel.values():
                     wake.stale = wake.urgent = True
                     wake.event.set()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                await backoff.wait()
 
     async def _listen(self) -> None:
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)

@@ -8,12 +8,13 @@ already ended and its later completion is ignored by ``complete.lua``.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
+
+from broker.process.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -24,17 +25,16 @@ class CancelListener:
         self._channels = list(channels)
 
     async def run(self, on_cancel: Callable[[str], Awaitable[None]]) -> None:
-        backoff = 0.05
+        backoff = Backoff()
         while True:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(*self._channels)
-                backoff = 0.05
+                backoff.reset()
                 async for message in pubsub.listen():
                     await on_cancel(message["data"].decode())
             except RedisError as exc:
                 log.warning("cancel subscription lost (%s); resubscribing", exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                await backoff.wait()
             finally:
                 await pubsub.aclose()

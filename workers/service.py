@@ -39,6 +39,7 @@ from broker import (
     stop_task,
 )
 from broker.execution import Reclaim, Reclaimed
+from broker.process.backoff import Backoff
 from broker.redis.cluster import SlotConnections, slot_groups
 from workers import metrics
 from workers.cancel import CancelListener
@@ -149,7 +150,7 @@ class Worker:
 
     async def _claim_lane(self, runner: JobRunner, stop: asyncio.Event, lane: _Lane) -> None:
         models, share = lane.models, lane.share
-        backoff = 0.05
+        backoff = Backoff()
         while not stop.is_set():
             # Free places are reserved before the blocking read: lanes reading at the
             # same time never claim more jobs together than the worker may run.
@@ -167,11 +168,10 @@ class Worker:
                     claimed = await self._store.claim(
                         blocking, models, self.name, free, _CLAIM_BLOCK_MS
                     )
-                backoff = 0.05
+                backoff.reset()
             except Exception as exc:  # a bug must not stop the worker and strand its jobs
                 lane.recover = True  # the reply may have been lost with the connection
                 await self._claim_failed(lane, exc, backoff)
-                backoff = min(backoff * 2, 2.0)
                 continue
             finally:
                 self._reserved -= free
@@ -180,16 +180,16 @@ class Worker:
             if len(claimed) < free:
                 self._slot_freed.set()  # places left unused: another lane may take them
 
-    async def _claim_failed(self, lane: _Lane, exc: Exception, backoff: float) -> None:
+    async def _claim_failed(self, lane: _Lane, exc: Exception, backoff: Backoff) -> None:
         """Log a failed claim read and wait ``backoff`` before the next; after Redis lost
         its data the ready groups are made again."""
         if not isinstance(exc, RedisError):
-            log.error("claiming jobs failed; retrying in %.2fs", backoff, exc_info=exc)
-            await asyncio.sleep(backoff)
+            log.error("claiming jobs failed; retrying in %.2fs", backoff.delay_s, exc_info=exc)
+            await backoff.wait()
             return
-        log.warning("claiming jobs failed (%s); retrying in %.2fs", exc, backoff)
+        log.warning("claiming jobs failed (%s); retrying in %.2fs", exc, backoff.delay_s)
         await lane.reset()
-        await asyncio.sleep(backoff)
+        await backoff.wait()
         if "NOGROUP" in str(exc):
             with contextlib.suppress(RedisError):
                 await self._store.ensure_groups(lane.models)
@@ -292,16 +292,18 @@ class Worker:
         """start.lua, retried while Redis is unreachable (a restart): a job given up here
         would stay ``dispatched`` with its entry pending and nobody running it. A retry
         after a lost reply is safe: start.lua answers its own worker as it did before."""
-        backoff = 0.05
+        backoff = Backoff()
         while True:
             try:
                 return await self._store.start(job, self.name)
             except RedisError as exc:
                 log.warning(
-                    "starting job %s failed (%s); retrying in %.2fs", job.job_id, exc, backoff
+                    "starting job %s failed (%s); retrying in %.2fs",
+                    job.job_id,
+                    exc,
+                    backoff.delay_s,
                 )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                await backoff.wait()
 
     async def _cancel_job(self, job_id: str) -> None:
         self._drop(job_id)

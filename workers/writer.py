@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from redis.exceptions import NoScriptError, RedisError
 
 from broker import Claimed, ExecutionStore, Outcome
+from broker.process.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +187,7 @@ class ResultWriter:
 
     async def _flush(self) -> None:
         batch = self._take()
-        backoff, reload = 0.05, False
+        backoff, reload = Backoff(), False
         while True:
             try:
                 if reload:
@@ -196,9 +197,8 @@ class ResultWriter:
             except NoScriptError:
                 reload = True  # Redis restarted and lost its scripts
             except RedisError as exc:
-                log.warning("result flush failed (%s); retrying in %.2fs", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                log.warning("result flush failed (%s); retrying in %.2fs", exc, backoff.delay_s)
+                await backoff.wait()
         self.flushes += 1
         for buf, was_ended in ended:
             if buf.done is not None and not buf.done.done():
