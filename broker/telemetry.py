@@ -8,8 +8,13 @@ Each component exports what it alone knows; Prometheus joins them by name:
                 a timer, never per scrape), per-user depth for the top N users only,
                 dispatches, admission refusals by reason, the engines as
                 its scraper last saw them, the admission room per endpoint and band
-    worker      jobs running, jobs ended by state, queue wait and time to first token
+    worker      jobs running, jobs ended by state, queue wait and time to first token;
+                reclaims, dead letters, engine retries, expired jobs
     batch       requests of batches by state (``batch_request_ended``; see below)
+
+Counters and histograms are registered here; the gauges a collector builds at scrape
+time from a component's latest view (``dispatcher.status``, ``workers.telemetry``) are
+declared here as ``Gauge`` (name, help, labels) and built by ``Gauge.family``.
 
 Observations on the hot path are a counter increment or one histogram observe per
 job, never per token. Labels are bounded: model, band, endpoint and state come from
@@ -24,8 +29,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from prometheus_client import Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
 
 from broker.settings import Settings
 
@@ -73,6 +80,83 @@ BATCH_REQUESTS = Counter(
     "fairq_batch_requests", "Requests of batches that ended, by state", ["model", "state"]
 )
 BATCHES = Counter("fairq_batches_ended", "Batches that ended, by status", ["status"])
+# The worker's guarantees. Labels are enums only (the reclaim decision), never ids or
+# users: the detail of a job travels in its error, not in a metric.
+DEAD_LETTERS = Counter(
+    "fairq_worker_dead_letters_total",
+    "Jobs ended as dead letters: started job_max_attempts times, each time losing its worker",
+)
+RECLAIMS = Counter(
+    "fairq_worker_reclaims_total",
+    "Ready entries taken over from a dead worker, by what became of the job",
+    ["decision"],
+)
+ENGINE_RETRIES = Counter(
+    "fairq_worker_engine_retries_total",
+    "Engine calls made again after a failure before the job's first output",
+)
+EXPIRED = Counter(
+    "fairq_worker_expired_total", "Queued jobs ended as expired (past their band's deadline)"
+)
+
+
+@dataclass(frozen=True)
+class Gauge:
+    """A gauge that a collector builds at scrape time from a component's latest view."""
+
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
+
+    def family(self, value: float | None = None) -> GaugeMetricFamily:
+        """An empty family to add labelled samples to, or one unlabelled ``value``."""
+        if value is not None:
+            return GaugeMetricFamily(self.name, self.help, value=value)
+        return GaugeMetricFamily(self.name, self.help, labels=list(self.labels))
+
+
+# The dispatcher's view (dispatcher.status.DispatcherCollector).
+_ENDPOINT = ("model", "endpoint")
+QUEUE_DEPTH = Gauge("fairq_queue_depth", "Jobs queued", ("model", "band"))
+QUEUE_USERS = Gauge("fairq_queue_backlogged_users", "Users with queued jobs", ("model", "band"))
+QUEUE_USER_DEPTH = Gauge(
+    "fairq_queue_user_depth",
+    "Jobs queued by the users with the most (top status_top_users per band)",
+    ("model", "band", "user"),
+)
+DISPATCH_RATE = Gauge(
+    "fairq_dispatch_rate", "Jobs dispatched per second, recent window", ("model",)
+)
+ENGINE_WAITING = Gauge(
+    "fairq_engine_waiting", "Requests waiting in the engine at the last scrape", _ENDPOINT
+)
+ENGINE_RUNNING = Gauge(
+    "fairq_engine_running", "Requests running in the engine at the last scrape", _ENDPOINT
+)
+ENGINE_KV_USAGE = Gauge(
+    "fairq_engine_kv_cache_usage", "Engine KV-cache usage (0..1), last scrape", _ENDPOINT
+)
+ENGINE_METRICS_AGE = Gauge(
+    "fairq_engine_metrics_age_seconds", "Age of the engine's last good scrape", _ENDPOINT
+)
+ENGINE_INFLIGHT = Gauge(
+    "fairq_engine_inflight", "fairq jobs dispatched to the endpoint, not ended", _ENDPOINT
+)
+ENGINE_QUEUE_ESTIMATE = Gauge(
+    "fairq_engine_queue_estimate", "Admission's estimate of the engine queue", _ENDPOINT
+)
+ENGINE_HEALTHY = Gauge("fairq_engine_healthy", "1: scrapes succeed", _ENDPOINT)
+ENGINE_TPOT = Gauge(
+    "fairq_engine_tpot_seconds", "Recent time per output token of the engine", _ENDPOINT
+)
+ADMISSION_ROOM = Gauge(
+    "fairq_admission_room",
+    "Jobs admission would send the endpoint now, by band and the limit that binds",
+    ("model", "endpoint", "band", "limit"),
+)
+# The worker's table (workers.telemetry.WorkerCollector).
+WORKER_RUNNING = Gauge("fairq_worker_jobs_running", "Jobs this worker runs now", ("model",))
+WORKER_CONCURRENCY = Gauge("fairq_worker_concurrency", "Jobs this worker runs at most")
 
 
 def refused(model: str, band: str, limits: Mapping[str, str]) -> None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 import httpx
 
 from broker import Unseen
-from dispatcher.metrics import EngineSample, MetricsError, parse_metrics, recent_tpot_s
+from dispatcher.engine_metrics import EngineSample, MetricsError, parse_metrics, recent_tpot_s
 
 log = logging.getLogger(__name__)
 

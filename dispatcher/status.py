@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -44,9 +44,10 @@ from broker import (
     publish_status,
     read_latencies,
     read_queues,
+    telemetry,
 )
 from dispatcher.admission import ADMISSION, AdmissionConfig, EndpointState
-from dispatcher.metrics import engine_drain_per_s
+from dispatcher.engine_metrics import engine_drain_per_s
 from dispatcher.scraper import EndpointView
 from dispatcher.service import Dispatcher
 
@@ -223,13 +224,13 @@ def _drain(view: EndpointView) -> float | None:
 
 # -- Prometheus ---------------------------------------------------------------------
 
-_ENGINE_GAUGES = (  # row field -> (series, help)
-    ("waiting", "fairq_engine_waiting", "Requests waiting in the engine at the last scrape"),
-    ("running", "fairq_engine_running", "Requests running in the engine at the last scrape"),
-    ("kv_usage", "fairq_engine_kv_cache_usage", "Engine KV-cache usage (0..1), last scrape"),
-    ("metrics_age_s", "fairq_engine_metrics_age_seconds", "Age of the engine's last good scrape"),
-    ("inflight", "fairq_engine_inflight", "fairq jobs dispatched to the endpoint, not ended"),
-    ("queue_estimate", "fairq_engine_queue_estimate", "Admission's estimate of the engine queue"),
+_ENGINE_GAUGES = (  # row field -> series
+    ("waiting", telemetry.ENGINE_WAITING),
+    ("running", telemetry.ENGINE_RUNNING),
+    ("kv_usage", telemetry.ENGINE_KV_USAGE),
+    ("metrics_age_s", telemetry.ENGINE_METRICS_AGE),
+    ("inflight", telemetry.ENGINE_INFLIGHT),
+    ("queue_estimate", telemetry.ENGINE_QUEUE_ESTIMATE),
 )
 
 
@@ -246,18 +247,10 @@ class DispatcherCollector(Collector):
 
 
 def _queue_families(latest: dict[str, ModelStatus]) -> Iterator[Metric]:
-    depth = GaugeMetricFamily("fairq_queue_depth", "Jobs queued", labels=["model", "band"])
-    users = GaugeMetricFamily(
-        "fairq_queue_backlogged_users", "Users with queued jobs", labels=["model", "band"]
-    )
-    top = GaugeMetricFamily(
-        "fairq_queue_user_depth",
-        "Jobs queued by the users with the most (top status_top_users per band)",
-        labels=["model", "band", "user"],
-    )
-    rate = GaugeMetricFamily(
-        "fairq_dispatch_rate", "Jobs dispatched per second, recent window", labels=["model"]
-    )
+    depth = telemetry.QUEUE_DEPTH.family()
+    users = telemetry.QUEUE_USERS.family()
+    top = telemetry.QUEUE_USER_DEPTH.family()
+    rate = telemetry.DISPATCH_RATE.family()
     for model, status in latest.items():
         for b in status.queues.bands:
             depth.add_metric([model, b.band], b.queued)
@@ -270,17 +263,10 @@ def _queue_families(latest: dict[str, ModelStatus]) -> Iterator[Metric]:
 
 
 def _engine_families(latest: dict[str, ModelStatus]) -> Iterator[Metric]:
-    labels = ["model", "endpoint"]
-    gauges = {f: GaugeMetricFamily(name, text, labels=labels) for f, name, text in _ENGINE_GAUGES}
-    healthy = GaugeMetricFamily("fairq_engine_healthy", "1: scrapes succeed", labels=labels)
-    tpot = GaugeMetricFamily(
-        "fairq_engine_tpot_seconds", "Recent time per output token of the engine", labels=labels
-    )
-    room = GaugeMetricFamily(
-        "fairq_admission_room",
-        "Jobs admission would send the endpoint now, by band and the limit that binds",
-        labels=["model", "endpoint", "band", "limit"],
-    )
+    gauges = {field: series.family() for field, series in _ENGINE_GAUGES}
+    healthy = telemetry.ENGINE_HEALTHY.family()
+    tpot = telemetry.ENGINE_TPOT.family()
+    room = telemetry.ADMISSION_ROOM.family()
     for model, status in latest.items():
         for row in status.endpoints:
             url = str(row["url"])

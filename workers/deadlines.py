@@ -15,8 +15,7 @@ from collections.abc import Sequence
 
 from redis.exceptions import RedisError
 
-from broker import ExecutionStore, Settings
-from workers import metrics
+from broker import ExecutionStore, Settings, telemetry
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +54,6 @@ class DeadlineSweeper:
             for band, deadline_ms in self._deadlines.items():
                 expired += await self._store.expire(model, band, deadline_ms)
         if expired:
-            metrics.EXPIRED.inc(len(expired))
+            telemetry.EXPIRED.inc(len(expired))
             log.info("expired %d queued job(s) past their deadline", len(expired))
         return expired

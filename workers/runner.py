@@ -21,8 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from broker import Claimed, JobState, Outcome, RequestKind, Settings
-from workers import metrics
+from broker import Claimed, JobState, Outcome, RequestKind, Settings, telemetry
 from workers.engine import Accounting, complete, stream_events
 from workers.engine_http import EngineClient
 from workers.errors import EngineError
@@ -102,7 +101,7 @@ class JobRunner:
                     return Outcome(JobState.FAILED, error=exc.to_error())
                 log.info("job %s: %s; calling the engine again", job.job_id, exc.code)
                 self.retries += 1
-                metrics.ENGINE_RETRIES.inc()
+                telemetry.ENGINE_RETRIES.inc()
                 await asyncio.sleep(backoff_s(self._settings, attempt))
                 continue
             return Outcome(

@@ -37,11 +37,11 @@ from broker import (
     Settings,
     lean_link,
     stop_task,
+    telemetry,
 )
 from broker.execution import Reclaim, Reclaimed
 from broker.process.backoff import Backoff
 from broker.redis.cluster import SlotConnections, slot_groups
-from workers import metrics
 from workers.cancel import CancelListener
 from workers.deadlines import DeadlineSweeper
 from workers.engine import open_client
@@ -224,7 +224,7 @@ class Worker:
 
     def _take_over(self, runner: JobRunner, taken: Reclaimed) -> None:
         """Run, or end, a job taken over from a dead worker (see ``reclaim.lua``)."""
-        metrics.RECLAIMS.labels(taken.decision.value).inc()
+        telemetry.RECLAIMS.labels(taken.decision.value).inc()
         job = taken.job
         if job.job_id in self._running:  # our own, after renewals failed for a lease
             log.warning("job %s: reclaimed its own entry; it runs already", job.job_id)
@@ -241,7 +241,7 @@ class Worker:
 
     async def _end_reclaimed(self, job: Claimed, taken: Reclaimed) -> None:
         if taken.decision is Reclaim.DEAD:
-            metrics.DEAD_LETTERS.inc()
+            telemetry.DEAD_LETTERS.inc()
             outcome = Outcome(JobState.FAILED, error=_dead_letter(taken.attempts), dead_letter=True)
         else:
             outcome = Outcome(JobState.FAILED, error=_WORKER_LOST)

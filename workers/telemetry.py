@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -109,12 +109,8 @@ class WorkerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         counts = Counter(model_of(job_id) for job_id in list(self._running()))
-        running = GaugeMetricFamily(
-            "fairq_worker_jobs_running", "Jobs this worker runs now", labels=["model"]
-        )
+        running = telemetry.WORKER_RUNNING.family()
         for model in self._models:
             running.add_metric([model], counts.get(model, 0))
         yield running
-        yield GaugeMetricFamily(
-            "fairq_worker_concurrency", "Jobs this worker runs at most", value=self._concurrency
-        )
+        yield telemetry.WORKER_CONCURRENCY.family(value=self._concurrency)

@@ -186,7 +186,7 @@ def test_no_endpoint_with_room_chooses_none_and_says_why() -> None:
 def test_sends_before_the_scrape_count_through_its_unseen_count_and_later_ones_as_sent() -> None:
     from broker import ModelSnapshot, Unseen
     from dispatcher.endpoints import SentLog, endpoint_states
-    from dispatcher.metrics import EngineSample
+    from dispatcher.engine_metrics import EngineSample
     from dispatcher.scraper import EndpointView
 
     sent = SentLog(keep_s=10)

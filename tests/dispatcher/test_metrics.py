@@ -22,7 +22,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 
 from broker import Unseen
-from dispatcher.metrics import (
+from dispatcher.engine_metrics import (
     EngineSample,
     MetricsError,
     engine_drain_per_s,
