@@ -159,8 +159,8 @@ _SLOTS_PER_KEPT = 32
 # KV-cache use from which waiting requests wait for KV blocks (vLLM allocates a request's
 # blocks as it grows: with little free, new ones wait while the running ones fill it)
 _KV_FULL = 0.9
-# One job waiting beyond the batch hides fairq's refill round trip (a few engine steps on
-# vLLM's CPU build, whose 128-token answers lost 7% of their tokens/s without it).
+# One job waiting beyond the batch hides fairq's refill round trip, which takes a few
+# engine steps: without it short answers lose tokens/s (docs/performance.md).
 _REFILL_AHEAD = 1
 
 

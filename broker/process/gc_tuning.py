@@ -3,10 +3,9 @@
 CPython's default runs a young collection every 700 net allocations. A gateway
 streaming to 1,000 clients allocates far faster than that, and each stream's objects
 live as long as its request, so they were scanned and promoted again and again, and
-full collections walked every live stream: 86 to 292 ms each, about once a second,
-stalling the event loop (every token and every new request waited behind them). In
-the fan-out benchmark (``docs/performance.md``) settling took the gateway from 31 to
-19 ms of CPU per 1,000 tokens and from 17,947 to 37,623 tokens/s delivered. Two changes:
+full collections walked every live stream, stalling the event loop for tens to
+hundreds of milliseconds (every token and every new request waited behind them; the
+fan-out benchmark in ``docs/performance.md`` measures the difference). Two changes:
 
 * what start-up made (modules, the app, settings) is frozen (``gc.freeze``): never
   scanned again;

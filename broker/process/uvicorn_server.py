@@ -5,10 +5,9 @@ in KeyboardInterrupt and SIGTERM in status 143. Our entry points choose their
 own exit codes, so this server only turns the signal into a graceful shutdown.
 Subclasses add what their shutdown must do first (``shutdown``).
 
-uvicorn's main loop also wakes ten times a second to see whether it should stop.
-On this project's 2-core VM a wake-up of an idle process costs about 200 µs of
-CPU: the gateway idled at 2.3 ms of CPU a second, and at one stream (50 tokens a
-second) that was a sixth of its cost per token. This server's loop wakes once
+uvicorn's main loop also wakes ten times a second to see whether it should stop,
+and each wake-up of an idle process costs CPU that a lightly loaded gateway would
+otherwise spend on tokens (``docs/performance.md``). This server's loop wakes once
 a second (to refresh the ``Date`` header, as uvicorn does every tenth tick) and at
 once when a signal asks it to stop.
 """

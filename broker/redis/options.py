@@ -16,7 +16,7 @@ READ_MARGIN_S = 5.0
 # Every fairq client, single server or cluster: bytes replies (the hot path decodes what
 # it needs), idle connections checked every 30 s, and no per-command socket time-out.
 # redis-py 8 bounds each command by 5 s by default, which costs a task and a timer per
-# command (~40 µs of CPU on this project's test machine, more than the command itself);
+# command (more CPU than the command itself);
 # a dead Redis host is found by the keepalive options instead, and the hot paths that
 # wait on Redis bound their own round trips (``broker.redis.packed``, ``broker.results``).
 CLIENT_OPTIONS: dict[str, Any] = {

@@ -1,9 +1,10 @@
 """A pipeline packed by hand for the streaming hot path: RESP built in one join, raw replies.
 
-The worker's result writer sends one ``XADD`` per job per flush, and at ~50 tokens/s
-per stream a flush holds about one token per job, so whatever a command costs is
-paid per token. redis-py's ``Pipeline`` spends about 10 µs of Python per command:
-encoding each argument, a response callback and a time-out scope per reply. This
+The worker's result writer sends one ``XADD`` per job per flush, and at a model's
+usual token rate a flush holds about one token per job, so whatever a command costs is
+paid per token. redis-py's ``Pipeline`` spends Python per command on encoding each
+argument, a response callback and a time-out scope per reply (the cost is measured in
+``docs/performance.md``, streaming hot path). This
 pipeline packs its arguments as RESP directly and sends them in one write on a
 lean connection of its own (``broker.redis.resp``), which hands back every reply as
 Redis sent it.

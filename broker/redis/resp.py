@@ -5,9 +5,8 @@ as Redis sent them; the result reader sends one XREAD after another. redis-py's
 connection reads each reply through a chain of coroutines over an
 ``asyncio.StreamReader`` and, with a health-check interval, asks for the running
 loop once per reply (a ``getpid()`` system call on Python 3.11). The writer gets
-about one reply per streamed token: in a one-process harness its share of the
-worker's CPU fell from about 18 to 7 µs per token on this connection
-(``docs/performance.md``). It is an ``asyncio.Protocol``: its ``data_received``
+about one reply per streamed token, so these costs are paid per token (measured in
+``docs/performance.md``, streaming hot path). It is an ``asyncio.Protocol``: its ``data_received``
 feeds hiredis (the C parser redis-py uses too) and collects the replies, and one
 future per round trip ends when the last one is in.
 
@@ -15,8 +14,8 @@ What it does: ``redis://``, ``rediss://`` (TLS, with redis-py's URL options) and
 ``unix://`` URLs, ``AUTH`` and ``SELECT`` from the URL, TCP keepalive, round trips
 pipelined from any number of tasks (replies go back in the order asked), each
 bounded by ``ROUND_TRIP_S``. RESP2 only. The bound costs a round trip no timer of its
-own (a time-out scope costs ~4 µs: its timer, and three loop look-ups, each a
-``getpid()`` on Python 3.11): the connection keeps one watchdog timer, armed at the
+own (a time-out scope costs a timer and three loop look-ups, each a ``getpid()``
+on Python 3.11): the connection keeps one watchdog timer, armed at the
 earliest deadline of the round trips waiting and re-armed only when it fires or a
 round trip with an earlier deadline comes. An error reply comes back in its place as
 a redis-py ``ResponseError`` (``NoScriptError`` for ``NOSCRIPT``), so callers
