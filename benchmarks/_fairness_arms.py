@@ -70,7 +70,7 @@ ARMS: dict[str, ArmSpec] = {
         ),
         ArmSpec(
             "g",
-            "fairq, queue target only (previous admission)",
+            "fairq, queue target only (no batch rule)",
             via_fairq=True,
             model_overrides={"batch_slots": 0, "reserved_slots": 0},
         ),

@@ -1,4 +1,4 @@
-"""The Done-when of issue 18 (simulator bullets), per scenario, for arm (c) and (d).
+"""The newcomer targets (simulator), per scenario, for arm (c) and (d).
 
 - seed: (c) light TTFT p95 <= 2 engine steps; (c) output tok/s >= 95% of (a);
 - long: (c) light TTFT p95 <= 3 engine steps; (c) output tok/s >= 95% of (a);

@@ -1,4 +1,4 @@
-"""Streaming fan-out: many concurrent streaming clients on one gateway process (issue 7, item 4).
+"""Streaming fan-out: many concurrent streaming clients on one gateway process.
 
 The clients stream chat completions through one gateway. The jobs are run by a
 producer process that plays a worker whose engine costs nothing: it claims the

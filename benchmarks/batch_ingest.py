@@ -4,7 +4,7 @@ A 50,000-line file is uploaded through the gateway, a batch is created, and the
 RQ batch worker ingests it into band-``batch`` jobs. No dispatcher runs, so every
 line stays queued: the Redis memory growth from before the upload to
 ``in_progress``, less the stored input file, is the cost of the queued lines. The
-targets (issue 4): in_progress within 30 s of the create, and at most 2 KB per line
+targets: in_progress within 30 s of the create, and at most 2 KB per line
 beyond the line's own bytes. ``python -m benchmarks.batch_ingest``.
 """
 

@@ -1,6 +1,6 @@
 """CPU per streamed token, and streaming fan-out, side by side with baselines.
 
-CPU arms (issue 7, item 5), one after the other at each concurrency, against
+CPU arms, one after the other at each concurrency, against
 one engine simulator that makes ~50 tokens/s per stream and sends one token per
 SSE chunk (as vLLM does):
 

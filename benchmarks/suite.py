@@ -1,4 +1,4 @@
-"""The throughput-and-scale suite (issue 7) in one command: ``python -m benchmarks.suite``.
+"""The throughput-and-scale suite in one command: ``python -m benchmarks.suite``.
 
 Runs each benchmark as its own process (each brings up what it measures and tears it
 down), collects the JSON each writes to ``--out``, and prints one table: every figure
@@ -76,7 +76,7 @@ def _jobrate_rows(r: dict[str, Any]) -> list[Row]:
 
 
 def _latency_rows(r: dict[str, Any], where: str, judged: bool) -> list[Row]:
-    """Issue 2's targets judge the idle engine; under load (issue 7) the figure is reported."""
+    """The latency targets judge an idle engine; under load the figure is reported."""
     a = r["added"]
     p50, p99 = a["ttft_p50_ms"], a["ttft_p99_ms"]
     if not judged:
@@ -157,7 +157,7 @@ def run_step(step: Step, out: Path, quick: bool) -> tuple[list[Row], float, str 
 @click.option("--quick", is_flag=True, help="small sizes: checks the suite runs, not the targets")
 @click.option("--only", multiple=True, help="run only these steps (by name)")
 def main(out: str, quick: bool, only: tuple[str, ...]) -> None:
-    """Every issue-7 figure next to its target, one table."""
+    """Every throughput-and-scale figure next to its target, one table."""
     rows: list[Row] = []
     failures: dict[str, str] = {}
     for step in STEPS:

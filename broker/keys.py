@@ -36,7 +36,7 @@ data they read (a job id popped from a queue).
     fq:{m}:lat               stream   recent ended jobs' queue wait and time to first token
                                       (capped; read by the status snapshot's history)
 
-A queued job's bytes. A million queued jobs must fit in a few hundred MB (issue 7: at
+A queued job's bytes. A million queued jobs must fit in a few hundred MB (at
 most 300 bytes per queued job beyond its payload), so while a job is queued its hash holds
 only what cannot live elsewhere, all short values, which Redis then keeps as one small
 listpack instead of a hash table (a value over ``hash-max-listpack-value``, 64 bytes by

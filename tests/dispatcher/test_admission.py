@@ -74,7 +74,7 @@ def test_jobs_the_scrape_could_not_show_add_to_what_it_showed() -> None:
 
 
 def test_streamed_jobs_handed_over_before_the_scrape_count_until_their_first_token() -> None:
-    # The measured case (issue 7 item 6): a burst handed over just before a scrape held a
+    # The measured case: a burst handed over just before a scrape held a
     # band for the whole scrape interval after the jobs had started.
     burst = fresh(waiting=1, running=10, inflight=13, unseen_streamed=2, unstarted=2)
     assert burst.queue_estimate == 3

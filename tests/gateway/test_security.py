@@ -1,4 +1,4 @@
-"""Security rules of issue 5, each tried for real.
+"""The security rules, each tried for real.
 
 * API keys exist in the configuration only as SHA-256 hashes; settings print the
   Redis password masked.
