@@ -10,21 +10,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 from typing import Any, cast
+
+__all__ = ["Scripts", "load_scripts", "run_script", "source"]
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
+from broker.lua import load_scripts, script
 from broker.redis.packed import PackedPipeline
 from broker.redis.resp import Arg, RespLink
 
 
-@cache
 def source(name: str) -> str:
-    return resources.files("broker").joinpath("lua", f"{name}.lua").read_text()
+    return script(name).script
 
 
 @dataclass(frozen=True)
@@ -67,10 +67,3 @@ async def run_script(
     if isinstance(reply, ResponseError):
         raise reply
     return reply
-
-
-async def load_scripts(redis: Any) -> None:
-    """Load every Lua script of ``broker/lua`` (on every master of a cluster)."""
-    for path in sorted(resources.files("broker").joinpath("lua").iterdir(), key=str):
-        if path.name.endswith(".lua"):
-            await redis.script_load(source(path.name.removesuffix(".lua")))

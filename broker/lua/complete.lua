@@ -1,6 +1,5 @@
--- complete.lua: record a running job's terminal state exactly once and release it.
--- Its release of a job (in-flight, user and unstarted counts, end entry, TTLs) is the same as
--- cancel.lua's: scripts cannot share code, so change both together.
+-- complete.lua: record a running job's terminal state exactly once and release it
+-- (prelude.lua's finish and release, as cancel.lua's).
 -- KEYS[1] job hash       fq:{m}:job:{id}
 -- KEYS[2] result stream  fq:{m}:out:{id}
 -- KEYS[3] ready stream   fq:{m}:ready
@@ -29,8 +28,7 @@ if ARGV[12] ~= '' and f[4] and f[4] ~= ARGV[12] then
   return 0
 end
 if entry then
-  redis.call('XACK', KEYS[3], ARGV[2], entry)
-  redis.call('XDEL', KEYS[3], entry)
+  drop_entry(KEYS[3], ARGV[2], entry)
 end
 if st ~= 'dispatched' and st ~= 'running' then
   if not st then  -- a job Redis lost in a crash: its chunks, written since, must expire too
@@ -38,9 +36,7 @@ if st ~= 'dispatched' and st ~= 'running' then
   end
   return 0
 end
-local t = redis.call('TIME')
-local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
-redis.call('HSET', KEYS[1], 'st', ARGV[1], 'te', now_ms)
+local now = now_ms()
 if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'err', ARGV[5]) end
 if ARGV[6] ~= '' then
   redis.call('HSET', KEYS[1], 'usage', ARGV[6])
@@ -56,25 +52,13 @@ end
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'fin', ARGV[7]) end
 if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'tf', ARGV[8]) end
 if ARGV[13] ~= '' then
-  redis.call('ZADD', KEYS[8], now_ms, ARGV[13])
-  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now_ms - ARGV[3] * 1000)  -- their jobs expired
+  redis.call('ZADD', KEYS[8], now, ARGV[13])
+  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now - ARGV[3] * 1000)  -- their jobs expired
 end
-redis.call('XADD', KEYS[2], '*', 'end', ARGV[1], 'e', ARGV[5])
--- Batch API: a batch line ('kt') is kept until its batch has collected the result.
-local ttl = redis.call('HGET', KEYS[1], 'kt') or ARGV[3]
-redis.call('EXPIRE', KEYS[2], ttl)
-redis.call('EXPIRE', KEYS[1], ttl)
+finish(KEYS[1], KEYS[2], ARGV[1], ARGV[5], ARGV[3], now)
 if endpoint then
-  redis.call('HINCRBY', KEYS[4], endpoint, -1)
-  if redis.call('HINCRBY', KEYS[7], ARGV[11], -1) <= 0 then
-    redis.call('HDEL', KEYS[7], ARGV[11])
-  end
-  if redis.call('HSETNX', KEYS[1], 'ft', 1) == 1 then  -- ended before its first token
-    redis.call('HINCRBY', KEYS[5], endpoint, -1)
-  end
-  if st == 'dispatched' then  -- ended before a worker started it
-    redis.call('HINCRBY', KEYS[9], endpoint, -1)
-  end
+  release({inflight = KEYS[4], unstarted = KEYS[5], transit = KEYS[9], users = KEYS[7]},
+    KEYS[1], st, endpoint, ARGV[11])
 end
 redis.call('PUBLISH', ARGV[4], 'e')
 return 1

@@ -41,8 +41,7 @@
 --          how many of the jobs dispatched are not streamed (admission counts those
 --          apart: fairq cannot see when they leave the engine's queue),
 --          with ARGV[10] = 1: per band, the jobs in the engine of each reported user}.
-local t = redis.call('TIME')
-local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
+local now = now_ms()
 local bands = tonumber(ARGV[6])
 local cap = tonumber(ARGV[4])
 local served_cap = tonumber(ARGV[9])  -- nil: no bound of its own
@@ -51,7 +50,8 @@ local plain = 0  -- jobs dispatched that are not streamed
 local sent = 0   -- jobs dispatched by this call
 local FIXED = 7  -- KEYS before the band backlogs
 local picks = #KEYS - FIXED - bands
-local BAND_STEP = 1000000
+local to = {ready = KEYS[1], maxlen = ARGV[3], priority = ARGV[7] == '1', now = now}
+local counts = {inflight = KEYS[2], unstarted = KEYS[4], transit = KEYS[7], users = KEYS[5]}
 -- The endpoint's in-flight count, the bands' queued counts and join clocks change once per
 -- call, after the picks, by what the picks did: fewer commands per pick (each one's
 -- arguments and reply are allocations inside Redis, the cost that grows with a big heap).
@@ -74,7 +74,8 @@ local function pop_head(queue, parked)
   return head[1][2][2], head[1][2][4]
 end
 
--- The ready entry and counts mirror enqueue.lua's express branch: change both together.
+-- The job goes to the endpoint (prelude.lua's send, as enqueue.lua's express sends), if it
+-- is still queued; its id, or '' when it is not.
 local function to_ready(job_id, payload, band)
   local job = ARGV[2] .. job_id
   local f = redis.call('HMGET', job, 'st', 'k', 's', 'b', 'u', 'qe', 'rsq')
@@ -85,24 +86,9 @@ local function to_ready(job_id, payload, band)
     payload = redis.call('HGET', job, 'p')
     redis.call('HDEL', job, 'p')
   end
-  local in_engine = redis.call('HINCRBY', KEYS[5], f[5], 1) - 1
-  local priority = ''
-  if ARGV[7] == '1' then
-    priority = (band - 1) * BAND_STEP + in_engine
-  end
-  local fields = {'j', job_id, 'ep', ARGV[1], 'p', payload, 'k', f[2], 's', f[3], 'b', f[4],
-    'u', f[5], 'pr', priority}
-  if f[7] then  -- taken back mid-answer (park.lua): it goes on, writing from this entry id
-    fields[#fields + 1] = 'rq'
-    fields[#fields + 1] = f[7]
-  end
-  local entry = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', unpack(fields))
-  local queued_ms = string.match(f[6] or '', '^%d+') or now_ms  -- 'qe' is 'ms-seq'
-  redis.call('HSET', job, 'st', 'dispatched', 'tq', queued_ms, 'td', now_ms, 'ep', ARGV[1],
-    're', entry)
-  if in_engine == 0 then  -- a newcomer: its user had nothing in the engine ('nw')
-    redis.call('HSET', job, 'nw', 1)
-  end
+  send(to, counts, ARGV[1], {id = job_id, key = job, payload = payload, kind = f[2],
+    stream = f[3], band = f[4], band_number = band, user = f[5], resume = f[7],
+    queued_ms = string.match(f[6] or '', '^%d+') or now})  -- 'qe' is 'ms-seq'
   sent = sent + 1
   if f[3] == '0' then
     plain = plain + 1
@@ -142,12 +128,8 @@ for i = 1, picks do
       end
       joins[band] = join
     end
-    if redis.call('XLEN', queue) == 0 and redis.call('LLEN', parked) == 0 then
-      redis.call('DEL', queue)
-      if redis.call('ZREM', backlog, user) == 1 and job_id then
-        redis.call('HINCRBY', KEYS[3], redis.call('HGET', ARGV[2] .. job_id, 'tnf'), -1)
-      end
-    elseif score ~= 'cost' then
+    local job = job_id and ARGV[2] .. job_id
+    if not leave_queue(queue, parked, backlog, KEYS[3], user, job) and score ~= 'cost' then
       redis.call('ZADD', backlog, 'XX', score, user)
     end
   end
@@ -160,12 +142,10 @@ for band = 1, bands do
   end
 end
 if sent > 0 then
-  redis.call('HINCRBY', KEYS[2], ARGV[1], sent)
-  redis.call('HINCRBY', KEYS[4], ARGV[1], sent)
-  redis.call('HINCRBY', KEYS[7], ARGV[1], sent)
+  admit(counts, ARGV[1], sent)
 end
 if ARGV[8] ~= '' then
-  redis.call('HSET', KEYS[3], 'rate', ARGV[8], 'rate_ms', now_ms)
+  redis.call('HSET', KEYS[3], 'rate', ARGV[8], 'rate_ms', now)
 end
 -- A dispatch uses the room an express grant was computed from: revoke it, and bump the
 -- sequence so a grant computed before this dispatch is refused (grant.lua).

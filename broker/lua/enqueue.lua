@@ -40,17 +40,15 @@ end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {-1}
 end
-local t = redis.call('TIME')
-local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
+local now = now_ms()
 local band = tonumber(ARGV[17])
 local bands = tonumber(ARGV[18])
-local BAND_STEP = 1000000
 
 -- Express only while a grant is live, has a credit for this band, and no job of this band
 -- or a more urgent one waits: then the dispatcher would pick this job next anyway.
 local function express_endpoint()
   local g = redis.call('HMGET', KEYS[4], 'xep', 'xexp', ARGV[18 + bands + band], 'xsv')
-  if not g[1] or tonumber(g[2] or '0') <= now_ms or tonumber(g[3] or '0') <= 0 then
+  if not g[1] or tonumber(g[2] or '0') <= now or tonumber(g[3] or '0') <= 0 then
     return nil
   end
   local served_left = tonumber(g[4] or '-1')
@@ -77,24 +75,12 @@ local keep = ARGV[19 + 2 * bands]
 if keep and keep ~= '' then redis.call('HSET', KEYS[1], 'kt', keep) end
 if ARGV[20 + 2 * bands] == '1' then redis.call('HSET', KEYS[1], 'rsm', 1) end
 
--- The ready entry and counts mirror dispatch.lua's to_ready: change both together.
-if endpoint then
-  local in_engine = redis.call('HINCRBY', KEYS[9], ARGV[2], 1) - 1
-  local priority = ''
-  if ARGV[16] == '1' then
-    priority = (band - 1) * BAND_STEP + in_engine
-  end
-  local entry = redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[15], '*',
-    'j', ARGV[1], 'ep', endpoint, 'p', ARGV[7], 'k', ARGV[5], 's', ARGV[6], 'b', ARGV[4],
-    'u', ARGV[2], 'pr', priority)
-  redis.call('HSET', KEYS[1], 'st', 'dispatched', 'tq', now_ms, 'td', now_ms, 'ep', endpoint,
-    're', entry)
-  if in_engine == 0 then  -- a newcomer: its user had nothing in the engine ('nw')
-    redis.call('HSET', KEYS[1], 'nw', 1)
-  end
-  redis.call('HINCRBY', KEYS[7], endpoint, 1)
-  redis.call('HINCRBY', KEYS[8], endpoint, 1)
-  redis.call('HINCRBY', KEYS[10], endpoint, 1)
+if endpoint then  -- sent as dispatch.lua sends (prelude.lua's send and admit)
+  local counts = {inflight = KEYS[7], unstarted = KEYS[8], transit = KEYS[10], users = KEYS[9]}
+  local entry = send({ready = KEYS[6], maxlen = ARGV[15], priority = ARGV[16] == '1', now = now},
+    counts, endpoint, {id = ARGV[1], key = KEYS[1], payload = ARGV[7], kind = ARGV[5],
+    stream = ARGV[6], band = ARGV[4], band_number = band, user = ARGV[2], queued_ms = now})
+  admit(counts, endpoint, 1)
   -- Every band's credits shrink: they all share the one endpoint's engine queue.
   if tonumber(redis.call('HGET', KEYS[4], 'xsv') or '-1') > 0 then
     redis.call('HINCRBY', KEYS[4], 'xsv', -1)
@@ -112,17 +98,7 @@ end
 
 -- The queue entry's id is the enqueue time (dispatch.lua copies it to 'tq').
 local entry = redis.call('XADD', KEYS[2], '*', 'j', ARGV[1], 'p', ARGV[7])
-redis.call('HINCRBY', KEYS[5], ARGV[4], 1)
 redis.call('HSET', KEYS[1], 'st', 'queued', 'qe', entry)
--- A user who was idle joins at the band's current fairness clock, so idle time is never
--- banked as credit (and a newcomer is served before anyone is served twice in a row).
--- The wake message names a newcomer, so a dispatcher can plan without reading the backlog.
-if not redis.call('ZSCORE', KEYS[3], ARGV[2]) then
-  local join = redis.call('HGET', KEYS[4], ARGV[10]) or '0'
-  redis.call('ZADD', KEYS[3], join, ARGV[2])
-  redis.call('HINCRBY', KEYS[4], ARGV[14], 1)
-  redis.call('PUBLISH', ARGV[9], 'n\n' .. ARGV[4] .. '\n' .. join .. '\n' .. ARGV[2])
-else
-  redis.call('PUBLISH', ARGV[9], 'q')
-end
+join_queue({queued = KEYS[5], backlog = KEYS[3], meta = KEYS[4], join = ARGV[10], wake = ARGV[9]},
+  ARGV[4], ARGV[2], ARGV[14])
 return {1, entry}

@@ -25,8 +25,7 @@ end
 if (redis.call('HGET', KEYS[1], 'xs') or '0') ~= ARGV[1] then
   return 0
 end
-local t = redis.call('TIME')
-local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
-redis.call('HSET', KEYS[1], 'xep', ARGV[3], 'xexp', now_ms + tonumber(ARGV[2]), 'xsv', ARGV[4])
+local now = now_ms()
+redis.call('HSET', KEYS[1], 'xep', ARGV[3], 'xexp', now + tonumber(ARGV[2]), 'xsv', ARGV[4])
 set_credits(true)
 return 1

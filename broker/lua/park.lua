@@ -9,9 +9,8 @@
 -- attempt the first entry id it writes (the worker builds the continuation). The worker
 -- running it is told on the cancel channel, drops it (closing the engine request, which
 -- aborts it there) and writes nothing more for it.
--- The job's release mirrors cancel.lua's (in-flight, user, unstarted, transit counts, ready
--- entry); its return to the queue mirrors enqueue.lua's (queued count, backlog, tenant
--- count, wake message): change them together.
+-- The job leaves its endpoint as an ended one does (prelude.lua's release) and joins its
+-- user's queue as a new one does (join_queue).
 -- KEYS[1] ready stream    fq:{m}:ready
 -- KEYS[2] inflight hash   fq:{m}:inflight
 -- KEYS[3] unstarted hash  fq:{m}:unstarted
@@ -66,19 +65,10 @@ end
 local job_id, entry, payload, band = unpack(candidate[victim] or resumable[victim])
 local job = ARGV[2] .. job_id
 local st = redis.call('HGET', job, 'st')
-redis.call('XACK', KEYS[1], ARGV[3], entry)
-redis.call('XDEL', KEYS[1], entry)
-redis.call('HINCRBY', KEYS[2], ARGV[1], -1)
-if redis.call('HINCRBY', KEYS[4], victim, -1) <= 0 then
-  redis.call('HDEL', KEYS[4], victim)
-end
-if redis.call('HSETNX', job, 'ft', 1) == 1 then  -- no first token: it was unstarted
-  redis.call('HINCRBY', KEYS[3], ARGV[1], -1)
-end
+drop_entry(KEYS[1], ARGV[3], entry)
+release({inflight = KEYS[2], unstarted = KEYS[3], transit = KEYS[5], users = KEYS[4]},
+  job, st, ARGV[1], victim)
 redis.call('HDEL', job, 'ft')  -- it starts again: unstarted until its next first output
-if st == 'dispatched' then
-  redis.call('HINCRBY', KEYS[5], ARGV[1], -1)
-end
 -- Queued again, with its payload in the hash (dispatch.lua takes it from there). 'wk' names
 -- no worker, so a late completion by the worker that ran it is refused (complete.lua), and
 -- the start it lost is not counted against job_max_attempts.
@@ -96,18 +86,7 @@ if st == 'running' then
   redis.call('HINCRBY', job, 'att', -1)
 end
 redis.call('RPUSH', ARGV[4] .. band .. ':' .. victim, job_id)
-redis.call('HINCRBY', KEYS[6], band, 1)
-local backlog = ARGV[5] .. band
-if not redis.call('ZSCORE', backlog, victim) then
-  local join = redis.call('HGET', KEYS[7], 'join:' .. band) or '0'
-  redis.call('ZADD', backlog, join, victim)
-  local tenant_field = redis.call('HGET', job, 'tnf')
-  if tenant_field then
-    redis.call('HINCRBY', KEYS[7], tenant_field, 1)
-  end
-  redis.call('PUBLISH', ARGV[8], 'n\n' .. band .. '\n' .. join .. '\n' .. victim)
-else
-  redis.call('PUBLISH', ARGV[8], 'q')
-end
+join_queue({queued = KEYS[6], backlog = ARGV[5] .. band, meta = KEYS[7], join = 'join:' .. band,
+  wake = ARGV[8]}, band, victim, redis.call('HGET', job, 'tnf'))
 redis.call('PUBLISH', ARGV[9], job_id)
 return {job_id, victim}

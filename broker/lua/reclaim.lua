@@ -34,17 +34,20 @@ for _, e in ipairs(claimed[2]) do
   end
   local st, attempts = f[1], tonumber(f[2] or '0')
   local job = job_id and ARGV[5] .. job_id
+  local decision = 'retry'
   if st ~= 'dispatched' and st ~= 'running' then
-    redis.call('XACK', KEYS[1], ARGV[1], id)
-    redis.call('XDEL', KEYS[1], id)
+    decision = nil
   elseif redis.call('XLEN', ARGV[6] .. job_id) > 0 then
-    if st == 'dispatched' and f[4] then redis.call('HINCRBY', KEYS[3], f[4], -1) end
-    redis.call('HSET', job, 'st', 'running', 'wk', ARGV[2])
-    out[#out + 1] = {'fail', id, attempts, fields}
+    decision = 'fail'
   elseif attempts >= tonumber(ARGV[7]) then
+    decision = 'dead'
+  end
+  if not decision then
+    drop_entry(KEYS[1], ARGV[1], id)
+  elseif decision ~= 'retry' then
     if st == 'dispatched' and f[4] then redis.call('HINCRBY', KEYS[3], f[4], -1) end
     redis.call('HSET', job, 'st', 'running', 'wk', ARGV[2])
-    out[#out + 1] = {'dead', id, attempts, fields}
+    out[#out + 1] = {decision, id, attempts, fields}
   else
     if st == 'running' and f[4] then redis.call('HINCRBY', KEYS[3], f[4], 1) end
     redis.call('HSET', job, 'st', 'dispatched')

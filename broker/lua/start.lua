@@ -18,15 +18,14 @@ end
 if st ~= 'dispatched' then
   return {0, st or ''}
 end
-local t = redis.call('TIME')
-local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
+local now = now_ms()
 local attempts = redis.call('HINCRBY', KEYS[1], 'att', 1)
-redis.call('HSET', KEYS[1], 'st', 'running', 'tr', now_ms, 'wk', ARGV[1])
+redis.call('HSET', KEYS[1], 'st', 'running', 'tr', now, 'wk', ARGV[1])
 -- It has reached the engine (the worker calls this once the engine has the request),
 -- which may not show it in its metrics for a moment: the handed zset keeps recent starts
 -- for the scrapes of that moment (``unseen.lua``).
 local endpoint = redis.call('HGET', KEYS[1], 'ep')
 redis.call('HINCRBY', KEYS[2], endpoint, -1)
-redis.call('ZADD', KEYS[3], now_ms, endpoint .. '\n' .. ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now_ms - tonumber(ARGV[3]))
+redis.call('ZADD', KEYS[3], now, endpoint .. '\n' .. ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - tonumber(ARGV[3]))
 return {1, attempts}

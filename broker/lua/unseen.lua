@@ -10,12 +10,11 @@
 -- ARGV[1] endpoint   ARGV[2] the metrics lag in ms   ARGV[3] job key prefix fq:{m}:job:
 -- Returns {jobs that may wait until a scrape shows them, handed streamed jobs without a
 -- first token}.
-local t = redis.call('TIME')
-local now_ms = t[1] * 1000 + math.floor(t[2] / 1000)
+local now = now_ms()
 local held = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
 local streamed = 0
 local prefix = ARGV[1] .. '\n'
-for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], now_ms - tonumber(ARGV[2]), '+inf')) do
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], now - tonumber(ARGV[2]), '+inf')) do
   if string.sub(member, 1, #prefix) == prefix then
     local f = redis.call('HMGET', ARGV[3] .. string.sub(member, #prefix + 1), 's', 'ft')
     if f[1] == '0' then

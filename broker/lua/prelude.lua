@@ -1,0 +1,125 @@
+-- prelude.lua: the Lua several scripts share, as local functions. Redis scripts cannot
+-- include files, so the loader (broker/lua/__init__.py) puts this before every script: the
+-- text Redis runs, and the SHA it knows a script by, are of this and the script together.
+-- The endpoint counts that admission trusts move here, in `send`/`admit` and `release`,
+-- and in first.lua, start.lua and reclaim.lua (broker/counters.py lists every writer).
+-- A script names the keys of those counts once, as a table:
+--   counts = {inflight = key, unstarted = key, transit = key, users = key}
+
+-- Redis's clock in ms (scripts replicate their effects, so reading it is allowed).
+local function now_ms()
+  local t = redis.call('TIME')
+  return t[1] * 1000 + math.floor(t[2] / 1000)
+end
+
+-- A ready entry is gone for good: acknowledged (it left the pending list) and deleted (it
+-- holds the payload).
+local function drop_entry(ready, group, entry)
+  redis.call('XACK', ready, group, entry)
+  redis.call('XDEL', ready, entry)
+end
+
+-- A job goes to `endpoint`. Its ready entry carries the payload and what a worker needs to
+-- call the engine at once, an engine priority when `to.priority` (band first, then how many
+-- jobs its user already has in the engine: lower is sooner, so a light user's request passes
+-- a flood), and for a job taken back mid-answer (park.lua) the result entry id it goes on
+-- from ('rq'). The job hash records the move ('nw' 1: its user had nothing in the engine, a
+-- newcomer) and the user's count rises; the endpoint's counts rise by `admit`, once per call.
+-- to: {ready = key, maxlen = n, priority = bool, now = ms}, the same for every job of a call
+-- j: {id, key (its hash), payload, kind, stream, band, band_number, user, queued_ms, resume}
+-- Returns the ready entry id.
+local function send(to, counts, endpoint, j)
+  local in_engine = redis.call('HINCRBY', counts.users, j.user, 1) - 1
+  local priority = ''
+  if to.priority then
+    priority = (j.band_number - 1) * 1000000 + in_engine
+  end
+  local fields = {'j', j.id, 'ep', endpoint, 'p', j.payload, 'k', j.kind, 's', j.stream,
+    'b', j.band, 'u', j.user, 'pr', priority}
+  if j.resume then
+    fields[#fields + 1] = 'rq'
+    fields[#fields + 1] = j.resume
+  end
+  local entry = redis.call('XADD', to.ready, 'MAXLEN', '~', to.maxlen, '*', unpack(fields))
+  redis.call('HSET', j.key, 'st', 'dispatched', 'tq', j.queued_ms, 'td', to.now,
+    'ep', endpoint, 're', entry)
+  if in_engine == 0 then
+    redis.call('HSET', j.key, 'nw', 1)
+  end
+  return entry
+end
+
+-- `n` jobs sent to `endpoint` (by `send`): in flight, without a first token, and on their
+-- way until a worker starts them. `release` takes each back.
+local function admit(counts, endpoint, n)
+  redis.call('HINCRBY', counts.inflight, endpoint, n)
+  redis.call('HINCRBY', counts.unstarted, endpoint, n)
+  redis.call('HINCRBY', counts.transit, endpoint, n)
+end
+
+-- A dispatched or running job (state `st`) leaves `endpoint`: it ended, or was taken back
+-- out of the engine. Each count its dispatch raised falls again. Its first-token mark 'ft'
+-- is set here when missing, so it leaves the unstarted count exactly once, whichever of
+-- this and first.lua comes first.
+local function release(counts, job, st, endpoint, user)
+  redis.call('HINCRBY', counts.inflight, endpoint, -1)
+  if redis.call('HINCRBY', counts.users, user, -1) <= 0 then
+    redis.call('HDEL', counts.users, user)
+  end
+  if redis.call('HSETNX', job, 'ft', 1) == 1 then  -- it left before its first token
+    redis.call('HINCRBY', counts.unstarted, endpoint, -1)
+  end
+  if st == 'dispatched' then  -- before a worker started it
+    redis.call('HINCRBY', counts.transit, endpoint, -1)
+  end
+end
+
+-- The job ends as `state` (the caller checked it had not ended): its times, its end entry
+-- (`err`: the error JSON, or ''), and the expiry of its record and results after `ttl`
+-- seconds; a batch line ('kt') is kept until its batch has collected the result. A payload
+-- still in the hash (a job taken back by park.lua) goes.
+local function finish(job, results, state, err, ttl, now)
+  redis.call('HSET', job, 'st', state, 'te', now)
+  redis.call('HDEL', job, 'p')
+  redis.call('XADD', results, '*', 'end', state, 'e', err)
+  local keep = redis.call('HGET', job, 'kt') or ttl
+  redis.call('EXPIRE', results, keep)
+  redis.call('EXPIRE', job, keep)
+end
+
+-- A job joined its user's queue in `band` (an entry, or the parked list): the band's queued
+-- count rises, and a user who was not backlogged joins the band's backlog at its fairness
+-- clock, so idle time is never banked as credit (and a newcomer is served before anyone is
+-- served twice in a row), and counts for the tenant (`tenant_field` of meta). The wake
+-- message names such a newcomer, so a dispatcher can plan without reading the backlog.
+-- q: {queued = key, backlog = key, meta = key, join = the band's clock field, wake = channel}
+local function join_queue(q, band, user, tenant_field)
+  redis.call('HINCRBY', q.queued, band, 1)
+  if redis.call('ZSCORE', q.backlog, user) then
+    redis.call('PUBLISH', q.wake, 'q')
+    return
+  end
+  local join = redis.call('HGET', q.meta, q.join) or '0'
+  redis.call('ZADD', q.backlog, join, user)
+  if tenant_field then
+    redis.call('HINCRBY', q.meta, tenant_field, 1)
+  end
+  redis.call('PUBLISH', q.wake, 'n\n' .. band .. '\n' .. join .. '\n' .. user)
+end
+
+-- A job left its user's queue in a band. With nothing left there nor parked, the stream goes
+-- and the user leaves the band's backlog, no longer counted for the tenant (read from `job`,
+-- a job of theirs in that band; nil: not counted). Returns true when the queue is empty.
+local function leave_queue(queue, parked, backlog, meta, user, job)
+  if redis.call('XLEN', queue) > 0 or redis.call('LLEN', parked) > 0 then
+    return false
+  end
+  redis.call('DEL', queue)
+  if redis.call('ZREM', backlog, user) == 1 and job then
+    local tenant_field = redis.call('HGET', job, 'tnf')
+    if tenant_field then
+      redis.call('HINCRBY', meta, tenant_field, -1)
+    end
+  end
+  return true
+end
