@@ -1,11 +1,15 @@
 """Validating OpenAI request bodies and turning them into the payload an engine gets.
 
 Only what fairq needs is checked (model, messages or prompt, stream, token
-limits); every other field passes through to the engine untouched.
+limits); every other field passes through to the engine untouched. A body is parsed
+once, where it is read (``parse_json``), and refused there if it nests deeper than
+``MAX_DEPTH``: fairq serialises it again for the engine, and a body that parses but
+cannot be serialised again would fail downstream, after it was accepted.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -56,18 +60,56 @@ def _describe(exc: ValidationError) -> str:
     return f"invalid request body at '{where}': {first['msg']}"
 
 
+# Levels of JSON nesting a body may have. orjson parses up to 1,024 but serialises at
+# most 254, and fairq serialises every body again (engine_payload, estimate_cost); real
+# OpenAI bodies (tool schemas included) nest a few tens of levels at most.
+MAX_DEPTH = 128
+
+
+def parse_json(raw: bytes, what: str = "request body") -> object:
+    """A JSON document that fairq can serialise again; InvalidRequest otherwise."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"{what} is not valid JSON: {exc}") from exc
+    check_depth(value, what)
+    return value
+
+
+def check_depth(value: object, what: str = "request body") -> None:
+    """Refuse a document nested deeper than ``MAX_DEPTH`` levels."""
+    if nests_deeper_than(value, MAX_DEPTH):
+        raise InvalidRequest(
+            f"{what} nests JSON more than {MAX_DEPTH} levels deep; fairq accepts at most "
+            f"{MAX_DEPTH} levels of objects and arrays"
+        )
+
+
+def nests_deeper_than(value: object, limit: int) -> bool:
+    """Whether ``value`` has more than ``limit`` levels of dicts and lists (iterative:
+    no recursion limit of its own)."""
+    stack: list[tuple[object, int]] = [(value, 1)] if isinstance(value, dict | list) else []
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        if isinstance(children, Iterable):
+            stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
+
+
 def parse_body(kind: RequestKind, raw: bytes) -> dict[str, Any]:
     """Parse and check a request body; raises InvalidRequest with a readable reason."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from exc
-    return check_body(kind, body)
+    return check_body(kind, parse_json(raw))
 
 
 def check_body(kind: RequestKind, body: object) -> dict[str, Any]:
+    """Check a parsed body against its kind's schema (and its depth: a batch line's body
+    comes here parsed by the line's own reader)."""
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
+    check_depth(body)
     try:
         _SCHEMAS[kind].model_validate(body)
     except ValidationError as exc:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import orjson
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from broker.batch import KINDS, BatchStore, FileStore
 from broker.errors import InvalidRequest
+from broker.requests import parse_json
 from gateway.auth import Caller
 from gateway.body import read_body
 from gateway.errors import json_response, list_response
@@ -60,10 +60,7 @@ def _field(body: dict[str, Any], name: str) -> str:
 @router.post("/v1/batches")
 async def create_batch(request: Request, caller: Caller) -> Response:
     gateway = gateway_of(request)
-    try:
-        body = orjson.loads(await read_body(request, gateway.settings.max_body_bytes))
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from exc
+    body = parse_json(await read_body(request, gateway.settings.max_body_bytes))
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
     caller.band_for("batch")  # Forbidden unless the key may use band batch

@@ -6,7 +6,14 @@ import orjson
 import pytest
 
 from broker import InvalidRequest, ModelConfig, RequestKind
-from broker.requests import engine_payload, estimate_cost, parse_body, wants_usage
+from broker.requests import (
+    MAX_DEPTH,
+    engine_payload,
+    estimate_cost,
+    nests_deeper_than,
+    parse_body,
+    wants_usage,
+)
 
 VLLM = ModelConfig(name="m", endpoints=("http://engine:8000",))
 OPENAI = ModelConfig(name="m", engine="openai", endpoints=("http://engine:8000",))
@@ -89,3 +96,36 @@ def test_cost_estimate_weighs_prompt_and_requested_output() -> None:
     assert estimate_cost(body, model) == 100 * 1 + 50 * 2
     no_max = {"model": "m", "prompt": "x" * 398}
     assert estimate_cost(no_max, model) == 100 + model.default_output_tokens * 2
+
+
+def _nested(levels: int) -> bytes:
+    """A chat body whose field ``x`` nests ``levels`` arrays (the body itself is one more)."""
+    head = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"x":'
+    return head + b"[" * levels + b"]" * levels + b"}"
+
+
+@pytest.mark.parametrize("levels", [MAX_DEPTH, MAX_DEPTH + 1, 254, 1023])
+def test_a_body_fairq_could_not_serialise_again_is_refused_where_it_is_read(levels: int) -> None:
+    raw = _nested(levels)
+    if levels + 1 <= MAX_DEPTH:
+        body = parse_body(RequestKind.CHAT, raw)
+        assert orjson.loads(engine_payload(body, "j", VLLM))["x"] == orjson.loads(raw)["x"]
+        assert estimate_cost(body, VLLM) > 0
+        return
+    with pytest.raises(InvalidRequest, match=f"more than {MAX_DEPTH} levels deep"):
+        parse_body(RequestKind.CHAT, raw)
+
+
+def test_the_deepest_body_accepted_is_served_downstream() -> None:
+    body = parse_body(RequestKind.CHAT, _nested(MAX_DEPTH - 1))
+    assert engine_payload(body, "j", VLLM).count(b"[") == MAX_DEPTH  # its arrays + messages
+
+
+def test_nesting_is_counted_on_every_branch_without_recursion() -> None:
+    deep: object = 1
+    for _ in range(100_000):  # far past Python's recursion limit
+        deep = {"a": [deep]}
+    assert nests_deeper_than(deep, 10)
+    assert not nests_deeper_than({"a": [1, {"b": []}], "c": {}}, 4)
+    assert nests_deeper_than({"a": [1, {"b": []}], "c": {}}, 3)
+    assert not nests_deeper_than("text", 0)
