@@ -38,6 +38,7 @@ from benchmarks.vllm_engine import (
     serve_env,
     stop_process_group,
 )
+from tests.support.eventually import eventually
 
 HOME = Home(Path("/srv/vllm-home"))
 ALLOWED = os.sched_getaffinity(0)
@@ -216,9 +217,12 @@ def test_serving_without_setup_says_to_run_setup(tmp_path: Path) -> None:
 
 def _start_tree(script: str) -> subprocess.Popen[bytes]:
     process = subprocess.Popen(["sh", "-c", script], start_new_session=True)
-    deadline = time.monotonic() + 5
-    while len(group_members(process.pid)) < 3 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    eventually(
+        lambda: group_members(process.pid),
+        "sh and its two children",
+        5,
+        until=lambda members: len(members) >= 3,
+    )
     assert len(group_members(process.pid)) == 3  # sh and its two children
     return process
 

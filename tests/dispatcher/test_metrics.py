@@ -30,6 +30,7 @@ from dispatcher.engine_metrics import (
     recent_tpot_s,
 )
 from dispatcher.scraper import Scraper, learned_batch
+from tests.support.eventually import aeventually
 from tests.support.paths import FIXTURES
 from tests.support.servers import uvicorn_thread
 
@@ -374,13 +375,6 @@ async def running(scraper: Scraper) -> AsyncIterator[asyncio.Task[None]]:
             await task
 
 
-async def until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
-
-
 def closed_port_url() -> str:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -394,10 +388,16 @@ async def test_a_good_endpoints_view_follows_its_metrics_within_a_few_intervals(
     scraper = Scraper([url], http, interval_s=0.05)
     assert scraper.view(url).sample is None and not scraper.view(url).healthy
     async with running(scraper):
-        await until(lambda: scraper.view(url).sample is not None, "a first sample")
+        await aeventually(
+            lambda: scraper.view(url).sample is not None, "a first sample", DEADLINE_S
+        )
         assert scraper.view(url).sample == parse_metrics(IDLE)
         fake.text = LOAD
-        await until(lambda: (s := scraper.view(url).sample) is not None and s.waiting == 8, "8")
+        await aeventually(
+            lambda: (s := scraper.view(url).sample) is not None and s.waiting == 8,
+            "a sample of 8 waiting",
+            DEADLINE_S,
+        )
     view = scraper.view(url)
     assert view.healthy and view.failures == 0 and view.error is None
 
@@ -490,7 +490,7 @@ async def test_a_hanging_endpoint_does_not_delay_the_others_scrapes(
         on_update=lambda e: updates[e].append(time.monotonic()),
     )
     async with running(scraper) as task:
-        await until(lambda: scraper.view(hanging).failures >= 2, "two timeouts")
+        await aeventually(lambda: scraper.view(hanging).failures >= 2, "two timeouts", DEADLINE_S)
         assert not task.done()  # failures never end run()
     assert not scraper.view(hanging).healthy and scraper.view(good).healthy
     gaps = [b - a for a, b in zip(updates[good], updates[good][1:], strict=False)]
@@ -504,7 +504,7 @@ async def test_scrapes_stay_on_a_fixed_grid_without_drift(
     fake.delay_s = 0.05  # each scrape takes half the interval
     scraper = Scraper([url], http, interval_s=0.1)
     async with running(scraper):
-        await until(lambda: len(fake.arrivals) >= 10, "ten scrapes")
+        await aeventually(lambda: len(fake.arrivals) >= 10, "ten scrapes", DEADLINE_S)
     # Every scrape starts a whole number of intervals after the first (give or
     # take scheduling jitter). Sleeping the interval after each scrape instead
     # would put the second one 0.15 s in, half an interval off the grid.
@@ -520,7 +520,7 @@ async def test_an_overrunning_scrape_skips_the_missed_ticks_instead_of_bursting(
     fake.delays = [0.45]  # the first scrape overruns four and a half intervals
     scraper = Scraper([url], http, interval_s=0.1, timeout_s=1.0)
     async with running(scraper):
-        await until(lambda: len(fake.arrivals) >= 5, "five scrapes")
+        await aeventually(lambda: len(fake.arrivals) >= 5, "five scrapes", DEADLINE_S)
     gaps = [b - a for a, b in zip(fake.arrivals, fake.arrivals[1:], strict=False)]
     assert gaps[0] >= 0.45 and min(gaps[1:]) > 0.05, gaps
 
@@ -564,10 +564,10 @@ async def test_scrape_after_adds_one_scrape_off_the_grid(
     fake, url = engine
     scraper = Scraper([url], http, interval_s=30)  # the grid: one scrape at the start
     async with running(scraper):
-        await until(lambda: len(fake.arrivals) >= 1, "the first scrape")
+        await aeventually(lambda: len(fake.arrivals) >= 1, "the first scrape", DEADLINE_S)
         scraper.scrape_after(url, 0.05)
         scraper.scrape_after(url, 0.05)  # one is pending already: no second
-        await until(lambda: len(fake.arrivals) >= 2, "the extra scrape")
+        await aeventually(lambda: len(fake.arrivals) >= 2, "the extra scrape", DEADLINE_S)
         await asyncio.sleep(0.2)
     assert len(fake.arrivals) == 2
 
@@ -596,7 +596,7 @@ async def test_a_raising_on_update_does_not_stop_the_scraping(
 
     scraper = Scraper([url], http, interval_s=0.02, on_update=broken)
     async with running(scraper) as task:
-        await until(lambda: len(calls) >= 3, "three updates")
+        await aeventually(lambda: len(calls) >= 3, "three updates", DEADLINE_S)
         assert not task.done()
 
 

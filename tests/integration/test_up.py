@@ -20,22 +20,30 @@ import pytest
 
 from fairq.localredis import free_port
 from fairq.stack import Stack
+from tests.support.eventually import eventually
 
 pytestmark = pytest.mark.integration
 
 
 def _wait_for_banner(process: subprocess.Popen[str], timeout_s: float) -> list[str]:
+    """The lines ``fairq up`` prints up to its banner's last, read one by one."""
     lines: list[str] = []
-    deadline = time.monotonic() + timeout_s
-    assert process.stdout is not None
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            raise AssertionError(f"fairq up exited early: {''.join(lines)}")
+    stdout = process.stdout
+    assert stdout is not None
+
+    def read() -> list[str]:
+        line = stdout.readline()
+        assert line, f"fairq up exited early: {''.join(lines)}"
         lines.append(line)
-        if line.startswith("Ctrl-C stops everything"):
-            return lines
-    raise AssertionError(f"no banner within {timeout_s}s: {''.join(lines)}")
+        return lines
+
+    return eventually(
+        read,
+        "fairq up's banner",
+        timeout_s,
+        until=lambda seen: seen[-1].startswith("Ctrl-C stops everything"),
+        interval_s=0,
+    )
 
 
 def test_fairq_up_serves_the_openai_client_and_ctrl_c_leaves_no_process() -> None:

@@ -17,13 +17,14 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
+
+from tests.support.eventually import eventually
 
 _BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 _START_S = 30.0
@@ -71,14 +72,14 @@ class Page:
 
 def _devtools_port(profile: Path, process: subprocess.Popen[bytes]) -> int:
     active = profile / "DevToolsActivePort"
-    deadline = time.monotonic() + _START_S
-    while time.monotonic() < deadline:
+
+    def written() -> str:
         if process.poll() is not None:
             raise RuntimeError(f"chromium exited with {process.returncode}")
-        if active.exists() and active.read_text().strip():
-            return int(active.read_text().split()[0])
-        time.sleep(0.05)
-    raise TimeoutError("chromium did not open its DevTools port")
+        return active.read_text().strip() if active.exists() else ""
+
+    text = eventually(written, "chromium's DevTools port", _START_S, interval_s=0.05)
+    return int(text.split()[0])
 
 
 @contextlib.asynccontextmanager

@@ -7,11 +7,12 @@ import asyncio
 import contextlib
 import socket
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import uvicorn
+
+from tests.support.eventually import eventually
 
 START_STOP_S = 10.0
 
@@ -37,10 +38,12 @@ def running(server: uvicorn.Server, sock: socket.socket) -> Iterator[threading.T
     """``server`` on ``sock`` in a thread, started; stopped (and ``sock`` closed) after."""
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + START_STOP_S
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.01)
+
+    def started() -> bool:
+        assert thread.is_alive(), "the server's thread ended before it started"
+        return server.started
+
+    eventually(started, "the server to start", START_STOP_S, interval_s=0.01)
     try:
         yield thread
     finally:

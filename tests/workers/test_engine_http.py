@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import uvloop
 
+from tests.support.eventually import aeventually
 from workers.engine_http import (
     BadResponse,
     ConnectFailed,
@@ -169,9 +170,9 @@ async def test_a_pooled_connection_the_server_closed_is_replaced_without_an_erro
     script = [fixed("200 OK", b"{}"), CLOSE]  # keep-alive promised, then closed anyway
     async with scripted_server(script) as server, EngineClient(5.0) as client:
         assert await post(client, server.url) == (200, b"{}")
-        async with asyncio.timeout(DEADLINE_S):
-            while client.pooled:  # until the close reaches the client
-                await asyncio.sleep(0.01)
+        await aeventually(
+            lambda: not client.pooled, "the close to reach the client", DEADLINE_S, interval_s=0.01
+        )
         assert await post(client, server.url) == (200, b"{}")
     assert server.connections == 2
 
@@ -252,10 +253,9 @@ async def test_a_cancelled_call_closes_its_connection_so_the_engine_stops() -> N
         call = asyncio.create_task(
             client.post(server.url, b"{}", idle_timeout_s=DEADLINE_S, on_body=got.append)
         )
+        await aeventually(lambda: got, "the first piece", DEADLINE_S, interval_s=0.01)
+        call.cancel()
         async with asyncio.timeout(DEADLINE_S):
-            while not got:
-                await asyncio.sleep(0.01)
-            call.cancel()
             await server.client_closed.wait()
     assert call.cancelled() and got == [b"data: 1\n\n"]
 
