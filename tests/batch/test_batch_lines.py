@@ -5,7 +5,6 @@ Real processes (gateway, dispatcher, worker, RQ batch worker, simulator), real R
 from __future__ import annotations
 
 import io
-import time
 from collections.abc import Iterator
 
 import openai
@@ -13,8 +12,10 @@ import orjson
 import pytest
 from openai import OpenAI
 
-from fairq.localredis import LocalRedis, free_port
-from fairq.stack import DEMO_MODELS, Stack, demo_config
+from fairq.localredis import LocalRedis
+from fairq.stack import DEMO_MODELS
+from tests.support.eventually import eventually
+from tests.support.stack import demo_stack
 
 pytestmark = pytest.mark.integration
 
@@ -23,11 +24,7 @@ MODEL = DEMO_MODELS[1]
 
 @pytest.fixture(scope="module")
 def client(redis_server: LocalRedis) -> Iterator[OpenAI]:
-    ports = [free_port(), free_port()]
-    sims = dict(zip(ports, DEMO_MODELS, strict=True))
-    with Stack(
-        demo_config(ports), gateway_port=free_port(), sims=sims, redis_url=redis_server.url
-    ) as stack:
+    with demo_stack(redis_url=redis_server.url) as stack:
         yield OpenAI(base_url=f"{stack.gateway_url}/v1", api_key="fq-demo-alice", max_retries=0)
 
 
@@ -43,13 +40,13 @@ def run(client: OpenAI, data: bytes) -> openai.types.Batch:
     batch = client.batches.create(
         input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="24h"
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        batch = client.batches.retrieve(batch.id)
-        if batch.status in ("completed", "failed"):
-            return batch
-        time.sleep(0.2)
-    raise AssertionError(f"batch still {batch.status}")
+    return eventually(
+        lambda: client.batches.retrieve(batch.id),
+        "the batch to complete or fail",
+        60,
+        until=lambda batch: batch.status in ("completed", "failed"),
+        interval_s=0.2,
+    )
 
 
 def records(client: OpenAI, file_id: str | None) -> list[dict[str, object]]:

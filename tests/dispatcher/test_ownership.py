@@ -13,10 +13,12 @@ import pytest
 import redis
 from redis.asyncio import Redis
 
-from broker import Client, JobState, OwnershipStore, Settings, keys
+from broker import Client, JobState, OwnershipStore, keys
 from dispatcher.ownership import Ownership, plan
-from fairq.localredis import free_port
-from fairq.stack import Stack, demo_config
+from fairq.stack import Stack
+from tests.support.eventually import aeventually, eventually
+from tests.support.settings import make_settings
+from tests.support.stack import demo_stack
 
 MODELS = [f"m{i}" for i in range(4)]
 
@@ -70,10 +72,7 @@ async def test_a_clean_stop_hands_the_models_over_at_once(aredis: Redis) -> None
     a = _replica(aredis, "a", 60_000, [])
     b = _replica(aredis, "b", 60_000, [])
     task = asyncio.create_task(a.run())
-    for _ in range(100):
-        if a.owned:
-            break
-        await asyncio.sleep(0.01)
+    await aeventually(lambda: a.owned, "a's first round", 1, interval_s=0.01)
     assert a.owned == frozenset(MODELS)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
@@ -83,11 +82,8 @@ async def test_a_clean_stop_hands_the_models_over_at_once(aredis: Redis) -> None
 
 @pytest.fixture
 def two_dispatchers(redis_url: str) -> Iterator[Stack]:
-    ports = [free_port(), free_port()]
-    sims = dict(zip(ports, ["demo-chat", "demo-code"], strict=True))
     env = {"FAIRQ_DISPATCHER_LEASE_MS": "600"}
-    with Stack(demo_config(ports), gateway_port=0, sims=sims, redis_url=redis_url,
-               gateway=False, dispatchers=2, env=env) as stack:  # fmt: skip
+    with demo_stack(redis_url=redis_url, gateway=False, dispatchers=2, env=env) as stack:
         yield stack
 
 
@@ -95,21 +91,18 @@ def _owners(r: redis.Redis) -> dict[str, bytes | None]:
     return {m: r.get(keys.owner(m)) for m in ("demo-chat", "demo-code")}
 
 
-def _wait(predicate: object, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout_s} s: {what}")
-
-
 @pytest.mark.integration
 def test_a_killed_dispatcher_loses_its_models_to_the_other(
     two_dispatchers: Stack, redis_url: str
 ) -> None:
     r = redis.Redis.from_url(redis_url)
-    _wait(lambda: len({o for o in _owners(r).values() if o}) == 2, 10, "one model each")
+    eventually(
+        lambda: _owners(r),
+        "one model each",
+        10,
+        until=lambda owners: len({o for o in owners.values() if o}) == 2,
+        interval_s=0.05,
+    )
     victim_name = _owners(r)["demo-chat"]
     assert victim_name is not None
     victim_pid = int(victim_name.decode().split("-")[-2])
@@ -117,11 +110,17 @@ def test_a_killed_dispatcher_loses_its_models_to_the_other(
     os.kill(victim_pid, signal.SIGKILL)
     killed_at = time.monotonic()
     survivor = _owners(r)["demo-code"]
-    _wait(lambda: set(_owners(r).values()) == {survivor}, 10, "the survivor owns both")
+    eventually(
+        lambda: _owners(r),
+        "the survivor owns both",
+        10,
+        until=lambda owners: set(owners.values()) == {survivor},
+        interval_s=0.05,
+    )
     # The lease (0.6 s) plus a renewal round (0.2 s) and the heartbeat's lapse, with slack
     # for a loaded machine; the default lease of 3 s gives about 4 s.
     assert time.monotonic() - killed_at < 5
-    settings = Settings(redis_url=redis_url, **two_dispatchers.config)
+    settings = make_settings(redis_url, **two_dispatchers.config)
     with Client(settings, api_key="fq-demo-alice") as client:
         job_id = client.submit("demo-chat", prompt="hello", max_tokens=4)
         assert client.result(job_id)["usage"]["completion_tokens"] == 4

@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 
 import httpx
@@ -34,11 +33,21 @@ from broker import (
     Outcome,
     Pick,
     Settings,
-    hash_key,
     keys,
 )
-from gateway import create_app, sse
-from tests.support.servers import uvicorn_thread
+from gateway import sse
+from tests.support.eventually import aeventually
+from tests.support.settings import (
+    ALICE,
+    ALICE_KEY,
+    BOB,
+    BOB_KEY,
+    api_key,
+    make_config,
+    make_settings,
+)
+from tests.support.stack import gateway as gateway_server
+from tests.support.stack import wait_healthy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(10)]
 
@@ -46,37 +55,25 @@ MODEL = "tiny-chat"
 OTHER_MODEL = "org/other-model"
 ENDPOINT = "http://engine-0:8000"
 JOB_HEADER = "x-fairq-job-id"
-ALICE = {"Authorization": "Bearer k-alice"}
-BOB = {"Authorization": "Bearer k-bob"}
-APP = {"Authorization": "Bearer k-app"}
+APP_KEY = "k-app"
+APP = {"Authorization": f"Bearer {APP_KEY}"}
 DONE = b"data: [DONE]\n\n"
 WAIT_S = 5.0
 
 
 # Plain values, so that a gateway in a subprocess can be configured from their repr.
-CONFIG: dict[str, object] = {
-    "models": [
+CONFIG = make_config(
+    models=[
         {"name": MODEL, "endpoints": [ENDPOINT]},
         {"name": OTHER_MODEL, "engine": "openai", "endpoints": ["http://engine-1:8000"]},
     ],
-    "api_keys": [
-        {"sha256": hash_key("k-alice"), "user": "alice"},
-        {"sha256": hash_key("k-bob"), "user": "bob", "bands": ["batch"], "models": [MODEL]},
-        {"sha256": hash_key("k-app"), "user": "app", "trusted_app": True},
+    api_keys=[
+        api_key(ALICE_KEY, "alice"),
+        api_key(BOB_KEY, "bob", bands=["batch"], models=[MODEL]),
+        api_key(APP_KEY, "app", trusted_app=True),
     ],
-    "max_body_bytes": 4096,
-}
-
-
-def make_settings(redis_url: str, **overrides: object) -> Settings:
-    return Settings(redis_url=redis_url, **{**CONFIG, **overrides})  # type: ignore[arg-type]
-
-
-@contextlib.contextmanager
-def running(settings: Settings) -> Iterator[str]:
-    """The gateway under a real uvicorn in a thread; yields its base URL."""
-    with uvicorn_thread(create_app(settings)) as url:
-        yield url
+    max_body_bytes=4096,
+)
 
 
 def chat(**extra: object) -> dict[str, object]:
@@ -121,12 +118,15 @@ class StandIn:
     async def take(self, model: str = MODEL) -> Claimed:
         """Dispatch the first queued job of ``model`` and start it as a worker would."""
         await self.dispatch.ensure_ready_group(model)
-        async with asyncio.timeout(WAIT_S):
-            while not await self._dispatch_head(model):
-                await asyncio.sleep(0.01)
-            claimed: list[Claimed] = []
-            while not claimed:
-                claimed = await self.execution.claim(self.redis, [model], "w-test", 1, 100)
+        await aeventually(
+            lambda: self._dispatch_head(model), "the head job dispatched", WAIT_S, interval_s=0.01
+        )
+        claimed: list[Claimed] = await aeventually(
+            lambda: self.execution.claim(self.redis, [model], "w-test", 1, 100),
+            "the dispatched job claimed",
+            WAIT_S,
+            interval_s=0,
+        )
         assert await self.execution.start(claimed[0], "w-test") == 1
         return claimed[0]
 
@@ -166,12 +166,12 @@ class StandIn:
 
 @pytest.fixture
 def settings(redis_url: str) -> Settings:
-    return make_settings(redis_url)
+    return make_settings(redis_url, **CONFIG)
 
 
 @pytest.fixture
 def gateway(settings: Settings) -> Iterator[str]:
-    with running(settings) as url:
+    with gateway_server(settings) as url:
         yield url
 
 
@@ -209,9 +209,12 @@ async def job_status(http: httpx.AsyncClient, job_id: str, headers: dict[str, st
 
 
 async def wait_for_status(http: httpx.AsyncClient, job_id: str, status: str) -> None:
-    async with asyncio.timeout(WAIT_S):
-        while await job_status(http, job_id, ALICE) != status:
-            await asyncio.sleep(0.02)
+    await aeventually(
+        lambda: job_status(http, job_id, ALICE),
+        f"the job {status}",
+        WAIT_S,
+        until=lambda seen: seen == status,
+    )
 
 
 def assert_error(response: httpx.Response, status: int, code: str | None) -> dict[str, object]:
@@ -371,9 +374,9 @@ async def test_non_streaming_client_that_leaves_cancels_its_job(
 async def _only_job_id(standin: StandIn) -> str:
     """The id of the one job queued for alice (read from her queue stream)."""
     queue = keys.queue(MODEL, "interactive", "alice")
-    async with asyncio.timeout(WAIT_S):
-        while not (entries := await standin.redis.xrange(queue)):
-            await asyncio.sleep(0.01)
+    entries = await aeventually(
+        lambda: standin.redis.xrange(queue), "alice's queued job", WAIT_S, interval_s=0.01
+    )
     [(_, fields)] = entries
     job_id: bytes = fields[b"j"]
     return job_id.decode()
@@ -543,9 +546,9 @@ async def test_band_the_key_is_not_entitled_to_gets_403(
 async def test_queue_full_gets_429_with_retry_after_and_keeps_queued_jobs(
     redis_url: str, aredis: Redis
 ) -> None:
-    settings = make_settings(redis_url, max_queued_per_user=2, queue_full_retry_after_s=7)
+    settings = make_settings(redis_url, **CONFIG, max_queued_per_user=2, queue_full_retry_after_s=7)
     path, body = "/v1/chat/completions", chat(stream=True)
-    with running(settings) as url:
+    with gateway_server(settings) as url:
         async with (
             httpx.AsyncClient(base_url=url, timeout=WAIT_S) as http,
             contextlib.AsyncExitStack() as held,
@@ -631,7 +634,7 @@ async def test_readyz_is_503_when_redis_does_not_answer() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"redis://127.0.0.1:{s.getsockname()[1]}/0"  # bound, never listening
-        with running(make_settings(dead)) as url:
+        with gateway_server(make_settings(dead, **CONFIG)) as url:
             async with httpx.AsyncClient(base_url=url, timeout=WAIT_S) as http:
                 assert (await http.get("/healthz")).status_code == 200
                 assert_error(await http.get("/readyz"), 503, "redis_unavailable")
@@ -649,7 +652,7 @@ def test_serve_answers_queued_streams_and_exits_cleanly_on_sigterm(redis_url: st
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(f"{base}/healthz", proc)
+        wait_healthy(f"{base}/healthz", proc, "the gateway process", WAIT_S)
         body = chat(stream=True)
         with httpx.stream("POST", f"{base}/v1/chat/completions", headers=ALICE, json=body) as r:
             job_id = r.headers[JOB_HEADER]
@@ -667,14 +670,3 @@ def test_serve_answers_queued_streams_and_exits_cleanly_on_sigterm(redis_url: st
     client = redis.Redis.from_url(redis_url)
     assert client.hget(keys.job(MODEL, job_id), "st") == b"cancelled"
     client.close()
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "the gateway process exited early"
-        with contextlib.suppress(httpx.TransportError):
-            if httpx.get(url, timeout=0.5).status_code == 200:
-                return
-        time.sleep(0.05)
-    raise AssertionError("the gateway process did not become healthy")

@@ -25,33 +25,42 @@ import pytest
 import redis
 from pydantic import ValidationError
 
-from broker import ApiKeyConfig, JobQueue, KeyRing, Settings, Submission, hash_key
+from broker import ApiKeyConfig, JobQueue, KeyRing, Settings, Submission
 from broker.jobs import RequestKind
 from broker.requests import engine_payload
-from fairq.localredis import LocalRedis, free_port
-from fairq.stack import DEMO_MODELS, Stack, demo_config
-from gateway import create_app
-from tests.support.servers import uvicorn_thread
+from fairq.localredis import LocalRedis
+from fairq.stack import DEMO_MODELS, Stack
+from tests.support.settings import (
+    ADMIN,
+    ADMIN_KEY,
+    ALICE,
+    ALICE_KEY,
+    BOB,
+    BOB_KEY,
+    api_key,
+    make_config,
+    make_settings,
+)
+from tests.support.stack import demo_stack
+from tests.support.stack import gateway as gateway_server
 from tests.support.tlsproxy import make_certificates, tls_proxy
 
 MODEL = "sec-model"
-ADMIN = {"Authorization": "Bearer k-admin"}
-ALICE = {"Authorization": "Bearer k-alice"}
-BOB = {"Authorization": "Bearer k-bob"}  # default and batch only
-CONFIG: dict[str, object] = {
-    "models": [{"name": MODEL, "endpoints": ["http://engine-0:8000"]}],
-    "api_keys": [
-        {"sha256": hash_key("k-admin"), "user": "ops", "admin": True},
-        {"sha256": hash_key("k-alice"), "user": "alice"},
-        {"sha256": hash_key("k-bob"), "user": "bob", "bands": ["default", "batch"]},
+CONFIG = make_config(
+    ["http://engine-0:8000"],
+    model=MODEL,
+    api_keys=[
+        api_key(ADMIN_KEY, "ops", admin=True),
+        api_key(ALICE_KEY, "alice"),
+        api_key(BOB_KEY, "bob", bands=["default", "batch"]),  # default and batch only
     ],
-}
+)
 
 
 def test_api_keys_are_configured_only_as_hashes() -> None:
     with pytest.raises(ValidationError, match="64 lowercase hex"):
         ApiKeyConfig(sha256="k-alice", user="alice")
-    settings = Settings(**CONFIG)  # type: ignore[arg-type]
+    settings = make_settings(**CONFIG)
     assert "k-alice" not in settings.model_dump_json()
     ring = KeyRing(settings)
     assert ring.resolve("k-alice").user == "alice"
@@ -65,7 +74,7 @@ def test_settings_print_the_redis_password_masked() -> None:
 
 
 def test_an_engine_priority_in_the_body_never_reaches_the_engine() -> None:
-    settings = Settings(**CONFIG)  # type: ignore[arg-type]
+    settings = make_settings(**CONFIG)
     model = settings.models[0]
     payload = orjson.loads(engine_payload({"model": MODEL, "prompt": "x", "priority": -100},
                                           "job-1", model))  # fmt: skip
@@ -74,8 +83,7 @@ def test_an_engine_priority_in_the_body_never_reaches_the_engine() -> None:
 
 @pytest.fixture
 def gateway(redis_url: str) -> Iterator[str]:
-    settings = Settings(redis_url=redis_url, **CONFIG)  # type: ignore[arg-type]
-    with uvicorn_thread(create_app(settings)) as url:
+    with gateway_server(make_settings(redis_url, **CONFIG)) as url:
         yield url
 
 
@@ -94,7 +102,7 @@ async def _queue(redis_url: str, user: str, band: str, n: int) -> None:
     from redis.asyncio import Redis
 
     client = Redis.from_url(redis_url)
-    queue = JobQueue(client, Settings(redis_url=redis_url, **CONFIG))  # type: ignore[arg-type]
+    queue = JobQueue(client, make_settings(redis_url, **CONFIG))
     sub = Submission(model=MODEL, owner=user, user=user, tenant=user, band=band,
                      kind=RequestKind.CHAT, stream_flag="1", payload=b"{}")  # fmt: skip
     for _ in range(n):
@@ -161,12 +169,6 @@ def _run_one_job(stack: Stack, key: str, prompt: str) -> None:
         assert response.json()["usage"]["completion_tokens"] == 4
 
 
-def _stack(redis_url: str) -> Stack:
-    ports = [free_port(), free_port()]
-    return Stack(demo_config(ports), gateway_port=free_port(),
-                 sims=dict(zip(ports, DEMO_MODELS, strict=True)), redis_url=redis_url)  # fmt: skip
-
-
 @pytest.mark.integration
 def test_every_process_authenticates_to_redis_through_the_url(
     capfd: pytest.CaptureFixture[str],
@@ -177,7 +179,7 @@ def test_every_process_authenticates_to_redis_through_the_url(
         with redis.Redis(port=server.port) as anonymous, pytest.raises(redis.AuthenticationError):
             anonymous.ping()  # AUTH is really on
         assert server.url.startswith(f"redis://:{password}@")
-        with _stack(server.url) as stack:
+        with demo_stack(redis_url=server.url) as stack:
             _run_one_job(stack, "fq-demo-alice", prompt)
             _failing_requests(stack, prompt)
     # Nothing secret in any process's log at the default level, failures included.
@@ -222,7 +224,7 @@ def test_every_process_talks_tls_to_redis_through_a_rediss_url(tmp_path: Path) -
             client = redis.Redis.from_url(wrong, socket_timeout=2)
             with client, pytest.raises(redis.ConnectionError):
                 client.ping()
-        with _stack(url) as stack:
+        with demo_stack(redis_url=url) as stack:
             _run_one_job(stack, "fq-demo-alice", "hello over TLS")
 
 

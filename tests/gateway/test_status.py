@@ -8,7 +8,6 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import orjson
@@ -29,7 +28,6 @@ from broker import (
     RequestKind,
     Settings,
     Submission,
-    hash_key,
     keys,
 )
 from broker.status import ModelQueues, read_queues, read_status
@@ -42,27 +40,25 @@ from dispatcher.status import (
     _History,
 )
 from fairq.cli import main
-from gateway import create_app
 from tests.support.paths import REPO
-from tests.support.servers import uvicorn_thread
+from tests.support.settings import (
+    ADMIN_KEY,
+    ALICE_KEY,
+    ENDPOINT,
+    MODEL,
+    api_key,
+    make_config,
+    make_settings,
+)
+from tests.support.stack import gateway
 from workers.telemetry import WorkerCollector, WorkerTelemetry
 
-MODEL = "m1"
-EP = "http://127.0.0.1:9"
-CONFIG: dict[str, Any] = {
-    "models": [{"name": MODEL, "endpoints": [EP]}],
-    "api_keys": [
-        {"sha256": hash_key("k-admin"), "user": "root", "admin": True},
-        {"sha256": hash_key("k-alice"), "user": "alice"},
-    ],
-    "metrics_port": 0,
-    "status_top_users": 2,
-}
+CONFIG = make_config(
+    api_keys=[api_key(ADMIN_KEY, "root", admin=True), api_key(ALICE_KEY, "alice")],
+    metrics_port=0,
+    status_top_users=2,
+)
 _DASHBOARD = REPO / "deploy/k8s/grafana/fairq-dashboard.json"
-
-
-def settings(redis_url: str) -> Settings:
-    return Settings(redis_url=redis_url, **CONFIG)
 
 
 def submission(user: str, band: str = "default") -> Submission:
@@ -84,7 +80,7 @@ async def _queue(aredis: Redis, s: Settings, jobs: dict[tuple[str, str], int]) -
 async def test_read_queues_counts_each_band_and_ranks_the_top_users(
     aredis: Redis, redis_url: str
 ) -> None:
-    s = settings(redis_url)
+    s = make_settings(redis_url, **CONFIG)
     await _queue(aredis, s, {("alice", "default"): 4, ("bob", "default"): 1,
                              ("carol", "default"): 2, ("dave", "batch"): 3})  # fmt: skip
     queues = await read_queues(aredis, MODEL, s.bands, top=2)
@@ -99,7 +95,7 @@ async def test_read_queues_counts_each_band_and_ranks_the_top_users(
 async def test_status_without_a_snapshot_reads_the_queues_and_with_one_returns_it(
     aredis: Redis, redis_url: str
 ) -> None:
-    s = settings(redis_url)
+    s = make_settings(redis_url, **CONFIG)
     await _queue(aredis, s, {("alice", "interactive"): 2})
     (view,) = await read_status(aredis, s, now_ms=1)
     assert view["source"] == "redis" and view["endpoints"][0]["healthy"] is None  # type: ignore[index]
@@ -127,7 +123,7 @@ def test_history_makes_one_point_per_step_with_ttft_quantiles() -> None:
 def test_admin_status_answers_admin_keys_only_and_the_page_and_metrics_are_served(
     redis_url: str,
 ) -> None:
-    with uvicorn_thread(create_app(settings(redis_url))) as url, httpx.Client() as client:
+    with gateway(make_settings(redis_url, **CONFIG)) as url, httpx.Client() as client:
         assert client.get(f"{url}/admin/status").status_code == 401
         refused = client.get(f"{url}/admin/status", headers={"Authorization": "Bearer k-alice"})
         assert refused.status_code == 403
@@ -146,7 +142,7 @@ def test_admin_status_answers_admin_keys_only_and_the_page_and_metrics_are_serve
 async def _queue_apart(redis_url: str, jobs: dict[tuple[str, str], int]) -> list[str]:
     redis = Redis.from_url(redis_url)
     try:
-        return await _queue(redis, settings(redis_url), jobs)
+        return await _queue(redis, make_settings(redis_url, **CONFIG), jobs)
     finally:
         await redis.aclose()
 
@@ -210,11 +206,13 @@ async def _serve_newcomer(redis_url: str) -> dict[str, object]:
     """bob's one streamed job goes the whole way (dispatched while he had nothing in the
     engine, first token, completed, timed by the worker's telemetry), then a dispatcher
     publishes the model's status; returns that snapshot."""
-    s = settings(redis_url)
+    s = make_settings(redis_url, **CONFIG)
     redis = Redis.from_url(redis_url)
     try:
         (job_id,) = await _queue(redis, s, {("bob", "default"): 1})
-        await DispatchStore(redis, s).dispatch(MODEL, EP, 10, [Pick("default", "bob", 1, 0)], 10)
+        await DispatchStore(redis, s).dispatch(
+            MODEL, ENDPOINT, 10, [Pick("default", "bob", 1, 0)], 10
+        )
         x = ExecutionStore(redis, s)
         await x.ensure_groups([MODEL])
         (claimed,) = await x.claim(redis, [MODEL], "w1", count=1, block_ms=100)

@@ -14,9 +14,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker import Client, JobState, Settings
-from fairq.localredis import free_port
-from fairq.stack import DEMO_MODELS, Stack, demo_config
+from broker import Client, JobState
+from fairq.stack import DEMO_MODELS
+from tests.support.settings import make_settings
+from tests.support.stack import demo_stack, sim_port
 
 pytestmark = pytest.mark.integration
 
@@ -65,14 +66,15 @@ def small_profile(tmp_path: Path) -> str:
 
 def run_flood(redis_url: str, profile: str, model_overrides: dict[str, Any]) -> list[float]:
     """30 jobs of one user at once; returns the engine's waiting queue as sampled."""
-    ports = [free_port(), free_port()]
-    config = demo_config(ports)
-    config["models"][0].update(model_overrides)
-    sims = dict(zip(ports, DEMO_MODELS, strict=True))
-    with Stack(config, gateway_port=0, sims=sims, sim_profiles=dict.fromkeys(ports, profile),
-               redis_url=redis_url, gateway=False) as stack:  # fmt: skip
-        settings = Settings(redis_url=redis_url, **stack.config)
-        with Client(settings, api_key="fq-demo-alice") as client, WaitingProbe(ports[0]) as probe:
+    with demo_stack(
+        per_model={DEMO_MODELS[0]: model_overrides},
+        profile=profile,
+        redis_url=redis_url,
+        gateway=False,
+    ) as stack:
+        settings = make_settings(redis_url, **stack.config)
+        probe = WaitingProbe(sim_port(stack, DEMO_MODELS[0]))
+        with Client(settings, api_key="fq-demo-alice") as client, probe:
             prompt = [{"role": "user", "content": "hello"}]
             jobs = [
                 client.submit(DEMO_MODELS[0], messages=prompt, max_tokens=12) for _ in range(30)

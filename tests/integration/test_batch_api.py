@@ -4,7 +4,6 @@ processes (gateway, dispatcher, worker, RQ batch worker, simulator) and a real R
 from __future__ import annotations
 
 import io
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -14,11 +13,11 @@ import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker import Settings, hash_key
-from fairq.localredis import LocalRedis, free_port
-from fairq.stack import DEMO_MODELS, Stack, demo_config
-from gateway import create_app
-from tests.support.servers import uvicorn_thread
+from fairq.localredis import LocalRedis
+from fairq.stack import DEMO_MODELS, Stack
+from tests.support.eventually import eventually
+from tests.support.settings import api_key, make_settings
+from tests.support.stack import demo_stack, gateway
 
 pytestmark = pytest.mark.integration
 
@@ -28,11 +27,7 @@ _DEADLINE_S = 90
 
 @pytest.fixture(scope="module")
 def stack(redis_server: LocalRedis) -> Iterator[Stack]:
-    ports = [free_port(), free_port()]
-    sims = dict(zip(ports, DEMO_MODELS, strict=True))
-    with Stack(
-        demo_config(ports), gateway_port=free_port(), sims=sims, redis_url=redis_server.url
-    ) as running:
+    with demo_stack(redis_url=redis_server.url) as running:
         yield running
 
 
@@ -51,13 +46,13 @@ def chat_line(custom_id: str, model: str = MODEL, tokens: int = 4) -> bytes:
 
 
 def wait_for(client: OpenAI, batch_id: str, statuses: tuple[str, ...]) -> openai.types.Batch:
-    deadline = time.monotonic() + _DEADLINE_S
-    while time.monotonic() < deadline:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in statuses:
-            return batch
-        time.sleep(0.2)
-    raise AssertionError(f"batch {batch_id} is still {batch.status} after {_DEADLINE_S}s")
+    return eventually(
+        lambda: client.batches.retrieve(batch_id),
+        f"batch {batch_id} to be {' or '.join(statuses)}",
+        _DEADLINE_S,
+        until=lambda batch: batch.status in statuses,
+        interval_s=0.2,
+    )
 
 
 def records(client: OpenAI, file_id: str | None) -> list[dict[str, object]]:
@@ -208,14 +203,11 @@ def test_bad_batch_requests_get_openai_errors(stack: Stack) -> None:
 
 @pytest.mark.parametrize("chunked", [False, True])
 def test_an_upload_over_the_size_limit_is_refused_with_413(redis_url: str, chunked: bool) -> None:
-    settings = Settings(
-        redis_url=redis_url,
-        batch={"max_file_bytes": 4096},
-        models=[{"name": MODEL, "endpoints": ["http://127.0.0.1:9"]}],
-        api_keys=[{"sha256": hash_key("k"), "user": "u"}],
-    )  # type: ignore[arg-type]
+    settings = make_settings(
+        redis_url, model=MODEL, api_keys=[api_key("k", "u")], batch={"max_file_bytes": 4096}
+    )
     data = b"\n".join(chat_line(f"big-{i}") for i in range(200))  # ~30 KB
-    with uvicorn_thread(create_app(settings)) as url:
+    with gateway(settings) as url:
         if chunked:  # no Content-Length: the count while reading is the guard
             boundary = b"fq"
             body = (

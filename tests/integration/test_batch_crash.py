@@ -8,8 +8,8 @@ import io
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import orjson
@@ -19,8 +19,9 @@ from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker import keys
-from fairq.localredis import free_port
-from fairq.stack import DEMO_MODELS, Stack, demo_config
+from fairq.stack import DEMO_MODELS, Stack
+from tests.support.eventually import eventually
+from tests.support.stack import demo_stack, sim_port
 
 pytestmark = pytest.mark.integration
 
@@ -31,17 +32,8 @@ _DEADLINE_S = 90
 
 @pytest.fixture
 def stack(redis_url: str) -> Iterator[Stack]:
-    ports = [free_port(), free_port()]
-    sims = dict(zip(ports, DEMO_MODELS, strict=True))
     env = {"FAIRQ_BATCH__LEASE_S": "2", "FAIRQ_BATCH__INGEST_CHUNK_LINES": "200"}
-    with Stack(
-        demo_config(ports),
-        gateway_port=free_port(),
-        sims=sims,
-        redis_url=redis_url,
-        batch_workers=0,
-        env=env,
-    ) as running:
+    with demo_stack(redis_url=redis_url, batch_workers=0, env=env) as running:
         yield running
 
 
@@ -55,8 +47,7 @@ def kill(process: subprocess.Popen[bytes]) -> None:
 
 
 def engine_requests(stack: Stack) -> float:
-    port = next(p for p, m in stack.sims.items() if m == MODEL)
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    text = httpx.get(f"http://127.0.0.1:{sim_port(stack, MODEL)}/metrics").text
     return sum(
         s.value
         for f in text_string_to_metric_families(text)
@@ -85,13 +76,15 @@ def batch_file() -> tuple[bytes, list[str]]:
     return b"\n".join(lines), ids
 
 
-def poll_until(r: redis.Redis, batch_id: str, done: object, timeout_s: float = _DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if done(r.hgetall(keys.batch(batch_id))):  # type: ignore[operator]
-            return
-        time.sleep(0.001)
-    raise AssertionError(f"batch {batch_id}: condition not reached in {timeout_s}s")
+def until_batch(r: redis.Redis, batch_id: str, done: Callable[[Any], object], what: str) -> None:
+    """Until the batch's hash is ``done``; polled each millisecond, for a kill to land in time."""
+    eventually(
+        lambda: r.hgetall(keys.batch(batch_id)),
+        f"batch {batch_id}: {what}",
+        _DEADLINE_S,
+        until=done,
+        interval_s=0.001,
+    )
 
 
 def test_a_batch_worker_killed_in_ingest_and_in_finalize_loses_and_repeats_nothing(
@@ -108,19 +101,19 @@ def test_a_batch_worker_killed_in_ingest_and_in_finalize_loses_and_repeats_nothi
     )
 
     worker = start_batch_worker(stack)
-    poll_until(r, batch.id, lambda h: int(h.get(b"line", 0)) >= 2_000)  # part of the file read
+    until_batch(r, batch.id, lambda h: int(h.get(b"line", 0)) >= 2_000, "2,000 lines read")
     kill(worker)
     status = r.hget(keys.batch(batch.id), "status")
     assert status == b"validating", "the kill was meant to land during ingest"
 
     worker = start_batch_worker(stack)
-    poll_until(r, batch.id, lambda h: h.get(b"status") == b"finalizing")
+    until_batch(r, batch.id, lambda h: h.get(b"status") == b"finalizing", "finalizing")
     kill(worker)
     assert r.hget(keys.batch(batch.id), "status") == b"finalizing", "meant to land in finalize"
 
     worker = start_batch_worker(stack)
     try:
-        poll_until(r, batch.id, lambda h: h.get(b"status") == b"completed")
+        until_batch(r, batch.id, lambda h: h.get(b"status") == b"completed", "completed")
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(10)

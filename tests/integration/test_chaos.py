@@ -22,8 +22,9 @@ import redis
 import yaml
 
 from broker import JobState, keys
-from fairq.localredis import free_port
-from fairq.stack import DEMO_MODELS, Stack, demo_config
+from fairq.stack import DEMO_MODELS, Stack
+from tests.support.eventually import eventually
+from tests.support.stack import demo_stack
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +33,7 @@ CONCURRENCY = 48
 KEYS = ("fq-demo-alice", "fq-demo-bob")
 BANDS = ("interactive", "default", "batch")
 ENGINE = {"step_base_ms": 4.0, "step_per_seq_ms": 0.05, "max_num_seqs": 16}
-QUICK = {"lease_ms": 1000, "lease_renew_ms": 200, "dispatcher_lease_ms": 600,
+LEASES = {"lease_ms": 1000, "lease_renew_ms": 200, "dispatcher_lease_ms": 600,
          "retry_backoff_ms": 20.0, "stream_resume_grace_s": 30.0}  # fmt: skip
 TERMINAL = {s.value for s in JobState if s.terminal}
 
@@ -41,12 +42,15 @@ TERMINAL = {s.value for s in JobState if s.terminal}
 def stack(redis_url: str, tmp_path: Path) -> Iterator[Stack]:
     profile = tmp_path / "engine.yaml"
     profile.write_text(yaml.safe_dump(ENGINE))
-    ports = [free_port(), free_port()]
-    config = demo_config(ports, **QUICK)
-    with Stack(config, gateway_port=free_port(), sims=dict(zip(ports, DEMO_MODELS, strict=True)),
-               sim_profiles=dict.fromkeys(ports, str(profile)), redis_url=redis_url,
-               workers=2, dispatchers=2, batch_workers=0,
-               env={"FAIRQ_METRICS_PORT": "0"}) as running:  # fmt: skip
+    with demo_stack(
+        overrides=LEASES,
+        profile=profile,
+        redis_url=redis_url,
+        workers=2,
+        dispatchers=2,
+        batch_workers=0,
+        env={"FAIRQ_METRICS_PORT": "0"},
+    ) as running:
         yield running
 
 
@@ -172,12 +176,13 @@ def test_every_job_ends_once_while_processes_are_killed(stack: Stack, redis_url:
     r = redis.Redis.from_url(redis_url)
     clients, killed = asyncio.run(drive(stack, r))
     assert len(killed) == 3 and all(unfinished > 0 for unfinished in killed.values()), killed
-    deadline = time.monotonic() + 60
-    states = job_states(r)
-    while any(state not in TERMINAL for state in states.values()):
-        assert time.monotonic() < deadline, collections.Counter(states.values())
-        time.sleep(0.2)
-        states = job_states(r)
+    states = eventually(
+        lambda: job_states(r),
+        "every job to end",
+        60,
+        until=lambda states: all(state in TERMINAL for state in states.values()),
+        interval_s=0.2,
+    )
     counts = collections.Counter(states.values())
     outcomes = collections.Counter(c.outcome for c in clients)
     print(f"\njobs by state: {dict(counts)}\nclients: {dict(outcomes)}\n"

@@ -13,7 +13,6 @@ import itertools
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -22,14 +21,16 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from broker import Settings, keys
+from broker import keys
 from broker.redis.cluster import node_url, slot_groups, slot_of
 from broker.redis.connect import connect
 from fairq.localcluster import LocalCluster
 from fairq.localredis import free_port
 from fairq.stack import Stack, demo_config
 from gateway.restarts import RestartWatch, restarted
-from tests.support.stack import metric
+from tests.support.eventually import eventually
+from tests.support.settings import make_settings
+from tests.support.stack import metric, sim_port
 
 pytestmark = pytest.mark.integration
 
@@ -181,8 +182,8 @@ def test_a_cancel_published_on_one_master_reaches_the_worker_subscribed_on_anoth
     models = [m["name"] for m in stack.config["models"]]
     model = models[-1]
     assert slot_of(model) != slot_of(models[0])
-    sim_port = next(port for port, served in stack.sims.items() if model in served.split(","))
-    before = aborted_at_engine(sim_port, model)
+    port = sim_port(stack, model)
+    before = aborted_at_engine(port, model)
     auth = {"Authorization": "Bearer fq-demo-alice"}
     body = {"model": model, "stream": True, "max_tokens": 3000,
             "messages": [{"role": "user", "content": "a long answer please"}]}  # fmt: skip
@@ -192,11 +193,14 @@ def test_a_cancel_published_on_one_master_reaches_the_worker_subscribed_on_anoth
             lines = response.iter_lines()
             assert any(next(lines).startswith("data: {") for _ in range(6))
         # The client left mid-stream: the gateway cancels the job, the worker its call.
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and aborted_at_engine(sim_port, model) == before:
-            time.sleep(0.1)
+        eventually(
+            lambda: aborted_at_engine(port, model) != before,
+            "the abort at the engine",
+            10,
+            interval_s=0.1,
+        )
         assert client.get(f"/v1/jobs/{job_id}").json()["status"] == "cancelled"
-    assert aborted_at_engine(sim_port, model) == before + 1
+    assert aborted_at_engine(port, model) == before + 1
 
 
 def test_the_operator_status_reads_every_model_over_the_cluster(stack: Stack) -> None:
@@ -247,7 +251,7 @@ def test_a_node_url_keeps_credentials_scheme_and_options() -> None:
 
 
 async def test_the_restart_watch_reads_every_masters_run_id(cluster: LocalCluster) -> None:
-    settings = Settings(redis_url=cluster.url, redis_cluster=True)
+    settings = make_settings(cluster.url, redis_cluster=True)
     client = connect(settings)
     try:
         run_ids = await RestartWatch(client, {}).run_ids()

@@ -2,8 +2,8 @@
 
 The dispatcher runs in the test's event loop, the engine simulator in a thread;
 the workers are real processes, killed with SIGKILL (no chance to clean up).
-Leases are short (``stackparts.QUICK``), so another worker takes the job over
-within about a second.
+Leases are short (``QUICK`` in tests/support/settings.py), so another worker takes the
+job over within about a second.
 """
 
 from __future__ import annotations
@@ -16,22 +16,11 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from broker import AsyncClient, ExecutionStore, JobFailed, JobState, ResultEvent, Settings, keys
+from broker import AsyncClient, ExecutionStore, JobFailed, JobState, ResultEvent, keys
 from fairq.localredis import free_port
-from tests.support.stack import (
-    ADMIN,
-    ALICE,
-    ALICE_KEY,
-    MODEL,
-    WAIT_S,
-    WorkerProcesses,
-    components,
-    config,
-    job_field,
-    metric,
-    sim,
-    wait_until,
-)
+from tests.support.eventually import WAIT_S, aeventually
+from tests.support.settings import ADMIN, ALICE, ALICE_KEY, MODEL, make_config, make_settings
+from tests.support.stack import WorkerProcesses, components, metric, sim, state_is
 from tests.support.stack import gateway as gateway_server
 
 pytestmark = pytest.mark.integration
@@ -47,19 +36,14 @@ def engine() -> Iterator[str]:
 
 @pytest.fixture
 async def client(redis_url: str, engine: str) -> AsyncIterator[AsyncClient]:
-    async with AsyncClient(Settings(redis_url=redis_url, **config(engine)), api_key=ALICE_KEY) as c:
+    settings = make_settings(redis_url, [engine], quick=True)
+    async with AsyncClient(settings, api_key=ALICE_KEY) as c:
         yield c
 
 
 def kill(proc: subprocess.Popen[bytes]) -> None:
     proc.kill()  # SIGKILL: no drain, no cleanup, the entry stays pending in the group
     proc.wait(10)
-
-
-async def state_is(redis: Redis, job_id: str, state: str, attempts: int | None = None) -> bool:
-    if await job_field(redis, job_id, "st") != state:
-        return False
-    return attempts is None or await job_field(redis, job_id, "att") == str(attempts)
 
 
 async def read_all(client: AsyncClient, job_id: str) -> tuple[list[ResultEvent], JobFailed | None]:
@@ -85,16 +69,16 @@ async def ends(redis: Redis, job_id: str) -> list[bytes]:
 async def test_a_worker_killed_before_the_first_token_has_its_job_retried_to_one_completion(
     redis_url: str, engine: str, aredis: Redis, client: AsyncClient
 ) -> None:
-    procs = WorkerProcesses(config(engine), redis_url)
+    procs = WorkerProcesses(make_config([engine], quick=True), redis_url)
     try:
-        async with components(Settings(redis_url=redis_url, **config(engine)), workers=0):
+        async with components(make_settings(redis_url, [engine], quick=True), workers=0):
             # The engine says nothing on the first call: the first worker waits in silence.
             fault = {"kind": "hang", "after_tokens": 0, "times": 1}
             job_id = await client.submit(
                 MODEL, messages=PROMPT, stream=True, max_tokens=6, sim_fault=fault
             )
             first = procs.spawn()
-            await wait_until(lambda: state_is(aredis, job_id, "running", 1), "the first start")
+            await aeventually(lambda: state_is(aredis, job_id, "running", 1), "the first start")
             kill(first)
             procs.spawn()
             events, failure = await read_all(client, job_id)
@@ -113,15 +97,15 @@ async def test_a_worker_killed_before_the_first_token_has_its_job_retried_to_one
 async def test_a_worker_killed_after_the_first_token_fails_the_job_without_repeating_text(
     redis_url: str, engine: str, aredis: Redis, client: AsyncClient
 ) -> None:
-    procs = WorkerProcesses(config(engine), redis_url)
+    procs = WorkerProcesses(make_config([engine], quick=True), redis_url)
     try:
-        async with components(Settings(redis_url=redis_url, **config(engine)), workers=0):
+        async with components(make_settings(redis_url, [engine], quick=True), workers=0):
             fault = {"kind": "hang", "after_tokens": 2}  # two tokens, then silence
             job_id = await client.submit(
                 MODEL, messages=PROMPT, stream=True, max_tokens=6, sim_fault=fault
             )
             first = procs.spawn()
-            await wait_until(
+            await aeventually(
                 lambda: aredis.xlen(keys.results(MODEL, job_id)), "the first output in Redis"
             )
             kill(first)
@@ -143,8 +127,8 @@ async def test_a_worker_killed_after_the_first_token_fails_the_job_without_repea
 async def test_a_job_that_kills_every_worker_becomes_a_dead_letter_after_n_attempts(
     redis_url: str, engine: str, aredis: Redis, client: AsyncClient
 ) -> None:
-    cfg = config(engine, job_max_attempts=2)
-    settings = Settings(redis_url=redis_url, **cfg)
+    cfg = make_config([engine], quick=True, job_max_attempts=2)
+    settings = make_settings(redis_url, **cfg)
     procs = WorkerProcesses(cfg, redis_url)
     port = free_port()
     try:
@@ -155,7 +139,7 @@ async def test_a_job_that_kills_every_worker_becomes_a_dead_letter_after_n_attem
             )
             for attempt in (1, 2):
                 worker = procs.spawn()
-                await wait_until(
+                await aeventually(
                     lambda a=attempt: state_is(aredis, job_id, "running", a), f"start {attempt}"
                 )
                 kill(worker)
@@ -182,10 +166,7 @@ async def test_the_names_of_gone_workers_leave_the_ready_group_never_one_holding
     aredis: Redis, redis_url: str
 ) -> None:
     model = "forget-test"
-    settings = Settings(
-        redis_url=redis_url, forget_consumer_after_ms=1000,
-        models=[{"name": model, "endpoints": ["http://127.0.0.1:9"]}],
-    )  # fmt: skip
+    settings = make_settings(redis_url, model=model, forget_consumer_after_ms=1000)
     store = ExecutionStore(aredis, settings)
     await store.ensure_groups([model])
     ready, group = keys.ready(model), keys.READY_GROUP
@@ -206,9 +187,7 @@ async def test_a_malformed_ready_entry_is_removed_and_the_jobs_beside_it_run(
     aredis: Redis, redis_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     model = "poison-test"
-    settings = Settings(
-        redis_url=redis_url, models=[{"name": model, "endpoints": ["http://127.0.0.1:9"]}]
-    )
+    settings = make_settings(redis_url, model=model)
     store = ExecutionStore(aredis, settings)
     await store.ensure_groups([model])
     ready = keys.ready(model)
@@ -239,20 +218,22 @@ async def test_a_claim_whose_reply_was_lost_runs_without_waiting_for_a_lease(
 ) -> None:
     # One place, and a lease far longer than the wait below: only the worker's own
     # recovery can run the job in time.
-    cfg = config(engine, lease_ms=120_000, lease_renew_ms=1000, worker_concurrency=1)
-    async with components(Settings(redis_url=redis_url, **cfg)) as [worker]:
+    settings = make_settings(
+        redis_url, [engine], quick=True, lease_ms=120_000, lease_renew_ms=1000, worker_concurrency=1
+    )
+    async with components(settings) as [worker]:
         fault = {"kind": "hang", "after_tokens": 0}
         busy = await client.submit(MODEL, messages=PROMPT, stream=True, sim_fault=fault)
-        await wait_until(lambda: state_is(aredis, busy, "running"), "the first job runs")
+        await aeventually(lambda: state_is(aredis, busy, "running"), "the first job runs")
         job_id = await client.submit(MODEL, messages=PROMPT, stream=True, max_tokens=4)
-        await wait_until(lambda: state_is(aredis, job_id, "dispatched"), "the job dispatched")
+        await aeventually(lambda: state_is(aredis, job_id, "dispatched"), "the job dispatched")
         # Redis delivers the entry to the worker, whose reply is then lost: it never sees it.
         delivered = await aredis.xreadgroup(
             keys.READY_GROUP, worker.name, {keys.ready(MODEL): ">"}, count=1
         )
         assert delivered and delivered[0][1][0][1][b"j"].decode() == job_id
         await client.cancel(busy)  # the worker's place frees; it reads again and blocks
-        [claim] = await wait_until(lambda: _blocked_claims(aredis), "the worker's next read")
+        [claim] = await aeventually(lambda: _blocked_claims(aredis), "the worker's next read")
         await aredis.client_kill_filter(_id=claim)  # the connection breaks
         async with asyncio.timeout(WAIT_S):
             events, failure = await read_all(client, job_id)

@@ -12,17 +12,17 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from fairq.localredis import free_port
-from fairq.stack import DEMO_MODELS, Stack, demo_config
+from fairq.stack import DEMO_MODELS, Stack
 from tests.support.cdp import Page, browser_page, find_browser
+from tests.support.eventually import aeventually
 from tests.support.paths import REPO
+from tests.support.stack import demo_stack
 
 pytestmark = pytest.mark.integration
 
@@ -35,11 +35,8 @@ _DOCS = REPO / "docs" / "dashboard.png"
 def stack() -> Iterator[Stack]:
     if BROWSER is None:
         pytest.skip("no chromium: `apt-get install chromium` (make test does it as root)")
-    ports = [free_port(), free_port()]
-    config = demo_config(ports)
-    config["models"][1].update(admission="static", inflight_cap=1)  # a visible backlog
-    sims = dict(zip(ports, DEMO_MODELS, strict=True))
-    with Stack(config, gateway_port=free_port(), sims=sims) as running:
+    backlog = {"demo-code": {"admission": "static", "inflight_cap": 1}}  # a visible backlog
+    with demo_stack(per_model=backlog) as running:
         yield running
 
 
@@ -85,18 +82,18 @@ class _Load:
             thread.join(_WAIT_S)
 
 
-async def _until(page: Page, expression: str, what: str) -> object:
-    deadline = time.monotonic() + _WAIT_S
-    while time.monotonic() < deadline:
-        try:
-            result = await page.evaluate(expression)
-        except RuntimeError:  # a navigation replaced the document meanwhile
-            result = None
-        if result:
-            return result
-        await asyncio.sleep(0.2)
-    state = await page.evaluate("document.getElementById('state')?.textContent")
-    raise AssertionError(f"not seen within {_WAIT_S:g} s: {what} (page says {state!r})")
+async def _until(page: Page, expression: str, what: str) -> None:
+    """Until ``expression`` holds on the page; each value seen comes with what the page says.
+    A RuntimeError is a navigation that replaced the document meanwhile: not yet."""
+    with_state = f"[{expression}, document.getElementById('state')?.textContent]"
+    await aeventually(
+        lambda: page.evaluate(with_state),
+        what,
+        _WAIT_S,
+        until=lambda seen: seen[0],
+        interval_s=0.2,
+        ignoring=(RuntimeError,),
+    )
 
 
 _CARDS = "[...document.querySelectorAll('section.model')].map(s => s.dataset.model)"

@@ -15,20 +15,9 @@ import pytest
 from redis.asyncio import Redis
 
 from broker import AsyncClient, keys
-from tests.support.stack import (
-    ALICE,
-    BOB,
-    BOB_KEY,
-    MODEL,
-    WAIT_S,
-    chat,
-    components,
-    job_field,
-    metric,
-    settings_for,
-    sim,
-    wait_until,
-)
+from tests.support.eventually import WAIT_S, aeventually
+from tests.support.settings import ALICE, BOB, BOB_KEY, MODEL, make_settings
+from tests.support.stack import chat, components, job_field, metric, sim, state_is
 from tests.support.stack import gateway as gateway_server
 
 pytestmark = pytest.mark.integration
@@ -45,7 +34,7 @@ def engine() -> Iterator[str]:
 async def test_a_queued_job_past_its_bands_deadline_expires_and_leaves_no_trace(
     redis_url: str, engine: str, aredis: Redis
 ) -> None:
-    settings = settings_for(redis_url, engine, queue_deadline_s=DEADLINES)
+    settings = make_settings(redis_url, [engine], quick=True, queue_deadline_s=DEADLINES)
     with gateway_server(settings) as url:
         async with httpx.AsyncClient(base_url=url, timeout=WAIT_S) as http:
             # No dispatcher yet: both jobs wait. Only alice's band has a deadline.
@@ -78,7 +67,7 @@ async def test_a_queued_job_past_its_bands_deadline_expires_and_leaves_no_trace(
 async def test_jobs_queued_after_an_expiry_are_dispatched_and_served_normally(
     redis_url: str, engine: str, aredis: Redis
 ) -> None:
-    settings = settings_for(redis_url, engine, queue_deadline_s=DEADLINES)
+    settings = make_settings(redis_url, [engine], quick=True, queue_deadline_s=DEADLINES)
     with gateway_server(settings) as url:
         async with httpx.AsyncClient(base_url=url, timeout=WAIT_S) as http:
             async with components(settings, dispatcher=False):
@@ -95,16 +84,16 @@ async def test_jobs_queued_after_an_expiry_are_dispatched_and_served_normally(
 async def test_a_job_cancelled_after_dispatch_never_starts_at_a_worker_or_the_engine(
     redis_url: str, engine: str, aredis: Redis
 ) -> None:
-    settings = settings_for(redis_url, engine)
+    settings = make_settings(redis_url, [engine], quick=True)
     with gateway_server(settings) as url:
         async with httpx.AsyncClient(base_url=url, timeout=WAIT_S) as http:
             async with components(settings, workers=0):  # a dispatcher, no worker
                 request = asyncio.create_task(
                     http.post("/v1/chat/completions", json=chat(), headers=BOB)
                 )
-                job_id = await wait_until(lambda: _one_job(aredis), "the job")
-                await wait_until(
-                    lambda: _state_is(aredis, job_id, "dispatched"), "the job to be dispatched"
+                job_id = await aeventually(lambda: _one_job(aredis), "the job")
+                await aeventually(
+                    lambda: state_is(aredis, job_id, "dispatched"), "the job to be dispatched"
                 )
                 cancelled = await http.delete(f"/v1/jobs/{job_id}", headers=BOB)
                 assert (await request).status_code == 409
@@ -121,7 +110,7 @@ async def test_a_job_cancelled_after_dispatch_never_starts_at_a_worker_or_the_en
 async def test_a_running_job_cancelled_through_the_api_is_aborted_at_the_engine(
     redis_url: str, engine: str, aredis: Redis
 ) -> None:
-    settings = settings_for(redis_url, engine)
+    settings = make_settings(redis_url, [engine], quick=True)
     before = metric(engine, "vllm:request_success_total", finished_reason="abort")
     with gateway_server(settings) as url:
         async with httpx.AsyncClient(base_url=url, timeout=WAIT_S) as http, components(settings):
@@ -130,12 +119,12 @@ async def test_a_running_job_cancelled_through_the_api_is_aborted_at_the_engine(
                 json=chat(stream=True, max_tokens=3000),
             ) as response:  # fmt: skip
                 job_id = response.headers["x-fairq-job-id"]
-                await wait_until(
+                await aeventually(
                     lambda: aredis.xlen(keys.results(MODEL, job_id)), "output in Redis"
                 )
                 await http.delete(f"/v1/jobs/{job_id}", headers=ALICE)
                 body = await response.aread()
-            await wait_until(
+            await aeventually(
                 lambda: (
                     metric(engine, "vllm:request_success_total", finished_reason="abort") > before
                 ),
@@ -150,7 +139,3 @@ async def test_a_running_job_cancelled_through_the_api_is_aborted_at_the_engine(
 async def _one_job(redis: Redis) -> str | None:
     ids = [k.decode().rsplit(":", 1)[1] async for k in redis.scan_iter(match="*:job:*")]
     return ids[0] if len(ids) == 1 else None
-
-
-async def _state_is(redis: Redis, job_id: str, state: str) -> bool:
-    return await job_field(redis, job_id, "st") == state

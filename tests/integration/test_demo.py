@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from fairq.demo import Flood, newcomer
-from fairq.localredis import free_port
-from fairq.stack import DEMO_BATCH_SLOTS, DEMO_MODELS, Stack, demo_config
+from fairq.stack import DEMO_BATCH_SLOTS, DEMO_MODELS, Stack
+from tests.support.stack import demo_stack
 
 pytestmark = pytest.mark.integration
 
@@ -26,10 +26,7 @@ _ENDED = {"completed", "failed", "cancelled", "expired"}
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
-    ports = [free_port(), free_port()]
-    sims = dict(zip(ports, DEMO_MODELS, strict=True))
-    config = demo_config(ports, batch_slots=DEMO_BATCH_SLOTS)  # as `fairq up` runs it
-    with Stack(config, gateway_port=free_port(), sims=sims) as running:
+    with demo_stack(batch_slots=DEMO_BATCH_SLOTS) as running:  # as `fairq up` runs it
         yield running
 
 

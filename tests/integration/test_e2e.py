@@ -3,15 +3,16 @@ dispatcher, worker and simulator against the session's real Redis."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fairq.localredis import LocalRedis, free_port
-from fairq.stack import DEMO_MODELS, Stack, demo_config
+from fairq.localredis import LocalRedis
+from fairq.stack import DEMO_MODELS, Stack
+from tests.support.eventually import eventually
+from tests.support.stack import demo_stack, sim_port
 
 pytestmark = pytest.mark.integration
 
@@ -20,10 +21,7 @@ AUTH = {"Authorization": "Bearer fq-demo-alice"}
 
 @pytest.fixture(scope="module")
 def stack(redis_server: LocalRedis) -> Iterator[Stack]:
-    ports = [free_port(), free_port()]
-    sims = dict(zip(ports, DEMO_MODELS, strict=True))
-    with Stack(demo_config(ports), gateway_port=free_port(), sims=sims,
-               redis_url=redis_server.url) as running:  # fmt: skip
+    with demo_stack(redis_url=redis_server.url) as running:
         yield running
 
 
@@ -42,8 +40,8 @@ def aborted_at_engine(sim_port: int) -> float:
 def test_a_client_that_leaves_mid_stream_cancels_its_job_and_the_engine_request(
     stack: Stack,
 ) -> None:
-    sim_port = next(iter(stack.sims))
-    before = aborted_at_engine(sim_port)
+    port = sim_port(stack, DEMO_MODELS[0])
+    before = aborted_at_engine(port)
     body = {"model": DEMO_MODELS[0], "stream": True, "max_tokens": 3000,
             "messages": [{"role": "user", "content": "a long answer please"}]}  # fmt: skip
     with httpx.Client(timeout=10) as client:
@@ -53,17 +51,19 @@ def test_a_client_that_leaves_mid_stream_cancels_its_job_and_the_engine_request(
             lines = response.iter_lines()
             received = [next(lines) for _ in range(6)]
         assert any(line.startswith("data: {") for line in received)
-        deadline = time.monotonic() + 10
-        state = ""
-        while time.monotonic() < deadline:
-            state = client.get(f"{stack.gateway_url}/v1/jobs/{job_id}", headers=AUTH).json()[
-                "status"
-            ]
-            if state == "cancelled" and aborted_at_engine(sim_port) > before:
-                break
-            time.sleep(0.1)
-    assert state == "cancelled"
-    assert aborted_at_engine(sim_port) == before + 1  # the engine stopped generating
+
+        def status() -> str:
+            job = client.get(f"{stack.gateway_url}/v1/jobs/{job_id}", headers=AUTH).json()
+            return str(job["status"])
+
+        eventually(
+            lambda: status() == "cancelled" and aborted_at_engine(port) > before,
+            "the job cancelled and the engine's request aborted",
+            10,
+            interval_s=0.1,
+        )
+        assert status() == "cancelled"
+    assert aborted_at_engine(port) == before + 1  # the engine stopped generating
 
 
 def test_status_and_cancel_of_a_job_through_the_api(stack: Stack) -> None:

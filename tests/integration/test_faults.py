@@ -19,9 +19,11 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY
 
-from broker import AsyncClient, JobFailed, JobState, ResultEvent, Settings
+from broker import AsyncClient, JobFailed, JobState, ResultEvent
 from fairq.localredis import free_port
-from tests.support.stack import ALICE_KEY, MODEL, WAIT_S, components, config, gateway, sim
+from tests.support.eventually import WAIT_S
+from tests.support.settings import ALICE_KEY, MODEL, make_settings
+from tests.support.stack import components, gateway, sim
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +39,7 @@ def engine() -> Iterator[str]:
 
 @contextlib.asynccontextmanager
 async def fairq(redis_url: str, endpoint: str, **overrides: Any) -> AsyncIterator[AsyncClient]:
-    settings = Settings(redis_url=redis_url, **config(endpoint, **overrides))
+    settings = make_settings(redis_url, [endpoint], quick=True, **overrides)
     async with components(settings), AsyncClient(settings, api_key=ALICE_KEY) as client:
         yield client
 
@@ -187,7 +189,7 @@ async def test_an_error_event_mid_stream_fails_the_job_with_the_engines_message(
 async def test_a_too_long_prompt_is_a_400_invalid_request_with_the_engines_message(
     redis_url: str, engine: str
 ) -> None:
-    settings = Settings(redis_url=redis_url, **config(engine))
+    settings = make_settings(redis_url, [engine], quick=True)
     too_long = [{"role": "user", "content": "word " * 5000}]  # > 4096 tokens of context
     before = retries()
     async with components(settings):

@@ -14,9 +14,11 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 
-from broker import Client, Settings, keys
-from fairq.localredis import free_port
-from fairq.stack import DEMO_MODELS, Stack, demo_config
+from broker import Client, keys
+from fairq.stack import DEMO_MODELS
+from tests.support.eventually import eventually
+from tests.support.settings import make_settings
+from tests.support.stack import demo_stack, sim_port
 
 pytestmark = pytest.mark.integration
 
@@ -39,13 +41,13 @@ def engine_gauges(port: int) -> dict[str, float]:
 
 
 def wait_for_full_batch(port: int, running: int) -> dict[str, float]:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        gauges = engine_gauges(port)
-        if gauges["vllm:num_requests_running"] >= running:
-            return gauges
-        time.sleep(0.05)
-    raise AssertionError(f"the engine never ran {running} of alice's requests: {gauges}")
+    return eventually(
+        lambda: engine_gauges(port),
+        f"the engine to run {running} of alice's requests",
+        20,
+        until=lambda gauges: gauges["vllm:num_requests_running"] >= running,
+        interval_s=0.05,
+    )
 
 
 def first_token_s(client: Client, model: str) -> float:
@@ -86,13 +88,13 @@ def newcomer_during_long_flood(
     alice's requests must then complete whole (else they are cancelled)."""
     profile = tmp_path / "engine.yaml"
     profile.write_text(yaml.safe_dump(ENGINE))
-    ports = [free_port(), free_port()]
-    config = demo_config(ports)
-    config["models"][0].update(model_overrides)
-    sims = dict(zip(ports, DEMO_MODELS, strict=True))
-    with Stack(config, gateway_port=0, sims=sims, sim_profiles=dict.fromkeys(ports, str(profile)),
-               redis_url=redis_url, gateway=False) as stack:  # fmt: skip
-        settings = Settings(redis_url=redis_url, **stack.config)
+    with demo_stack(
+        per_model={DEMO_MODELS[0]: model_overrides},
+        profile=profile,
+        redis_url=redis_url,
+        gateway=False,
+    ) as stack:
+        settings = make_settings(redis_url, **stack.config)
         with Client(settings, api_key="fq-demo-alice") as alice, \
                 Client(settings, api_key="fq-demo-bob") as bob:  # fmt: skip
             prompt = [{"role": "user", "content": "tell me everything"}]
@@ -104,7 +106,7 @@ def newcomer_during_long_flood(
                 )
                 for _ in range(2 * BATCH)
             ]  # fmt: skip
-            gauges = wait_for_full_batch(ports[0], running)
+            gauges = wait_for_full_batch(sim_port(stack, DEMO_MODELS[0]), running)
             ttft = first_token_s(bob, DEMO_MODELS[0])
             if finish:
                 for job_id in flood:

@@ -14,21 +14,22 @@ import json
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fairq.localredis import free_port
-from fairq.stack import DEMO_MODELS, Stack, demo_config
+from fairq.stack import DEMO_MODELS, Stack
+from tests.support.eventually import eventually
+from tests.support.stack import demo_stack
 
 pytestmark = pytest.mark.integration
 
 ALICE = {"Authorization": "Bearer fq-demo-alice"}
 BOB = {"Authorization": "Bearer fq-demo-bob"}
 _WAIT_S = 60.0
+_POLL = {"timeout_s": _WAIT_S, "interval_s": 0.1}  # each check scrapes or runs a process
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -48,22 +49,10 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
     return sum(found) if found else None
 
 
-def eventually(check: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + _WAIT_S
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"not seen within {_WAIT_S:g} s: {what}")
-
-
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
-    ports = [free_port(), free_port()]
-    config = demo_config(ports)
-    config["models"][1].update(admission="static", inflight_cap=1)  # demo-code: a backlog
-    sims = dict(zip(ports, DEMO_MODELS, strict=True))
-    with Stack(config, gateway_port=free_port(), sims=sims) as running:
+    backlog = {"demo-code": {"admission": "static", "inflight_cap": 1}}  # a backlog for certain
+    with demo_stack(per_model=backlog) as running:
         yield running
 
 
@@ -140,7 +129,7 @@ def test_each_component_exports_its_series_and_status_shows_the_backlog(stack: S
         top = value(s, "fairq_queue_user_depth", model="demo-code", user="alice")
         return bool(depth and top)
 
-    eventually(backlog_of_alice, "demo-code's backlog and alice among its top users")
+    eventually(backlog_of_alice, "demo-code's backlog and alice among its top users", **_POLL)
     s = scrape(dispatcher)
     assert value(s, "fairq_queue_backlogged_users", model="demo-code", band="interactive")
     assert value(s, "fairq_admission_refusals_total", model="demo-code", reason="inflight_cap")
@@ -161,7 +150,7 @@ def test_each_component_exports_its_series_and_status_shows_the_backlog(stack: S
             value(w, "fairq_ttft_seconds_count", model="demo-chat") == 4
         )
 
-    eventually(all_timed, "queue wait of 11 demo-code jobs and TTFT of 4 demo-chat jobs")
+    eventually(all_timed, "queue wait of 11 demo-code jobs and TTFT of 4 demo-chat jobs", **_POLL)
     w = scrape(worker)
     assert value(w, "fairq_jobs_ended_total", model="demo-code", state="completed") == 11
     assert value(w, "fairq_jobs_ended_total", model="demo-chat", state="completed") == 4
@@ -170,7 +159,7 @@ def test_each_component_exports_its_series_and_status_shows_the_backlog(stack: S
     assert value(w, "fairq_ttft_seconds_count", model="demo-code") is None  # none streamed
 
     # A scrape that timed out on this busy box makes an engine unhealthy until the next.
-    eventually(lambda: _engines_healthy(dispatcher), "both engines healthy")
+    eventually(lambda: _engines_healthy(dispatcher), "both engines healthy", **_POLL)
     s = scrape(dispatcher)
     assert value(s, "fairq_dispatched_total", model="demo-code", band="interactive")
     for model in DEMO_MODELS:
@@ -189,7 +178,7 @@ def test_each_component_exports_its_series_and_status_shows_the_backlog(stack: S
         chat = _by_model(_status(stack))["demo-chat"]
         return any(point[2] is not None for point in chat["history"])  # type: ignore[attr-defined]
 
-    eventually(chat_history_has_ttft, "a TTFT point in demo-chat's status history")
+    eventually(chat_history_has_ttft, "a TTFT point in demo-chat's status history", **_POLL)
     final = _by_model(_status(stack))
     assert set(final) == set(DEMO_MODELS)
     for model in final.values():

@@ -6,15 +6,16 @@ Redis; the simulator stands in for vLLM.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
 import redis
 
 from broker import Client, JobFailed, JobState, Settings, keys
-from fairq.localredis import free_port
-from fairq.stack import Stack, demo_config
+from fairq.stack import Stack
+from tests.support.eventually import eventually
+from tests.support.settings import make_settings
+from tests.support.stack import demo_stack
 
 pytestmark = pytest.mark.integration
 
@@ -24,17 +25,15 @@ MODEL = "demo-chat"
 
 @pytest.fixture
 def stack(redis_url: str) -> Iterator[Stack]:
-    ports = [free_port(), free_port()]
-    config = demo_config(ports)
-    config["models"][0]["inflight_cap"] = 2
-    sims = dict(zip(ports, ["demo-chat", "demo-code"], strict=True))
-    with Stack(config, gateway_port=0, sims=sims, redis_url=redis_url, gateway=False) as running:
+    with demo_stack(
+        per_model={MODEL: {"inflight_cap": 2}}, redis_url=redis_url, gateway=False
+    ) as running:
         yield running
 
 
 @pytest.fixture
 def settings(stack: Stack) -> Settings:
-    return Settings(redis_url=stack.redis_url, **stack.config)
+    return make_settings(stack.redis_url, **stack.config)
 
 
 def test_python_client_streams_and_completes_through_real_processes(settings: Settings) -> None:
@@ -102,13 +101,19 @@ def _wait_for_grant(r: redis.Redis, credits: int, sequence_above: int = -1) -> i
     """Wait until the dispatcher has granted ``credits`` express sends of the default band
     past a sequence (10 s at most); returns the grant's sequence."""
     field = keys.grant_field("default").encode()
-    for _ in range(200):
-        meta = r.hgetall(keys.meta(MODEL))
+
+    def granted(meta: dict[bytes, bytes]) -> bool:
         sequence = int(meta.get(b"xs", b"0"))
-        if meta.get(b"xep") and sequence > sequence_above and int(meta[field]) == credits:
-            return sequence
-        time.sleep(0.05)
-    raise AssertionError(f"no express grant of {credits} after 10 s: {meta}")
+        return bool(meta.get(b"xep")) and sequence > sequence_above and int(meta[field]) == credits
+
+    meta = eventually(
+        lambda: r.hgetall(keys.meta(MODEL)),
+        f"an express grant of {credits}",
+        10,
+        until=granted,
+        interval_s=0.05,
+    )
+    return int(meta.get(b"xs", b"0"))
 
 
 def test_a_job_for_an_idle_model_skips_the_dispatcher_hop_within_its_admission(

@@ -17,6 +17,7 @@ hang; and new jobs after the restart complete.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import threading
@@ -31,21 +32,13 @@ import pytest
 import redis
 from redis.asyncio import Redis
 
-from broker import (
-    Claimed,
-    ExecutionStore,
-    JobState,
-    Outcome,
-    RequestKind,
-    Settings,
-    hash_key,
-    keys,
-)
+from broker import Claimed, ExecutionStore, JobState, Outcome, RequestKind, keys
 from broker.jobs import new_job_id
-from fairq.localredis import LocalRedis, free_port
-from fairq.stack import DEMO_MODELS, Stack, demo_config
-from gateway import create_app
-from tests.support.servers import uvicorn_thread
+from fairq.localredis import LocalRedis
+from fairq.stack import DEMO_MODELS, Stack
+from tests.support.eventually import eventually
+from tests.support.settings import api_key, make_settings
+from tests.support.stack import demo_stack, gateway
 
 pytestmark = pytest.mark.integration
 
@@ -131,17 +124,10 @@ def redis_server() -> Iterator[LocalRedis]:
         yield server
 
 
-def _stack(redis_server: LocalRedis, **settings: object) -> Stack:
-    ports = [free_port(), free_port()]
-    sims = dict(zip(ports, DEMO_MODELS, strict=True))
-    return Stack(demo_config(ports, **settings), gateway_port=free_port(), sims=sims,
-                 redis_url=redis_server.url)  # fmt: skip
-
-
 @pytest.fixture
 def stack(redis_server: LocalRedis) -> Iterator[Stack]:
     # The default worker lease (15 s) outlasts these outages: a worker's jobs stay its own.
-    with _stack(redis_server) as running:
+    with demo_stack(redis_url=redis_server.url) as running:
         yield running
 
 
@@ -149,26 +135,34 @@ def stack(redis_server: LocalRedis) -> Iterator[Stack]:
 def quick_reclaim_stack(redis_server: LocalRedis) -> Iterator[Stack]:
     """A short worker lease: a job the lost second left "running" is reclaimed in seconds.
     (An outage longer than the lease would make live workers' jobs look abandoned.)"""
-    with _stack(redis_server, lease_ms=2000, lease_renew_ms=400) as running:
+    leases = {"lease_ms": 2000, "lease_renew_ms": 400}
+    with demo_stack(redis_url=redis_server.url, overrides=leases) as running:
         yield running
 
 
 def _states(url: str, job_ids: list[str], timeout_s: float) -> dict[str, str]:
-    """Each job's state, polled until all are terminal or ``timeout_s`` passed (404: lost)."""
+    """Each job's state, polled until all are terminal or ``timeout_s`` passed (404: lost).
+    Jobs still not ended then are for the test to judge: a lost one never ends."""
     states: dict[str, str] = {}
-    deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=5.0) as client:
-        while True:
-            for job_id in job_ids:
-                if states.get(job_id) in TERMINAL:
-                    continue
+
+        def not_ended() -> list[str]:
+            for job_id in [j for j in job_ids if states.get(j) not in TERMINAL]:
                 response = client.get(f"{url}/v1/jobs/{job_id}", headers=AUTH)
                 states[job_id] = (
                     response.json()["status"] if response.status_code == 200 else "lost"
                 )
-            if all(s in TERMINAL for s in states.values()) or time.monotonic() > deadline:
-                return states
-            time.sleep(0.2)
+            return [j for j in job_ids if states[j] not in TERMINAL]
+
+        with contextlib.suppress(AssertionError):
+            eventually(
+                not_ended,
+                "every job to end",
+                timeout_s,
+                until=lambda left: not left,
+                interval_s=0.2,
+            )
+    return states
 
 
 def _down_requests(url: str) -> list[int]:
@@ -305,7 +299,7 @@ async def test_a_workers_writes_for_a_job_redis_lost_leave_nothing_forever(
     aredis: Redis, redis_url: str
 ) -> None:
     # After a power loss a worker may still finish a job Redis no longer knows.
-    settings = Settings(redis_url=redis_url, models=[{"name": "m", "endpoints": ["http://e:1"]}])  # type: ignore[arg-type, list-item]
+    settings = make_settings(redis_url, ["http://e:1"], model="m")
     store = ExecutionStore(aredis, settings)
     await store.load_scripts()
     job = Claimed(
@@ -325,14 +319,12 @@ async def test_a_workers_writes_for_a_job_redis_lost_leave_nothing_forever(
 def test_a_client_waiting_on_a_job_redis_lost_gets_an_error_not_a_hang(
     redis_server: LocalRedis,
 ) -> None:
-    settings = Settings(
-        redis_url=redis_server.url,
-        models=[{"name": "m", "endpoints": ["http://e:1"]}],  # type: ignore[list-item]
-        api_keys=[{"sha256": hash_key("k"), "user": "u"}],  # type: ignore[list-item]
+    settings = make_settings(
+        redis_server.url, ["http://e:1"], model="m", api_keys=[api_key("k", "u")]
     )
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}
     headers = {"Authorization": "Bearer k"}
-    with uvicorn_thread(create_app(settings)) as url, httpx.Client(timeout=15) as client:
+    with gateway(settings) as url, httpx.Client(timeout=15) as client:
         stream = client.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers)
         with stream as response:
             assert response.status_code == 200  # queued; nobody serves model m here
@@ -353,15 +345,16 @@ def test_a_redis_that_stops_answering_gets_requests_a_503_in_bounded_time_not_a_
     readiness) ends with a 503 within ``redis_command_timeout_s``; once Redis runs
     again, the same requests are answered."""
     with LocalRedis() as server:
-        settings = Settings(
-            redis_url=server.url,
-            models=[{"name": "m", "endpoints": ["http://e:1"]}],  # type: ignore[list-item]
-            api_keys=[{"sha256": hash_key("k"), "user": "u", "admin": True}],  # type: ignore[list-item]
+        settings = make_settings(
+            server.url,
+            ["http://e:1"],
+            model="m",
+            api_keys=[api_key("k", "u", admin=True)],
             redis_command_timeout_s=0.5,
         )
         paths = [f"/v1/jobs/{new_job_id('m')}", "/v1/admin/dead-letters?model=m", "/readyz"]
         headers = {"Authorization": "Bearer k"}
-        with uvicorn_thread(create_app(settings)) as url, httpx.Client(timeout=20) as client:
+        with gateway(settings) as url, httpx.Client(timeout=20) as client:
             assert [client.get(url + p, headers=headers).status_code for p in paths] == [
                 404, 200, 200
             ]  # fmt: skip

@@ -17,21 +17,16 @@ from redis.asyncio import Redis
 
 from broker import AsyncClient, keys
 from fairq.localredis import free_port
+from tests.support.eventually import WAIT_S, aeventually
+from tests.support.settings import ALICE, ALICE_KEY, BOB, MODEL, make_config, make_settings
 from tests.support.stack import (
-    ALICE,
-    ALICE_KEY,
-    BOB,
-    MODEL,
-    WAIT_S,
     WorkerProcesses,
     chat,
     components,
-    config,
     job_field,
     metric,
-    settings_for,
     sim,
-    wait_until,
+    state_is,
 )
 from tests.support.stack import gateway as gateway_server
 from workers.sim import SimProfile
@@ -75,7 +70,7 @@ async def resume(http: httpx.AsyncClient, job_id: str, last: str | None) -> list
 async def test_a_client_cut_mid_stream_resumes_without_gaps_or_duplicates(
     redis_url: str, engine: str, aredis: Redis
 ) -> None:
-    settings = settings_for(redis_url, engine)
+    settings = make_settings(redis_url, [engine], quick=True)
     with gateway_server(settings) as url:
         async with httpx.AsyncClient(base_url=url, timeout=WAIT_S) as http, components(settings):
             body = chat(stream=True, max_tokens=80)
@@ -94,7 +89,7 @@ async def test_a_client_cut_mid_stream_resumes_without_gaps_or_duplicates(
 async def test_a_resume_in_the_middle_of_an_entry_skips_exactly_the_events_seen(
     redis_url: str, engine: str, aredis: Redis
 ) -> None:
-    settings = settings_for(redis_url, engine)
+    settings = make_settings(redis_url, [engine], quick=True)
     async with AsyncClient(settings, api_key=ALICE_KEY) as client:
         job_id = await client.submit(MODEL, messages=[{"role": "user", "content": "x"}],
                                      stream=True)  # fmt: skip
@@ -120,7 +115,7 @@ async def test_a_resume_in_the_middle_of_an_entry_skips_exactly_the_events_seen(
 async def test_a_client_that_leaves_and_does_not_come_back_is_cancelled_after_the_grace(
     redis_url: str, engine: str, aredis: Redis
 ) -> None:
-    settings = settings_for(redis_url, engine, stream_resume_grace_s=0.3)
+    settings = make_settings(redis_url, [engine], quick=True, stream_resume_grace_s=0.3)
     before = metric(engine, "vllm:request_success_total", finished_reason="abort")
     with gateway_server(settings) as url:
         async with httpx.AsyncClient(base_url=url, timeout=WAIT_S) as http, components(settings):
@@ -128,8 +123,8 @@ async def test_a_client_that_leaves_and_does_not_come_back_is_cancelled_after_th
             async with http.stream("POST", "/v1/chat/completions", json=body, headers=ALICE) as r:
                 job_id = r.headers["x-fairq-job-id"]
                 await read_events(r, limit=3)
-            await wait_until(lambda: _state_is(aredis, job_id, "cancelled"), "the cancel")
-            await wait_until(
+            await aeventually(lambda: state_is(aredis, job_id, "cancelled"), "the cancel")
+            await aeventually(
                 lambda: (
                     metric(engine, "vllm:request_success_total", finished_reason="abort") > before
                 ),
@@ -140,8 +135,8 @@ async def test_a_client_that_leaves_and_does_not_come_back_is_cancelled_after_th
 async def test_a_stream_survives_its_gateway_being_killed_and_resumes_on_another(
     redis_url: str, engine: str, aredis: Redis
 ) -> None:
-    settings = settings_for(redis_url, engine)
-    procs = WorkerProcesses(config(engine), redis_url)
+    settings = make_settings(redis_url, [engine], quick=True)
+    procs = WorkerProcesses(make_config([engine], quick=True), redis_url)
     port = free_port()
     try:
         procs.spawn_gateway(port)
@@ -165,7 +160,3 @@ async def test_a_stream_survives_its_gateway_being_killed_and_resumes_on_another
         procs.close()
     assert seen + rest == whole and whole[-1][1] == "[DONE]" and len(whole) == 82
     assert await job_field(aredis, job_id, "st") == "completed"
-
-
-async def _state_is(redis: Redis, job_id: str, state: str) -> bool:
-    return await job_field(redis, job_id, "st") == state

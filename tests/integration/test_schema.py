@@ -24,8 +24,9 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from fairq.localredis import LocalRedis, free_port
-from fairq.stack import DEMO_MODELS, Stack, demo_config
+from fairq.localredis import LocalRedis
+from fairq.stack import DEMO_MODELS, Stack
+from tests.support.stack import demo_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -42,16 +43,10 @@ FAST_ENGINE = {"max_num_seqs": 64, "max_model_len": 512, "step_base_ms": 0.3,
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     profile = tmp_path_factory.mktemp("schema") / "fast.yaml"
     profile.write_text(yaml.safe_dump(FAST_ENGINE))
-    ports = [free_port(), free_port()]
+    overrides = {"max_queued_per_user": 100_000}
     with (
         LocalRedis() as server,
-        Stack(
-            demo_config(ports, max_queued_per_user=100_000),
-            gateway_port=free_port(),
-            sims=dict(zip(ports, DEMO_MODELS, strict=True)),
-            sim_profiles=dict.fromkeys(ports, str(profile)),
-            redis_url=server.url,
-        ) as running,
+        demo_stack(overrides=overrides, profile=profile, redis_url=server.url) as running,
     ):
         yield running
 

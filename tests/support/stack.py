@@ -1,9 +1,11 @@
-"""Parts of a fairq stack for the guarantee tests (crash, faults, deadlines, resume).
+"""Parts of a fairq stack for the tests, each started one way.
 
-The engine simulator and the gateway run under real uvicorn servers in threads;
-the dispatcher and workers either in this event loop (``components``) or as real
-``fairq worker`` subprocesses (``spawn_worker``, for SIGKILL). Everything talks
-to the session's real Redis on 127.0.0.1.
+The engine simulator and the gateway run under real uvicorn servers in threads (``sim``,
+``gateway``); the dispatcher and workers either in this event loop (``components``) or
+as real ``fairq worker`` subprocesses (``WorkerProcesses``, for SIGKILL); a whole stack
+of real processes is ``fairq up``'s own ``Stack``, on free ports (``demo_stack``).
+Everything talks to a real Redis on 127.0.0.1. Configurations come from
+tests/support/settings.py.
 """
 
 from __future__ import annotations
@@ -14,8 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,66 +25,32 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
-from broker import Settings, connect, connect_blocking, hash_key, keys
+from broker import Settings, connect, connect_blocking, keys
 from dispatcher.service import Dispatcher
+from fairq.localredis import free_port
+from fairq.stack import DEMO_MODELS, Stack, demo_config
 from gateway import create_app
+from tests.support.eventually import WAIT_S, eventually
 from tests.support.servers import uvicorn_thread
+from tests.support.settings import MODEL
 from workers.service import Worker
 from workers.sim import SimProfile
 from workers.sim import create_app as create_sim
 
-MODEL = "tiny"
-ALICE_KEY, BOB_KEY, ADMIN_KEY = "k-alice", "k-bob", "k-admin"
-ALICE = {"Authorization": f"Bearer {ALICE_KEY}"}
-BOB = {"Authorization": f"Bearer {BOB_KEY}"}
-ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 # Fast steps: a token every ~2 ms, so a test's stream of a few dozen tokens is quick.
 FAST = SimProfile(step_base_ms=2.0, step_per_seq_ms=0.05, default_output_tokens=8)
-WAIT_S = 15.0
-
-# Small leases and timeouts, so each test takes seconds.
-QUICK: dict[str, Any] = {
-    "lease_ms": 800,
-    "lease_renew_ms": 150,
-    "retry_backoff_ms": 20.0,
-    "engine_max_tries": 3,
-    "engine_stream_idle_timeout_s": 30.0,
-    "engine_read_timeout_s": 30.0,
-    "worker_drain_timeout_s": 1.0,
-    "stream_resume_grace_s": 1.0,
-    "deadline_sweep_s": 0.1,
-    "scrape_interval_s": 0.05,
-}
-
-
-def config(endpoint: str, **overrides: Any) -> dict[str, Any]:
-    """A one-model configuration whose engine is at ``endpoint``, plus ``QUICK``."""
-    model = {"name": MODEL, "engine": "vllm", "endpoints": [endpoint], "admission": "static"}
-    return {
-        "models": [model],
-        "api_keys": [
-            {"sha256": hash_key(ALICE_KEY), "user": "alice"},
-            {"sha256": hash_key(BOB_KEY), "user": "bob"},
-            {"sha256": hash_key(ADMIN_KEY), "user": "admin", "admin": True},
-        ],
-        **QUICK,
-        **overrides,
-    }
-
-
-def settings_for(redis_url: str, endpoint: str, **overrides: Any) -> Settings:
-    return Settings(redis_url=redis_url, **config(endpoint, **overrides))
 
 
 @contextlib.contextmanager
-def sim(profile: SimProfile = FAST) -> Iterator[str]:
-    """A simulated engine serving ``MODEL``; yields its base URL."""
-    with uvicorn_thread(create_sim([MODEL], profile)) as url:
+def sim(profile: SimProfile = FAST, models: Sequence[str] = (MODEL,)) -> Iterator[str]:
+    """A simulated engine serving ``models``; yields its base URL."""
+    with uvicorn_thread(create_sim(list(models), profile)) as url:
         yield url
 
 
 @contextlib.contextmanager
 def gateway(settings: Settings) -> Iterator[str]:
+    """The gateway of ``settings``; yields its base URL."""
     with uvicorn_thread(create_app(settings)) as url:
         yield url
 
@@ -122,22 +89,16 @@ def _awaiting(task: asyncio.Task[Any]) -> list[str]:
     return chain
 
 
-async def wait_until(check: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> Any:
-    """Poll ``check`` (sync or async) until it returns something truthy; returns it."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
 async def job_field(redis: Redis, job_id: str, field: str) -> str | None:
     value = await redis.hget(keys.job(MODEL, job_id), field)
     return value.decode() if value is not None else None
+
+
+async def state_is(redis: Redis, job_id: str, state: str, attempts: int | None = None) -> bool:
+    """Whether the job is in ``state`` (and at its ``attempts``-th start, if given)."""
+    if await job_field(redis, job_id, "st") != state:
+        return False
+    return attempts is None or await job_field(redis, job_id, "att") == str(attempts)
 
 
 def chat(**extra: Any) -> dict[str, Any]:
@@ -187,14 +148,8 @@ class WorkerProcesses:
     def spawn_gateway(self, port: int) -> subprocess.Popen[bytes]:
         """``fairq api`` on ``port``; returns once it answers /readyz."""
         proc = self.run(["api", "--host", "127.0.0.1", "--port", str(port)], self._env)
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, "the gateway exited"
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    return proc
-            time.sleep(0.05)
-        raise TimeoutError("the gateway did not become ready")
+        wait_healthy(f"http://127.0.0.1:{port}/readyz", proc, "the gateway")
+        return proc
 
     def run(self, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen([sys.executable, "-m", "fairq", *args], env=env)
@@ -207,3 +162,43 @@ class WorkerProcesses:
                 proc.kill()
             proc.wait(10)
         self._dir.cleanup()
+
+
+def wait_healthy(
+    url: str, process: subprocess.Popen[Any], name: str, timeout_s: float = WAIT_S
+) -> None:
+    """Until ``url`` answers 200; fails at once if ``process`` (``name``) exits first."""
+
+    def healthy() -> bool:
+        assert process.poll() is None, f"{name} exited before it was ready"
+        return httpx.get(url, timeout=1).status_code == 200
+
+    what = f"{name} to answer {url}"
+    eventually(healthy, what, timeout_s, interval_s=0.05, ignoring=(httpx.TransportError,))
+
+
+def demo_stack(
+    *,
+    per_model: Mapping[str, Mapping[str, Any]] | None = None,
+    profile: str | Path | None = None,
+    batch_slots: int | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    **fields: Any,
+) -> Stack:
+    """``fairq up``'s demo stack on free ports, to start with ``with``: one simulator per
+    demo model (all with ``profile``, if given) and ``demo_config`` plus ``overrides``, with
+    ``per_model`` added to a model's entry by name. ``fields`` are ``Stack``'s
+    (``redis_url``, ``gateway``, ``workers``, ``env``, ...)."""
+    ports = [free_port() for _ in DEMO_MODELS]
+    config = demo_config(ports, batch_slots, **(overrides or {}))
+    for entry in config["models"]:
+        entry.update((per_model or {}).get(entry["name"], {}))
+    profiles = {} if profile is None else dict.fromkeys(ports, str(profile))
+    gateway_port = free_port() if fields.get("gateway", True) else 0
+    sims = dict(zip(ports, DEMO_MODELS, strict=True))
+    return Stack(config, gateway_port=gateway_port, sims=sims, sim_profiles=profiles, **fields)
+
+
+def sim_port(stack: Stack, model: str) -> int:
+    """The port of the simulator that serves ``model`` in ``stack``."""
+    return next(port for port, served in stack.sims.items() if model in served.split(","))

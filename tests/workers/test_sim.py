@@ -14,7 +14,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,9 +27,11 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from fairq.localredis import free_port
+from tests.support.eventually import aeventually
 from tests.support.paths import REPO
-from tests.support.servers import uvicorn_thread
-from workers.sim import ProfileError, SimProfile, create_app, load_profile
+from tests.support.stack import sim, wait_healthy
+from workers.sim import ProfileError, SimProfile, load_profile
 from workers.sim._scheduler import SchedSeq, Scheduler, SeqStatus, StepPlan, step_duration_s
 
 FIXTURES = REPO / "tests" / "fixtures" / "vllm-0.32-cpu"
@@ -55,16 +56,9 @@ EMITTED_METRICS = {
 # --- helpers -----------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def sim_server(profile: SimProfile, models: tuple[str, ...] = (MODEL,)) -> Iterator[str]:
-    """A real uvicorn server for one app in a thread; yields its base URL."""
-    with uvicorn_thread(create_app(list(models), profile)) as url:
-        yield url
-
-
 @pytest.fixture(scope="module")
 def base_url() -> Iterator[str]:
-    with sim_server(FAST) as url:
+    with sim(FAST, [MODEL]) as url:
         yield url
 
 
@@ -129,14 +123,13 @@ async def scrape(client: httpx.AsyncClient) -> str:
 
 async def wait_for_metrics(client: httpx.AsyncClient, **expected: float) -> None:
     """Poll /metrics until every `vllm:<name>` sample has the expected value."""
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
+
+    async def seen() -> dict[str, float]:
         text = await scrape(client)
-        seen = {name: _sample(text, name) for name in expected}
-        if seen == expected:
-            return
-        assert time.monotonic() < deadline, f"metrics stayed {seen}, wanted {expected}"
-        await asyncio.sleep(0.01)
+        return {name: _sample(text, name) for name in expected}
+
+    what = f"metrics {expected}"
+    await aeventually(seen, what, DEADLINE_S, until=lambda s: s == expected, interval_s=0.01)
 
 
 def _sample(text: str, name: str) -> float:
@@ -316,7 +309,7 @@ async def test_every_emitted_metric_has_vllm_name_type_and_labels(base_url: str)
 
 async def test_batch_limit_of_two_leaves_three_of_five_requests_waiting() -> None:
     profile = SimProfile(max_num_seqs=2, step_base_ms=10.0)
-    with sim_server(profile) as url:
+    with sim(profile, [MODEL]) as url:
         async with client_for(url) as client:
             streams = [
                 asyncio.create_task(
@@ -335,7 +328,7 @@ async def test_batch_limit_of_two_leaves_three_of_five_requests_waiting() -> Non
 
 async def test_client_gone_mid_stream_frees_its_slot_and_counts_an_abort() -> None:
     profile = SimProfile(max_num_seqs=1, step_base_ms=10.0)
-    with sim_server(profile) as url:
+    with sim(profile, [MODEL]) as url:
         async with client_for(url) as client:
             request = chat_body(max_tokens=1000, stream=True)
             async with client.stream("POST", "/v1/chat/completions", json=request) as response:
@@ -356,7 +349,7 @@ async def test_client_gone_mid_stream_frees_its_slot_and_counts_an_abort() -> No
 
 async def test_client_gone_while_waiting_leaves_the_queue_and_counts_an_abort() -> None:
     profile = SimProfile(max_num_seqs=1, step_base_ms=10.0)
-    with sim_server(profile) as url:
+    with sim(profile, [MODEL]) as url:
         async with client_for(url) as client, client_for(url) as holder:
             hold = asyncio.create_task(
                 stream_events(
@@ -376,7 +369,7 @@ async def test_client_gone_while_waiting_leaves_the_queue_and_counts_an_abort() 
 
 
 async def test_each_app_counts_into_its_own_registry() -> None:
-    with sim_server(FAST) as first, sim_server(FAST) as second:
+    with sim(FAST, [MODEL]) as first, sim(FAST, [MODEL]) as second:
         async with client_for(first) as one, client_for(second) as two:
             await one.post("/v1/completions", json=completion_body(max_tokens=3))
             assert _sample(await scrape(one), "generation_tokens_total") == 3.0
@@ -388,7 +381,7 @@ async def test_each_app_counts_into_its_own_registry() -> None:
 
 async def test_waiting_grows_past_max_num_seqs_and_falls_as_requests_finish() -> None:
     profile = SimProfile(max_num_seqs=4, step_base_ms=10.0)
-    with sim_server(profile) as url:
+    with sim(profile, [MODEL]) as url:
         async with client_for(url) as client:
             posts = [
                 asyncio.create_task(
@@ -396,12 +389,19 @@ async def test_waiting_grows_past_max_num_seqs_and_falls_as_requests_finish() ->
                 )
                 for _ in range(12)
             ]
-            seen = []
-            deadline = time.monotonic() + DEADLINE_S
-            while not all(post.done() for post in posts):
-                assert time.monotonic() < deadline, f"still running; waiting went {seen}"
+            seen: list[float] = []
+
+            async def waiting() -> list[float]:  # sampled until every request has finished
                 seen.append(_sample(await scrape(client), "num_requests_waiting"))
-                await asyncio.sleep(0.01)
+                return seen
+
+            await aeventually(
+                waiting,
+                "every request to finish (the list: the waiting queue as sampled)",
+                DEADLINE_S,
+                until=lambda _: all(post.done() for post in posts),
+                interval_s=0.01,
+            )
             seen.append(_sample(await scrape(client), "num_requests_waiting"))
             responses = await asyncio.gather(*posts)
     assert [r.status_code for r in responses] == [200] * 12
@@ -418,7 +418,7 @@ async def test_preempted_streamed_request_never_repeats_a_token() -> None:
     # 16 KV blocks of 16 tokens; four requests growing to ~8 blocks each must preempt.
     profile = SimProfile(max_num_seqs=4, kv_cache_tokens=256, max_model_len=256, step_base_ms=1.0)
     max_tokens = 120
-    with sim_server(profile) as url:
+    with sim(profile, [MODEL]) as url:
         async with client_for(url) as client:
             bodies = [
                 chat_body(max_tokens=max_tokens, request_id=f"p{i}", stream=True) for i in range(4)
@@ -451,7 +451,7 @@ async def test_higher_priority_request_takes_the_next_free_slot_without_preempti
         assert response.status_code == 200
         finished.append(name)
 
-    with sim_server(profile) as url:
+    with sim(profile, [MODEL]) as url:
         async with client_for(url) as client:
             lows = [
                 asyncio.create_task(complete(client, f"low{i}", priority=10, tokens=30))
@@ -543,7 +543,7 @@ async def test_malformed_requests_are_400(base_url: str, path: str, content: byt
 
 
 async def test_models_lists_served_models_and_health_is_empty_200() -> None:
-    with sim_server(FAST, models=("tiny", "big")) as url:
+    with sim(FAST, ["tiny", "big"]) as url:
         async with client_for(url) as client:
             models = (await client.get("/v1/models")).json()
             health = await client.get("/health")
@@ -765,23 +765,6 @@ def test_a_better_priority_waits_for_a_free_slot_then_goes_ahead_of_worse_ones()
 # --- process -----------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_until_healthy(proc: subprocess.Popen[bytes], url: str) -> None:
-    deadline = time.monotonic() + 15
-    while True:
-        with contextlib.suppress(httpx.TransportError):
-            if httpx.get(f"{url}/health").status_code == 200:
-                return
-        assert proc.poll() is None, "serve() exited before it was ready"
-        assert time.monotonic() < deadline, "serve() did not come up"
-        time.sleep(0.05)
-
-
 def test_sigterm_cuts_open_streams_and_serve_exits_with_status_0() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -792,7 +775,7 @@ def test_sigterm_cuts_open_streams_and_serve_exits_with_status_0() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env)
     try:
-        wait_until_healthy(proc, url)
+        wait_healthy(f"{url}/health", proc, "serve()", 15)
         request = completion_body(max_tokens=3000, stream=True)
         with httpx.stream("POST", f"{url}/v1/completions", json=request) as response:
             lines = response.iter_lines()

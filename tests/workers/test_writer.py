@@ -16,7 +16,8 @@ from redis.asyncio import Redis
 from broker import Claimed, ExecutionStore, Outcome, keys
 from broker.jobs import JobState
 from broker.requests import RequestKind
-from broker.settings import Settings
+from tests.support.eventually import aeventually
+from tests.support.settings import make_settings
 from workers.writer import ResultWriter
 
 MODEL = "m"
@@ -31,7 +32,7 @@ def _job(n: int) -> Claimed:
 
 @pytest.fixture
 async def writer(aredis: Redis, redis_url: str) -> AsyncIterator[ResultWriter]:
-    settings = Settings(redis_url=redis_url, models=[{"name": MODEL, "endpoints": ["http://e:1"]}])  # type: ignore[list-item]
+    settings = make_settings(redis_url, ["http://e:1"], model=MODEL)
     store = ExecutionStore(aredis, settings)
     await store.load_scripts()
     w = ResultWriter(store, LONG_MS)
@@ -43,9 +44,7 @@ async def writer(aredis: Redis, redis_url: str) -> AsyncIterator[ResultWriter]:
 
 
 async def _flushes_reach(w: ResultWriter, n: int) -> None:
-    async with asyncio.timeout(5):
-        while w.flushes < n:
-            await asyncio.sleep(0.005)
+    await aeventually(lambda: w.flushes >= n, f"{n} flushes", 5, interval_s=0.005)
 
 
 async def _chunks(redis: Redis, job: Claimed) -> list[bytes]:
