@@ -15,14 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
-from redis.commands.core import AsyncScript
 
-from broker import keys
 from broker.batch.errors import LeaseLost
 from broker.batch.files import FileStore
 from broker.batch.store import BatchStore
 from broker.queue import JobQueue
-from broker.scripts import Scripts, source
 from broker.settings import Settings
 
 
@@ -32,17 +29,11 @@ class StepContext:
     settings: Settings
     batch_id: str
     token: str
-    scripts: Scripts = field(init=False)
-    record: AsyncScript = field(init=False)
     store: BatchStore = field(init=False)
     files: FileStore = field(init=False)
     queue: JobQueue = field(init=False)
-    _lease: AsyncScript = field(init=False)
 
     def __post_init__(self) -> None:
-        self.scripts = Scripts.bind(self.redis)
-        self.record = self.redis.register_script(source("batch_record"))
-        self._lease = self.redis.register_script(source("batch_lease"))
         self.store = BatchStore(self.redis)
         self.queue = JobQueue(self.redis, self.settings)
         self.files = FileStore(self.redis, self.settings.batch.read_block_bytes)
@@ -50,8 +41,8 @@ class StepContext:
     async def renew(self) -> None:
         """Extend the lease; LeaseLost if this step no longer holds it."""
         ms = self.settings.batch.lease_s * 1000
-        if not await self._lease(keys=[keys.batch_lease(self.batch_id)], args=[self.token, ms]):
+        if not await self.store.hold_lease(self.batch_id, self.token, ms):
             raise LeaseLost(f"batch {self.batch_id}: another step holds the batch")
 
     async def release(self) -> None:
-        await self._lease(keys=[keys.batch_lease(self.batch_id)], args=[self.token, 0])
+        await self.store.hold_lease(self.batch_id, self.token, 0)

@@ -16,6 +16,7 @@ batch-worker outage. A job that is gone all the same is recorded as an error
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import orjson
 
@@ -69,21 +70,19 @@ async def harvest(ctx: StepContext, lines: list[PendingLine]) -> int:
     if not ended:
         return 0
     bodies = await _bodies(ctx, [line for line, st, _ in ended if st == b"completed"])
-    b = ctx.batch_id
-    record_keys = [keys.batch(b), keys.batch_results(b), keys.batch_pending(b)]
-    counters = []
+    counters: list[Literal["completed", "failed"]] = []
+    calls = []
+    for line, st, err in ended:
+        record = _record(ctx.batch_id, line, st, err, bodies.get(line.job_id))
+        counters.append("completed" if record[:1] == b"o" else "failed")
+        call = ctx.store.record_call(ctx.batch_id, line.number, counters[-1], record, line.member)
+        calls.append(call)
     async with ctx.redis.pipeline(transaction=False) as pipe:
-        for line, st, err in ended:
-            record = _record(b, line, st, err, bodies.get(line.job_id))
-            counters.append("completed" if record[:1] == b"o" else "failed")
-            await ctx.record(
-                keys=record_keys,
-                args=[line.number, counters[-1], record, line.member],
-                client=pipe,
-            )
-        recorded = await pipe.execute()
-    for (line, _, _), counter, first_time in zip(ended, counters, recorded, strict=True):
-        if first_time:  # a line recorded by an earlier pass is not counted again
+        for call in calls:
+            call.queue(pipe)
+        replies = await pipe.execute()
+    for (line, _, _), call, counter, reply in zip(ended, calls, counters, replies, strict=True):
+        if call.decode(reply):  # a line recorded by an earlier pass is not counted again
             telemetry.batch_request_ended(line.model, counter)
     async with ctx.redis.pipeline(transaction=False) as pipe:
         for line, _, _ in ended:
@@ -153,15 +152,14 @@ async def stop_pending(ctx: StepContext, state: JobState) -> None:
         async with ctx.redis.pipeline(transaction=False) as pipe:
             for line, (st, user, band) in zip(lines, states, strict=True):
                 if st in (b"queued", b"dispatched"):
-                    call_keys, args = cancel_call(
+                    cancel_call(
                         line.model,
                         line.job_id,
                         band=band.decode(),
                         user=user.decode(),
                         state=state,
                         ttl_s=ctx.settings.batch.line_keep_s,
-                    )
-                    await ctx.scripts.cancel(keys=call_keys, args=args, client=pipe)
+                    ).queue(pipe)
             await pipe.execute()
         await harvest(ctx, lines)
         await ctx.renew()

@@ -28,8 +28,7 @@ from broker.batch.lines import KINDS, LineError, ValidLine, check_line, error_re
 from broker.batch.reading import Line, read_lines
 from broker.batch.store import BatchRecord
 from broker.errors import NotFound
-from broker.jobs import new_job_id
-from broker.queue import Submission
+from broker.jobs import Submission, new_job_id
 from broker.requests import engine_payload, estimate_cost
 
 _FAILED_ERRORS_SHOWN = 10
@@ -164,18 +163,21 @@ async def _enqueue(
         return [], []
     settings = ctx.settings.batch
     ids = [line_job_id(v.model.name, ctx.batch_id, v.number) for v in valid]
+    calls = [
+        ctx.queue.enqueue_call(
+            _submission(batch, line, job_id),
+            job_id,
+            settings.max_queued_lines_per_user,
+            settings.line_keep_s,
+        )
+        for line, job_id in zip(valid, ids, strict=True)
+    ]
     async with ctx.redis.pipeline(transaction=False) as pipe:
-        for line, job_id in zip(valid, ids, strict=True):
-            call_keys, args = ctx.queue.enqueue_call(
-                _submission(batch, line, job_id),
-                job_id,
-                settings.max_queued_lines_per_user,
-                settings.line_keep_s,
-            )
-            await ctx.scripts.enqueue(keys=call_keys, args=args, client=pipe)
-        replies = await pipe.execute()
-    queued = [(v, i) for v, i, r in zip(valid, ids, replies, strict=True) if r[0] != 0]
-    full = [v for v, r in zip(valid, replies, strict=True) if r[0] == 0]
+        for call in calls:
+            call.queue(pipe)
+        replies = [c.decode(r) for c, r in zip(calls, await pipe.execute(), strict=True)]
+    queued = [(v, i) for v, i, r in zip(valid, ids, replies, strict=True) if not r.full]
+    full = [v for v, r in zip(valid, replies, strict=True) if r.full]
     return queued, full
 
 
@@ -189,11 +191,7 @@ async def _commit(
             pipe.zadd(keys.batch_pending(b), members)
             pipe.hsetnx(keys.batch(b), "model", queued[0][0].model.name)
         for error in errors:
-            await ctx.record(
-                keys=[keys.batch(b), keys.batch_results(b), keys.batch_pending(b)],
-                args=[error.number, "failed", error_record(b, error), ""],
-                client=pipe,
-            )
+            ctx.store.record_call(b, error.number, "failed", error_record(b, error), "").queue(pipe)
         pipe.hset(keys.batch(b), mapping={"off": last.end, "line": last.number})
         pipe.hincrby(keys.batch(b), "queued", len(queued))
         await pipe.execute()

@@ -48,7 +48,6 @@ from redis.asyncio import Redis
 from benchmarks.stats import machine, markdown_table, median, pct, save
 from broker import DispatchStore, JobQueue, RequestKind, Settings, Submission, connect, keys
 from broker.jobs import new_job_id
-from broker.scripts import Scripts
 from dispatcher.fairness import policy
 from fairq.localredis import LocalRedis
 
@@ -120,13 +119,11 @@ class Arm:
 
 async def fill(arm: Arm, jobs: int, users: int) -> None:
     """Queue ``jobs`` jobs round-robin over ``users`` users, pipelined (not timed)."""
-    scripts = Scripts.bind(arm.client)
     for start in range(0, jobs, _FILL_CHUNK):
         async with arm.client.pipeline(transaction=False) as pipe:
             for i in range(start, min(start + _FILL_CHUNK, jobs)):
                 sub = submission(i % users)
-                call_keys, args = arm.queue.enqueue_call(sub, fill_id(i), 10**7)
-                await scripts.enqueue(keys=call_keys, args=args, client=pipe)
+                arm.queue.enqueue_call(sub, fill_id(i), 10**7).queue(pipe)
             await pipe.execute()
     arm.depth = jobs
 

@@ -14,9 +14,6 @@ from broker.dispatching import (
     Grant,
     ModelSnapshot,
     Newcomer,
-    Parked,
-    Pick,
-    Unseen,
     express_send,
     parse_wake,
 )
@@ -33,11 +30,15 @@ from broker.errors import (
     UnknownModel,
 )
 from broker.execution import Claimed, ExecutionStore, Outcome
-from broker.jobs import JobRecord, JobState, RequestKind
+from broker.jobs import JobRecord, JobState, RequestKind, Submission
+from broker.lua.dispatch import Pick
+from broker.lua.park import Parked
+from broker.lua.reclaim import Reclaim
+from broker.lua.unseen import Unseen
 from broker.ownership import OwnershipStore
 from broker.process.tasks import stop_task
 from broker.process.uvicorn_server import QuietSignalServer, quiet_config
-from broker.queue import JobQueue, Submission
+from broker.queue import JobQueue
 from broker.redis.connect import connect, connect_blocking, lean_link
 from broker.results import ResultEvent, ResultReader
 from broker.settings import ApiKeyConfig, ModelConfig, Settings, load_settings
@@ -86,6 +87,7 @@ __all__ = [
     "Principal",
     "QueueFull",
     "QuietSignalServer",
+    "Reclaim",
     "RequestKind",
     "ResultEvent",
     "ResultReader",

@@ -18,9 +18,9 @@ from redis.asyncio import Redis
 
 from broker.auth import KeyRing, Principal
 from broker.errors import JobFailed, UnknownModel
-from broker.jobs import JobRecord, JobState, RequestKind, new_job_id
+from broker.jobs import JobRecord, JobState, RequestKind, Submission, new_job_id
 from broker.position import QueuePosition
-from broker.queue import JobQueue, Submission
+from broker.queue import JobQueue
 from broker.redis.connect import connect, lean_link
 from broker.requests import check_body, engine_payload, estimate_cost, wants_usage
 from broker.result_readers import result_reader

@@ -23,7 +23,10 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from broker import keys
-from broker.scripts import Scripts
+from broker.lua.dispatch import Pick, dispatch_call
+from broker.lua.grant import grant_call
+from broker.lua.park import Parked, park_call
+from broker.lua.unseen import Unseen, unseen_call
 from broker.settings import Settings
 
 
@@ -117,20 +120,6 @@ class Grant:
 HANDED_KEEP_MS = 1000
 
 
-class Unseen(NamedTuple):
-    """Jobs an endpoint's metrics cannot show yet (``DispatchStore.unseen``)."""
-
-    held: int  # on their way, or handed over and not streamed: may wait until a scrape
-    streamed: int  # handed over, streamed, no first token yet: wait only until it
-
-
-class Parked(NamedTuple):
-    """A job ``park.lua`` took back out of the engine, to the head of its user's queue."""
-
-    job_id: str
-    user: str
-
-
 # park.lua looks at this many of the newest ready entries for a job to take back: in-flight
 # jobs of every endpoint, so a few batches' worth.
 PARK_SCAN = 2048
@@ -144,21 +133,10 @@ class Dispatched(NamedTuple):
     plain: int  # how many of the jobs are not streamed
 
 
-@dataclass(frozen=True)
-class Pick:
-    """One planned dispatch: serve ``user``'s head job in ``band``, then rescore."""
-
-    band: str
-    user: str
-    score_after: float | None  # None: charge the job's estimated cost (token-fair)
-    join_after: float
-
-
 class DispatchStore:
     def __init__(self, redis: Redis, settings: Settings) -> None:
         self._redis = redis
         self._settings = settings
-        self._scripts = Scripts.bind(redis)
 
     async def ensure_ready_group(self, model: str) -> None:
         """Create the workers' consumer group from the stream's start (idempotent)."""
@@ -189,15 +167,12 @@ class DispatchStore:
         """Jobs of ``models`` that ``endpoint``'s metrics cannot show yet: on their way to
         it (dispatched, no worker has started them), or handed to it within ``lag_ms``
         (at most ``HANDED_KEEP_MS``). Read just before each scrape (``unseen.lua``)."""
+        calls = [unseen_call(model, endpoint, lag_ms) for model in models]
         async with self._redis.pipeline(transaction=False) as pipe:
-            for model in models:
-                await self._scripts.unseen(
-                    keys=[keys.transit(model), keys.handed(model)],
-                    args=[endpoint, lag_ms, keys.job_prefix(model)],
-                    client=pipe,
-                )
-            counts = await pipe.execute()
-        return Unseen(sum(int(c[0]) for c in counts), sum(int(c[1]) for c in counts))
+            for call in calls:
+                call.queue(pipe)
+            counts = [c.decode(reply) for c, reply in zip(calls, await pipe.execute(), strict=True)]
+        return Unseen(sum(c.held for c in counts), sum(c.streamed for c in counts))
 
     async def dispatch(
         self,
@@ -219,87 +194,48 @@ class DispatchStore:
         after, as ``snapshot(model, depth, in_engine=served_cap is not None)`` would have
         read it, and how many of the jobs are not streamed (admission counts those apart).
         """
-        bands = self._settings.bands
-        band_number = {band: i for i, band in enumerate(bands, start=1)}
-        script_keys = [keys.ready(model), keys.inflight(model), keys.meta(model)]
-        script_keys += [keys.unstarted(model), keys.user_counts(model), keys.queued_counts(model)]
-        script_keys.append(keys.transit(model))
-        script_keys += [keys.backlog(model, band) for band in bands]
-        script_keys += [keys.queue(model, p.band, p.user) for p in picks]
-        args: list[str | float | int] = [
+        s = self._settings
+        call = dispatch_call(
+            model,
             endpoint,
-            keys.job_prefix(model),
-            self._settings.ready_stream_maxlen,
-            cap,
-            depth,
-            len(bands),
-            int(engine_priority),
-            "" if rate is None else rate,
-            "" if served_cap is None else served_cap,
-            int(served_cap is not None),
-            keys.parked_prefix(model),
-            *(keys.join_field(band) for band in bands),
-            *bands,
-        ]
-        for p in picks:
-            score = "cost" if p.score_after is None else p.score_after
-            args += [band_number[p.band], p.user, score, p.join_after]
-        reply = await self._scripts.dispatch(keys=script_keys, args=args)
-        counts = reply[-len(bands) :] if served_cap is not None else []
-        if counts:
-            reply = reply[: -len(bands)]
-        ids, *ranges, joins, inflight, unstarted, plain = reply
-        dispatched = [job_id.decode() for job_id in ids if job_id]
-        snap = _state(bands, ranges, joins, inflight, unstarted)
-        for flat, band_counts in zip(ranges, counts, strict=False):
+            cap=cap,
+            picks=picks,
+            depth=depth,
+            bands=s.bands,
+            ready_maxlen=s.ready_stream_maxlen,
+            engine_priority=engine_priority,
+            rate=rate,
+            served_cap=served_cap,
+        )
+        r = await call.run(self._redis)
+        snap = _state(s.bands, r.backlogs, r.meta, r.inflight, r.unstarted)
+        for flat, band_counts in zip(r.backlogs, r.in_engine, strict=False):
             users = [u.decode() for u in flat[::2]]
             snap.in_engine.update(_in_engine(users, band_counts))
-        return Dispatched(dispatched, snap, int(plain))
+        return Dispatched(r.ids, snap, r.plain)
 
     async def park(self, model: str, endpoint: str, *, min_jobs: int = 2) -> Parked | None:
         """Take the newest job without output of the user with the most jobs at ``endpoint``
         (at least ``min_jobs``) back out of the engine, to the head of that user's queue;
         its worker is told to drop it. None when no such job is there."""
-        reply = await self._scripts.park(
-            keys=[
-                keys.ready(model),
-                keys.inflight(model),
-                keys.unstarted(model),
-                keys.user_counts(model),
-                keys.transit(model),
-                keys.queued_counts(model),
-                keys.meta(model),
-            ],
-            args=[
-                endpoint,
-                keys.job_prefix(model),
-                keys.READY_GROUP,
-                keys.parked_prefix(model),
-                keys.backlog_prefix(model),
-                PARK_SCAN,
-                min_jobs,
-                keys.wake_channel(model),
-                keys.cancel_channel(model),
-                keys.results_prefix(model),
-            ],
-        )
-        if not reply:
-            return None
-        return Parked(reply[0].decode(), reply[1].decode())
+        call = park_call(model, endpoint, scan=PARK_SCAN, min_jobs=min_jobs)
+        return await call.run(self._redis)
 
     async def grant(self, model: str, grant: Grant | None, sequence: int, ttl_ms: int) -> bool:
         """Set the model's express grant (None revokes it); False when refused because the
         state moved past ``sequence`` (an express send or a dispatch since)."""
-        fields: list[str | int] = []
-        for band in self._settings.bands:
-            credits = 0 if grant is None else grant.credits.get(band, 0)
-            fields += [keys.grant_field(band), credits]
-        endpoint = "" if grant is None else grant.endpoint
-        served = -1 if grant is None or grant.served is None else grant.served
-        reply = await self._scripts.grant(
-            keys=[keys.meta(model)], args=[sequence, ttl_ms, endpoint, served, *fields]
+        g = Grant("", {}) if grant is None else grant
+        credits = [(band, g.credits.get(band, 0)) for band in self._settings.bands]
+        served = -1 if g.served is None else g.served
+        call = grant_call(
+            model,
+            sequence=sequence,
+            ttl_ms=ttl_ms,
+            endpoint=g.endpoint,
+            served=served,
+            credits=credits,
         )
-        return bool(reply)
+        return await call.run(self._redis)
 
 
 def _in_engine(users: Sequence[str], counts: Sequence[bytes | None]) -> dict[str, int]:

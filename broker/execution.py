@@ -31,7 +31,6 @@ already, and the lease should be far longer than any pause (``lease_ms``).
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,11 +44,18 @@ from redis.typing import KeyT, StreamIdT
 from broker import keys
 from broker.dispatching import HANDED_KEEP_MS, ensure_ready_group
 from broker.jobs import JobState, RequestKind
+from broker.lua import load_scripts
+from broker.lua.complete import complete_call
+from broker.lua.expire import expire_call
+from broker.lua.first import first_call
+from broker.lua.forget import forget_call
+from broker.lua.reclaim import Reclaim, reclaim_call
+from broker.lua.renew import renew_call
+from broker.lua.start import start_call
 from broker.redis import replies
 from broker.redis.packed import PackedPipeline
 from broker.redis.resp import RespLink
 from broker.results import BODY_FIELD, CHUNK_FIELD
-from broker.scripts import Scripts, run_script, source
 from broker.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -115,14 +121,6 @@ class Outcome:
     dead_letter: bool = False  # recorded in the model's dead-letter index
 
 
-class Reclaim(enum.StrEnum):
-    """What ``reclaim.lua`` decided for a job taken over from a dead worker."""
-
-    RETRY = "retry"  # no output yet, attempts left: run it again
-    FAIL = "fail"  # output was written: end it failed (a retry would repeat text)
-    DEAD = "dead"  # started job_max_attempts times: end it as a dead letter
-
-
 @dataclass(frozen=True)
 class Reclaimed:
     decision: Reclaim
@@ -137,11 +135,6 @@ class ExecutionStore:
         self._redis = redis
         self._results = results
         self._settings = settings
-        self._scripts = Scripts.bind(redis)
-        self._renew = redis.register_script(source("renew"))
-        self._reclaim = redis.register_script(source("reclaim"))
-        self._expire = redis.register_script(source("expire"))
-        self._forget = redis.register_script(source("forget"))
 
     async def ensure_groups(self, models: Sequence[str]) -> None:
         for model in models:
@@ -195,16 +188,11 @@ class ExecutionStore:
     async def start(self, claimed: Claimed, worker: str) -> int | None:
         """Record that ``worker`` runs the job; its attempt number, or None (and acked)
         when the job ended meanwhile and must be dropped."""
-        keys_ = [
-            keys.job(claimed.model, claimed.job_id),
-            keys.transit(claimed.model),
-            keys.handed(claimed.model),
-        ]
-        args: list[str | int] = [worker, claimed.job_id, HANDED_KEEP_MS]
+        call = start_call(claimed.model, claimed.job_id, worker, HANDED_KEEP_MS)
         # Every job runs it: on the lean connection, when there is one.
-        reply = await run_script(self._scripts.start, keys_, args, self._results)
-        if reply[0] == 1:
-            return int(reply[1])
+        attempt = await call.run(self._redis if self._results is None else self._results)
+        if attempt is not None:
+            return attempt
         await self._redis.xack(keys.ready(claimed.model), keys.READY_GROUP, claimed.entry_id)
         return None
 
@@ -236,85 +224,55 @@ class ExecutionStore:
 
     def add_complete(self, pipe: ResultPipeline, job: Claimed, outcome: Outcome) -> None:
         """Queue ``complete.lua`` by SHA (``load_scripts``); its reply is 1 if it ended the job."""
-        model, config = job.model, self._settings.model(job.model)
-        prompt_cost = config.prompt_token_cost if config else 1.0
-        output_cost = config.output_token_cost if config else 1.0
-        pipe.evalsha(
-            self._scripts.complete.sha,
-            9,
-            keys.job(model, job.job_id),
-            keys.results(model, job.job_id),
-            keys.ready(model),
-            keys.inflight(model),
-            keys.unstarted(model),
-            keys.backlog(model, job.band),
-            keys.user_counts(model),
-            keys.dead_letters(model),
-            keys.transit(model),
-            outcome.state.value,
-            keys.READY_GROUP,
-            self._settings.result_ttl_s,
-            keys.wake_channel(model),
-            _json(outcome.error),
-            _json(outcome.usage),
-            outcome.finish_reason or "",
-            outcome.first_token_ms or "",
-            prompt_cost,
-            output_cost,
-            job.user,
-            job.worker,
-            job.job_id if outcome.dead_letter else "",
-        )
+        s, config = self._settings, self._settings.model(job.model)
+        complete_call(
+            job.model,
+            job.job_id,
+            band=job.band,
+            user=job.user,
+            worker=job.worker,
+            state=outcome.state,
+            ttl_s=s.result_ttl_s,
+            error=_json(outcome.error),
+            usage=_json(outcome.usage),
+            finish_reason=outcome.finish_reason or "",
+            first_token_ms=outcome.first_token_ms,
+            prompt_cost=config.prompt_token_cost if config else 1.0,
+            output_cost=config.output_token_cost if config else 1.0,
+            dead_letter=outcome.dead_letter,
+        ).queue(pipe)
 
     def add_first(self, pipe: ResultPipeline, model: str, job_id: str) -> None:
         """Queue ``first.lua``: the job's first output is written (it has started)."""
-        pipe.evalsha(
-            self._scripts.first.sha,
-            2,
-            keys.job(model, job_id),
-            keys.unstarted(model),
-            keys.wake_channel(model),
-        )
+        first_call(model, job_id).queue(pipe)
 
     async def load_scripts(self) -> None:
-        """Load the scripts pipelines call by SHA (at start, and after Redis lost them)."""
-        for script in (self._scripts.complete, self._scripts.first):
-            await self._redis.script_load(script.script)
+        """Load the scripts (at start, and after Redis lost them): pipelines call them by SHA."""
+        await load_scripts(self._redis)
 
     async def renew(self, worker: str, held: Mapping[str, Sequence[bytes]]) -> set[bytes]:
         """Renew the lease on every entry ``worker`` holds (model -> entry ids), in one
         round trip; returns the entry ids it has lost (another worker owns them now)."""
-        pipe = self._redis.pipeline(transaction=False)
-        for model, entries in held.items():
-            await self._renew(
-                keys=[keys.ready(model)], args=[keys.READY_GROUP, worker, *entries], client=pipe
-            )
-        replies = await pipe.execute()
-        return {entry for lost in replies for entry in lost}
+        calls = [renew_call(model, worker, entries) for model, entries in held.items()]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for call in calls:
+                call.queue(pipe)
+            replies = await pipe.execute()
+        return {entry for c, lost in zip(calls, replies, strict=True) for entry in c.decode(lost)}
 
     async def reclaim(self, model: str, worker: str, count: int) -> list[Reclaimed]:
         """Take over up to ``count`` entries whose lease lapsed; each with its fate."""
         s = self._settings
-        reply = await self._reclaim(
-            keys=[keys.ready(model), keys.unstarted(model), keys.transit(model)],
-            args=[
-                keys.READY_GROUP,
-                worker,
-                s.lease_ms,
-                count,
-                keys.job_prefix(model),
-                keys.results_prefix(model),
-                s.job_max_attempts,
-            ],
+        call = reclaim_call(
+            model, worker, lease_ms=s.lease_ms, count=count, max_attempts=s.job_max_attempts
         )
         out, malformed = [], []
-        for decision, entry_id, attempts, flat in reply:
-            fields = dict(zip(flat[::2], flat[1::2], strict=True))
-            job = _parsed(model, entry_id, fields, worker)
+        for taken in await call.run(self._redis):
+            job = _parsed(model, taken.entry_id, taken.fields, worker)
             if job is None:
-                malformed.append((model, entry_id))
+                malformed.append((model, taken.entry_id))
             else:
-                out.append(Reclaimed(Reclaim(decision.decode()), int(attempts), job))
+                out.append(Reclaimed(taken.decision, taken.attempts, job))
         if malformed:
             await self._remove_entries(malformed)
         return out
@@ -322,35 +280,25 @@ class ExecutionStore:
     async def forget_gone_consumers(self, model: str) -> list[str]:
         """Remove the ready group's consumers idle ``forget_consumer_after_ms`` with nothing
         pending (workers that are gone); their names."""
-        names = await self._forget(
-            keys=[keys.ready(model)],
-            args=[keys.READY_GROUP, self._settings.forget_consumer_after_ms],
-        )
-        return [name.decode() for name in names]
+        idle_ms = self._settings.forget_consumer_after_ms
+        return await forget_call(model, idle_ms).run(self._redis)
 
     async def expire(self, model: str, band: str, deadline_ms: int, budget: int = 500) -> list[str]:
         """End as expired the jobs of ``band`` queued longer than ``deadline_ms``."""
         expired: list[str] = []
         rank = 0
         while rank >= 0:
-            reply = await self._expire(
-                keys=[keys.backlog(model, band), keys.queued_counts(model), keys.meta(model)],
-                args=[
-                    keys.queue_prefix(model, band),
-                    keys.job_prefix(model),
-                    keys.results_prefix(model),
-                    band,
-                    deadline_ms,
-                    self._settings.result_ttl_s,
-                    keys.wake_channel(model),
-                    budget,
-                    rank,
-                    200,
-                    f"{keys.parked_prefix(model)}{band}:",
-                ],
+            call = expire_call(
+                model,
+                band,
+                deadline_ms=deadline_ms,
+                ttl_s=self._settings.result_ttl_s,
+                budget=budget,
+                rank=rank,
+                users=200,
             )
-            rank = int(reply[0])
-            expired += [job_id.decode() for job_id in reply[1:]]
+            rank, job_ids = await call.run(self._redis)
+            expired += job_ids
         return expired
 
     async def take_turn(self, model: str, worker: str, ttl_ms: int) -> bool:

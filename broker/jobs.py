@@ -47,6 +47,23 @@ class RequestKind(enum.StrEnum):
         return "/v1/chat/completions" if self is RequestKind.CHAT else "/v1/completions"
 
 
+@dataclass(frozen=True)
+class Submission:
+    """One request to queue; ``user`` is the fairness unit, ``owner`` the key's user."""
+
+    model: str
+    owner: str
+    user: str
+    tenant: str
+    band: str
+    kind: RequestKind
+    stream_flag: str  # "0" not streamed, "1" streamed, "2" streamed with usage chunk
+    payload: bytes
+    job_id: str | None = None
+    cost: float = 0.0  # estimated service in weighted tokens (token-fair)
+    weight: float = 1.0  # the key's fairness weight
+
+
 def new_job_id(model: str, suffix: str | None = None) -> str:
     """A job id of ``model``: random, or ``suffix`` (unique per model) for a deterministic one."""
     encoded = base64.urlsafe_b64encode(model.encode()).rstrip(b"=").decode()

@@ -13,13 +13,12 @@ from collections.abc import Iterable
 from redis.asyncio import Redis
 
 from broker import keys
-from broker.scripts import Scripts
+from broker.lua.lease import LeaseMode, lease_call
 
 
 class OwnershipStore:
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
-        self._scripts = Scripts.bind(redis)
 
     async def heartbeat(self, me: str, lease_ms: int) -> int:
         """Say this dispatcher is alive for ``lease_ms``; returns how many are alive."""
@@ -32,18 +31,19 @@ class OwnershipStore:
             *_, alive = await pipe.execute()
         return int(alive)
 
-    async def lease(self, models: Iterable[str], me: str, lease_ms: int, mode: str) -> set[str]:
+    async def lease(
+        self, models: Iterable[str], me: str, lease_ms: int, mode: LeaseMode
+    ) -> set[str]:
         """Acquire, renew or release the leases of ``models``; returns those owned after."""
         models = list(models)
         if not models:
             return set()
+        calls = [lease_call(model, me, lease_ms, mode) for model in models]
         async with self._redis.pipeline(transaction=False) as pipe:
-            for model in models:
-                await self._scripts.lease(
-                    keys=[keys.owner(model)], args=[me, lease_ms, mode], client=pipe
-                )
+            for call in calls:
+                call.queue(pipe)
             replies = await pipe.execute()
-        return {m for m, owned in zip(models, replies, strict=True) if owned}
+        return {m for m, c, r in zip(models, calls, replies, strict=True) if c.decode(r)}
 
     async def leave(self, models: Iterable[str], me: str) -> None:
         """Give every lease back and drop the heartbeat (a clean stop: others take over now)."""

@@ -52,8 +52,8 @@ from redis.exceptions import ResponseError
 
 from broker import keys
 from broker.jobs import JobRecord
+from broker.lua.position import position_call
 from broker.redis import replies
-from broker.scripts import Scripts
 from broker.status import entry_ms, latency_of
 
 _MAX_USERS_READ = 1000  # beyond: the estimate counts the first 1000 users of the band
@@ -131,12 +131,10 @@ class QueuePosition:
         return {"jobs_ahead": self.jobs_ahead, "estimated_wait_s": self.estimated_wait_s}
 
     @classmethod
-    async def read(
-        cls, redis: Redis, scripts: Scripts, job: JobRecord, bands: Sequence[str]
-    ) -> QueuePosition:
+    async def read(cls, redis: Redis, job: JobRecord, bands: Sequence[str]) -> QueuePosition:
         m, band = job.model, job.band
         higher = list(bands[: bands.index(band)]) if band in bands else []
-        own_keys = [keys.job(m, job.id), keys.queue(m, band, job.user)]
+        own = position_call(m, job.id, band, job.user, _MAX_OWN_AHEAD)
         async with redis.pipeline(transaction=False) as pipe:
             pipe.hmget(keys.queued_counts(m), higher or ["-"])
             pipe.zrange(keys.backlog(m, band), 0, _MAX_USERS_READ - 1, withscores=True)
@@ -149,7 +147,7 @@ class QueuePosition:
             # so does the script, called on the client, which reloads it after NOSCRIPT.
             results, own_index, now = await asyncio.gather(
                 pipe.execute(raise_on_error=False),
-                scripts.position(keys=own_keys, args=[_MAX_OWN_AHEAD]),
+                own.run(redis),
                 redis.time(),
             )
         counts, users, inflight, ended, pending, status, in_engine = _raised(results)
@@ -158,7 +156,7 @@ class QueuePosition:
         others = [u for u in turn if u != job.user]
         lengths = dict(zip(others, await _queue_lengths(redis, m, band, others), strict=True))
         ahead = jobs_ahead(
-            max(int(own_index), 0),  # -1: it left the queue meanwhile
+            own_index or 0,  # None: it left the queue meanwhile
             [lengths[u] for u in others if turn[u] < own_turn],
             [lengths[u] for u in others if turn[u] > own_turn],
             sum(int(c or 0) for c in counts),

@@ -12,8 +12,8 @@ from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 
 from broker import Settings, connect, connect_blocking, keys, telemetry
+from broker.lua import load_scripts
 from broker.process import gc_tuning
-from broker.scripts import load_scripts
 
 log = logging.getLogger("fairq")
 

@@ -21,8 +21,7 @@ from starlette.responses import Response
 
 from broker.auth import Principal
 from broker.errors import UnknownModel
-from broker.jobs import RequestKind, new_job_id
-from broker.queue import Submission
+from broker.jobs import RequestKind, Submission, new_job_id
 from broker.requests import engine_payload, estimate_cost, parse_body, wants_usage
 from broker.settings import ModelConfig
 from gateway.auth import Caller

@@ -24,9 +24,8 @@ import logging
 
 from broker import keys
 from broker.errors import FairqError, InvalidRequest
-from broker.jobs import JobRecord
+from broker.jobs import JobRecord, Submission
 from broker.process.mailbox import Mailbox
-from broker.queue import Submission
 from broker.results import ResultEvent, read_after
 from gateway.outcomes import SHUTDOWN
 from gateway.state import Gateway

@@ -34,12 +34,13 @@ from broker import (
     JobState,
     ModelConfig,
     Outcome,
+    Reclaim,
     Settings,
     lean_link,
     stop_task,
     telemetry,
 )
-from broker.execution import Reclaim, Reclaimed
+from broker.execution import Reclaimed
 from broker.process.backoff import Backoff
 from broker.redis.cluster import SlotConnections, slot_groups
 from workers.cancel import CancelListener

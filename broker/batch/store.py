@@ -19,18 +19,20 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import orjson
 from redis.asyncio import Redis
-from redis.commands.core import AsyncScript
 
 from broker import keys, telemetry
 from broker.auth import Principal
 from broker.batch.errors import NotCancellable
 from broker.errors import NotFound
+from broker.lua import Call
+from broker.lua.batch_lease import batch_lease_call
+from broker.lua.batch_record import batch_record_call
+from broker.lua.batch_status import batch_status_call
 from broker.redis import replies
-from broker.scripts import source
 
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 _TIMES = (
@@ -112,7 +114,6 @@ class BatchRecord:
 class BatchStore:
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
-        self._status: AsyncScript = redis.register_script(source("batch_status"))
 
     async def create(
         self,
@@ -182,13 +183,11 @@ class BatchStore:
         **fields: str | int | bytes,
     ) -> tuple[bool, str]:
         """Move the batch to ``to`` if its status is one of ``allowed``: (moved, old status)."""
-        args: list[str | int | bytes] = [to, "," + ",".join(allowed) + ",", stamp]
-        for name, value in fields.items():
-            args += [name, value]
-        moved, status = await self._status(keys=[keys.batch(batch_id)], args=args)
+        call = batch_status_call(batch_id, to, allowed, stamp, fields)
+        moved, status = await call.run(self._redis)
         if moved and to in TERMINAL:
             telemetry.batch_ended(to)
-        return bool(moved), status.decode() if isinstance(status, bytes) else str(status)
+        return moved, status
 
     async def cancel(self, batch_id: str, owner: str) -> BatchRecord:
         """Start cancelling (the batch workers finish it); NotCancellable once it is ending."""
@@ -199,3 +198,20 @@ class BatchStore:
         if not moved and status != "cancelling":
             raise NotCancellable(f"Cannot cancel a batch with status '{status}'.")
         return await self.get(batch_id, owner)
+
+    async def hold_lease(self, batch_id: str, token: str, lease_ms: int) -> bool:
+        """Renew the batch's lease for ``lease_ms`` (0: release it) if ``token`` holds it;
+        whether it does (did)."""
+        return await batch_lease_call(batch_id, token, lease_ms).run(self._redis)
+
+    @staticmethod
+    def record_call(
+        batch_id: str,
+        line: int,
+        counter: Literal["completed", "failed"],
+        record: bytes,
+        member: bytes | str,
+    ) -> Call[bool]:
+        """``batch_record.lua``'s call: record how a line ended, once (steps pipeline many);
+        ``member``: the line's pending member, or '' for a line never queued."""
+        return batch_record_call(batch_id, line, counter, record, member)

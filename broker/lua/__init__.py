@@ -1,27 +1,24 @@
 """The Lua contract: each script of this folder, with its typed call beside it, loaded one way.
 
-``name.lua`` is the script, its header naming every ``KEYS[n]`` and ``ARGV[n]``;
-``name.py`` is its call: a frozen dataclass whose fields are what the script is given,
-whose ``keys()`` and ``args()`` list them in the header's order, and whose ``decode``
-turns the reply into an enum, a small dataclass or a plain value. Broker's stores build
-calls and run them; services never import this package (tests/test_architecture.py).
+``name.lua`` is a script, its header naming every ``KEYS[n]`` and ``ARGV[n]``; ``name.py``
+is its typed call: ``name_call(...)`` takes what the script is given as typed parameters
+and returns a ``Call`` (KEYS and ARGV in the header's order, ``decode`` for the reply: an
+enum, a small dataclass or a plain value), which broker's stores ``run`` or ``queue`` into
+a pipeline. Services never import this package (tests/test_architecture.py).
 
-Redis scripts cannot include files, so the Lua that several scripts share lives once, as
-local functions in ``prelude.lua``, and is put before every script when it is read: the
-text Redis runs, and the SHA it knows the script by, are of prelude and script together.
-That one text is what every path sends: ``Script.run`` over redis-py or the lean
-connection (by SHA, loading it when Redis lacks it, e.g. after a restart),
-``Script.queue`` into a pipeline, and ``load_scripts`` (every master of a cluster).
+Redis scripts cannot include files: the Lua several scripts share lives once, as local
+functions in ``prelude.lua``, put before every script when it is read. Redis runs, and
+knows by its SHA, that one text, whatever sends it: ``Script.run`` over redis-py or the
+lean connection, ``Script.queue``, ``load_scripts`` (every master of a cluster).
 """
 
 from __future__ import annotations
 
-import abc
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from importlib import resources
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -104,27 +101,24 @@ async def load_scripts(redis: Any) -> None:
         await redis.script_load(script(name).script)
 
 
-class Call(abc.ABC, Generic[R]):
-    """One call of a script; a subclass is a frozen dataclass of what the script is given."""
+class Call(Generic[R]):
+    """One call of a script: its KEYS and ARGV in the order of the script's header, and how
+    its reply reads (``decode``, also for a reply a pipeline got)."""
 
-    __slots__ = ()
-    script: ClassVar[Script]
+    __slots__ = ("args", "decode", "keys", "script")
 
-    @abc.abstractmethod
-    def keys(self) -> list[str]:
-        """KEYS, in the order of the script's header."""
-
-    @abc.abstractmethod
-    def args(self) -> list[Arg]:
-        """ARGV, in the order of the script's header."""
-
-    @abc.abstractmethod
-    def decode(self, reply: Any) -> R:
-        """The script's reply as Python values."""
+    def __init__(
+        self, script: Script, keys: Sequence[str], args: Sequence[Arg], decode: Callable[[Any], R]
+    ) -> None:
+        self.script, self.keys, self.args, self.decode = script, keys, args, decode
 
     async def run(self, target: Redis | RespLink) -> R:
-        return self.decode(await self.script.run(target, self.keys(), self.args()))
+        return self.decode(await self.script.run(target, self.keys, self.args))
 
     def queue(self, pipe: Pipeline | PackedPipeline) -> None:
-        """Add the call to ``pipe``; ``decode`` its reply once the pipeline ran."""
-        self.script.queue(pipe, self.keys(), self.args())
+        self.script.queue(pipe, self.keys, self.args)
+
+
+def one(reply: Any) -> bool:
+    """A reply of 1 (yes) or 0 (no)."""
+    return bool(reply == 1)

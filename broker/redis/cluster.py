@@ -41,8 +41,8 @@ from redis.crc import key_slot
 from redis.exceptions import NoScriptError, RedisClusterException
 
 from broker import keys
+from broker.lua import load_scripts
 from broker.redis.options import CLIENT_OPTIONS, plain_blocking
-from broker.scripts import load_scripts
 from broker.settings import Settings
 
 

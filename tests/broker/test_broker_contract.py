@@ -24,6 +24,7 @@ from broker import (
     Outcome,
     Pick,
     QueueFull,
+    Reclaim,
     RequestKind,
     Settings,
     Unseen,
@@ -31,7 +32,6 @@ from broker import (
     keys,
     parse_wake,
 )
-from broker.execution import Reclaim
 from tests.support.contract import EP, MODEL, settings, submission
 
 

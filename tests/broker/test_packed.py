@@ -16,7 +16,6 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from broker.redis import resp
 from broker.redis.packed import PackedPipeline
 from broker.redis.resp import RespLink
-from broker.scripts import run_script
 from fairq.localredis import LocalRedis
 from tests.support.servers import silent_server
 
@@ -234,16 +233,3 @@ async def test_bytes_that_are_not_resp_break_the_connection() -> None:
         await writer.wait_closed()
     server.close()
     await server.wait_closed()
-
-
-async def test_a_script_redis_lost_is_loaded_again_and_an_error_reply_is_raised(
-    link: RespLink, aredis: Redis
-) -> None:
-    """``scripts.run_script``: what the gateway's enqueue and the worker's start go through."""
-    script = aredis.register_script("return ARGV[1] .. KEYS[1]")
-    await aredis.script_flush()  # as after a Redis restart
-    assert await run_script(script, ["key"], ["value-"], link) == b"value-key"
-    assert await run_script(script, ["key"], [7], link) == b"7key"  # loaded now: by SHA
-    failing = aredis.register_script("return redis.error_reply('refused on purpose')")
-    with pytest.raises(ResponseError, match="refused on purpose"):
-        await run_script(failing, [], [], link)

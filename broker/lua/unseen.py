@@ -1,0 +1,27 @@
+"""``unseen.lua``: how many of a model's jobs an endpoint's metrics cannot show yet."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from broker import keys
+from broker.lua import Call, script
+
+_SCRIPT = script("unseen")
+
+
+class Unseen(NamedTuple):
+    """Jobs an endpoint's metrics cannot show yet."""
+
+    held: int  # on their way, or handed over and not streamed: may wait until a scrape
+    streamed: int  # handed over, streamed, no first token yet: wait only until it
+
+
+def unseen_call(model: str, endpoint: str, lag_ms: int) -> Call[Unseen]:
+    """``lag_ms``: the engine's metrics lag."""
+    model_keys = [keys.transit(model), keys.handed(model)]
+    return Call(_SCRIPT, model_keys, [endpoint, lag_ms, keys.job_prefix(model)], _unseen)
+
+
+def _unseen(reply: Any) -> Unseen:
+    return Unseen(int(reply[0]), int(reply[1]))
