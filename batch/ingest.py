@@ -28,7 +28,7 @@ from broker.batch.lines import KINDS, LineError, ValidLine, check_line, error_re
 from broker.batch.reading import Line, read_lines
 from broker.batch.store import BatchRecord
 from broker.errors import NotFound
-from broker.jobs import Submission, new_job_id
+from broker.jobs import StreamMode, Submission, new_job_id
 from broker.requests import engine_payload, estimate_cost
 
 _FAILED_ERRORS_SHOWN = 10
@@ -147,7 +147,7 @@ def _submission(batch: BatchRecord, line: ValidLine, job_id: str) -> Submission:
         tenant=batch.s("tenant") or batch.owner,
         band="batch",
         kind=KINDS[batch.s("endpoint") or ""],
-        stream_flag="0",
+        stream_flag=StreamMode.PLAIN,
         payload=engine_payload(line.body, job_id, line.model),
         job_id=job_id,
         cost=estimate_cost(line.body, line.model),

@@ -46,7 +46,16 @@ import redis
 from redis.asyncio import Redis
 
 from benchmarks.stats import machine, markdown_table, median, pct, save
-from broker import DispatchStore, JobQueue, RequestKind, Settings, Submission, connect, keys
+from broker import (
+    DispatchStore,
+    JobQueue,
+    RequestKind,
+    Settings,
+    StreamMode,
+    Submission,
+    connect,
+    keys,
+)
 from broker.jobs import new_job_id
 from dispatcher.fairness import policy
 from fairq.localredis import LocalRedis
@@ -74,7 +83,7 @@ def settings_for(url: str) -> Settings:
 def submission(user: int) -> Submission:
     return Submission(
         model=MODEL, owner=f"u{user}", user=f"u{user}", tenant="t", band=BAND,
-        kind=RequestKind.CHAT, stream_flag="1", payload=PAYLOAD,
+        kind=RequestKind.CHAT, stream_flag=StreamMode.STREAMED, payload=PAYLOAD,
     )  # fmt: skip
 
 

@@ -30,7 +30,7 @@ import redis
 import yaml
 
 from benchmarks.stats import machine, markdown_table, save
-from broker import JobQueue, RequestKind, Settings, Submission, connect, keys
+from broker import JobQueue, RequestKind, Settings, StreamMode, Submission, connect, keys
 from fairq.localredis import LocalRedis
 
 CASES = ((10, 1), (10_000, 1), (10, 100), (10_000, 100))  # (users, models)
@@ -54,8 +54,8 @@ async def fill(settings: Settings, jobs: int, users: int, models: int) -> None:
             await asyncio.gather(*(
                 queue.submit(Submission(
                     model=f"m{i % models}", owner=f"u{i % users}", user=f"u{i % users}",
-                    tenant="t", band="default", kind=RequestKind.CHAT, stream_flag="1",
-                    payload=PAYLOAD,
+                    tenant="t", band="default", kind=RequestKind.CHAT,
+                    stream_flag=StreamMode.STREAMED, payload=PAYLOAD,
                 ))
                 for i in range(start, min(start + 500, jobs))
             ))  # fmt: skip

@@ -30,7 +30,7 @@ from broker.errors import (
     UnknownModel,
 )
 from broker.execution import Claimed, ExecutionStore, Outcome
-from broker.jobs import JobRecord, JobState, RequestKind, Submission
+from broker.jobs import JobRecord, JobState, RequestKind, StreamMode, Submission
 from broker.lua.dispatch import Pick
 from broker.lua.park import Parked
 from broker.lua.reclaim import Reclaim
@@ -93,6 +93,7 @@ __all__ = [
     "ResultReader",
     "Settings",
     "Snapshot",
+    "StreamMode",
     "Submission",
     "Unauthorized",
     "UnknownModel",

@@ -22,7 +22,7 @@ from broker.jobs import JobRecord, JobState, RequestKind, Submission, new_job_id
 from broker.position import QueuePosition
 from broker.queue import JobQueue
 from broker.redis.connect import connect, lean_link
-from broker.requests import check_body, engine_payload, estimate_cost, wants_usage
+from broker.requests import check_body, engine_payload, estimate_cost, stream_mode
 from broker.result_readers import result_reader
 from broker.results import ResultEvent
 from broker.settings import Settings, load_settings
@@ -66,7 +66,6 @@ class AsyncClient:
         kind = RequestKind.CHAT if "messages" in body else RequestKind.COMPLETION
         body = check_body(kind, {"model": model, **body})
         job_id = new_job_id(model)
-        stream_flag = ("2" if wants_usage(body) else "1") if body.get("stream") else "0"
         return await self._queue.submit(
             Submission(
                 model=model,
@@ -75,7 +74,7 @@ class AsyncClient:
                 tenant=self._principal.tenant,
                 band=self._principal.band_for(band),
                 kind=kind,
-                stream_flag=stream_flag,
+                stream_flag=stream_mode(body),
                 payload=engine_payload(body, job_id, config),
                 job_id=job_id,
                 cost=estimate_cost(body, config),

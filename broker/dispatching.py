@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from broker import keys
+from broker.jobs import StreamMode
 from broker.lua.dispatch import Pick, dispatch_call
 from broker.lua.grant import grant_call
 from broker.lua.park import Parked, park_call
@@ -100,8 +101,8 @@ def express_send(message: bytes) -> tuple[str, bool] | None:
     kind, _, rest = message.partition(b"\n")
     if kind != b"x":
         return None
-    endpoint, _, stream_flag = rest.partition(b"\n")
-    return endpoint.decode(), stream_flag == b"0"
+    endpoint, _, stream = rest.partition(b"\n")
+    return endpoint.decode(), stream.decode() == StreamMode.PLAIN
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from redis.typing import KeyT, StreamIdT
 
 from broker import keys
 from broker.dispatching import HANDED_KEEP_MS, ensure_ready_group
-from broker.jobs import JobState, RequestKind
+from broker.jobs import JobState, RequestKind, StreamMode
 from broker.lua import load_scripts
 from broker.lua.complete import complete_call
 from broker.lua.expire import expire_call
@@ -74,7 +74,7 @@ class Claimed:
     job_id: str
     payload: bytes
     kind: RequestKind
-    stream_flag: str  # "0", "1", or "2" (streamed and the client wants the usage chunk)
+    stream_flag: StreamMode
     endpoint: str
     band: str
     user: str
@@ -94,7 +94,7 @@ class Claimed:
             fields[b"j"].decode(),
             fields[b"p"],
             RequestKind(fields[b"k"].decode()),
-            fields[b"s"].decode(),
+            StreamMode(fields[b"s"].decode()),
             fields[b"ep"].decode(),
             fields[b"b"].decode(),
             fields[b"u"].decode(),
@@ -105,7 +105,7 @@ class Claimed:
 
     @property
     def stream(self) -> bool:
-        return self.stream_flag != "0"
+        return self.stream_flag is not StreamMode.PLAIN
 
 
 @dataclass

@@ -47,6 +47,14 @@ class RequestKind(enum.StrEnum):
         return "/v1/chat/completions" if self is RequestKind.CHAT else "/v1/completions"
 
 
+class StreamMode(enum.StrEnum):
+    """How a job's answer travels; the value is the job hash's and the ready entry's 's'."""
+
+    PLAIN = "0"  # not streamed: one body
+    STREAMED = "1"  # server-sent events
+    WITH_USAGE = "2"  # streamed, ending with the usage chunk (stream_options.include_usage)
+
+
 @dataclass(frozen=True)
 class Submission:
     """One request to queue; ``user`` is the fairness unit, ``owner`` the key's user."""
@@ -57,7 +65,7 @@ class Submission:
     tenant: str
     band: str
     kind: RequestKind
-    stream_flag: str  # "0" not streamed, "1" streamed, "2" streamed with usage chunk
+    stream_flag: StreamMode
     payload: bytes
     job_id: str | None = None
     cost: float = 0.0  # estimated service in weighted tokens (token-fair)
@@ -135,7 +143,7 @@ class JobRecord:
             tenant=s(b"tn") or keys.tenant_of_field(band, s(b"tnf") or ""),
             band=band,
             kind=RequestKind(s(b"k") or "chat"),
-            stream=h.get(b"s") in (b"1", b"2"),
+            stream=h.get(b"s", b"0").decode() != StreamMode.PLAIN,
             endpoint=s(b"ep"),
             enqueued_ms=_enqueued_ms(h),
             dispatched_ms=_ms(h.get(b"td")),

@@ -12,7 +12,15 @@ from redis.exceptions import RedisError
 
 from broker import keys, telemetry
 from broker.errors import BrokerUnavailable, NotFound, QueueFull
-from broker.jobs import JobRecord, JobState, Submission, model_of, new_job_id, owner_of
+from broker.jobs import (
+    JobRecord,
+    JobState,
+    StreamMode,
+    Submission,
+    model_of,
+    new_job_id,
+    owner_of,
+)
 from broker.lua import Call
 from broker.lua.cancel import cancel_call
 from broker.lua.enqueue import Enqueued, Route, enqueue_call
@@ -71,7 +79,7 @@ class JobQueue:
             bands=s.bands,
             ready_maxlen=s.ready_stream_maxlen,
             engine_priority=model is not None and model.engine_priority,
-            resumable=resumes and sub.stream_flag != "0" and resumable(sub.payload),
+            resumable=resumes and sub.stream_flag != StreamMode.PLAIN and resumable(sub.payload),
             keep_s=keep_s,
         )
 

@@ -16,7 +16,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from broker.errors import InvalidRequest
-from broker.jobs import RequestKind
+from broker.jobs import RequestKind, StreamMode
 from broker.settings import ModelConfig
 
 
@@ -172,6 +172,12 @@ def resumable(payload: bytes) -> bool:
     the text it has sent (its prompt plus that text, as vLLM's ``continue_final_message``
     or an extended completion prompt), rather than stay in the engine to its end."""
     return not any(mark in payload for mark in _NOT_RESUMABLE)
+
+
+def stream_mode(body: dict[str, Any]) -> StreamMode:
+    if not body.get("stream"):
+        return StreamMode.PLAIN
+    return StreamMode.WITH_USAGE if wants_usage(body) else StreamMode.STREAMED
 
 
 def wants_usage(body: dict[str, Any]) -> bool:

@@ -21,8 +21,8 @@ from starlette.responses import Response
 
 from broker.auth import Principal
 from broker.errors import UnknownModel
-from broker.jobs import RequestKind, Submission, new_job_id
-from broker.requests import engine_payload, estimate_cost, parse_body, wants_usage
+from broker.jobs import RequestKind, StreamMode, Submission, new_job_id
+from broker.requests import engine_payload, estimate_cost, parse_body, stream_mode
 from broker.settings import ModelConfig
 from gateway.auth import Caller
 from gateway.body import read_body
@@ -53,7 +53,7 @@ async def _complete(request: Request, caller: Principal, kind: RequestKind) -> R
     body = parse_body(kind, await read_body(request, gateway.settings.max_body_bytes))
     sub = _submission(gateway, caller, kind, body, request.headers.get(BAND_HEADER))
     job = await FollowedJob.submit(gateway, sub)
-    if sub.stream_flag != "0":
+    if sub.stream_flag != StreamMode.PLAIN:
         return JobStreamResponse(job)
     try:
         return await _wait_for_result(request, job)
@@ -68,12 +68,6 @@ def _model(gateway: Gateway, caller: Principal, name: str) -> ModelConfig:
     return model
 
 
-def _stream_flag(body: dict[str, Any]) -> str:
-    if not body.get("stream"):
-        return "0"
-    return "2" if wants_usage(body) else "1"
-
-
 def _submission(
     gateway: Gateway, caller: Principal, kind: RequestKind, body: dict[str, Any], band: str | None
 ) -> Submission:
@@ -86,7 +80,7 @@ def _submission(
         tenant=caller.tenant,
         band=caller.band_for(band or None),
         kind=kind,
-        stream_flag=_stream_flag(body),
+        stream_flag=stream_mode(body),
         payload=engine_payload(body, job_id, model),
         job_id=job_id,
         cost=estimate_cost(body, model),

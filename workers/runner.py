@@ -21,7 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from broker import Claimed, JobState, Outcome, RequestKind, Settings, telemetry
+from broker import Claimed, JobState, Outcome, RequestKind, Settings, StreamMode, telemetry
 from workers.engine import Accounting, complete, stream_events
 from workers.engine_http import EngineClient
 from workers.errors import EngineError
@@ -142,7 +142,7 @@ class JobRunner:
             payload,
             accounting,
             on_events,
-            keep_usage=job.stream_flag == "2",
+            keep_usage=job.stream_flag is StreamMode.WITH_USAGE,
             idle_timeout_s=self._settings.engine_stream_idle_timeout_s,
             on_response=progress.on_sent,
         )

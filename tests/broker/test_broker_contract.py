@@ -27,6 +27,7 @@ from broker import (
     Reclaim,
     RequestKind,
     Settings,
+    StreamMode,
     Unseen,
     add_latency,
     keys,
@@ -464,7 +465,7 @@ async def test_a_job_handed_over_just_now_is_unseen_until_the_scrape_if_plain_an
     q, d, x = JobQueue(r, s), DispatchStore(r, s), ExecutionStore(r, s)
     await x.ensure_groups([MODEL])
     await x.load_scripts()
-    plain = await q.submit(replace(submission("u1"), stream_flag="0"))
+    plain = await q.submit(replace(submission("u1"), stream_flag=StreamMode.PLAIN))
     streamed = await q.submit(submission("u2"))
     picks = [Pick("default", u, i, i) for i, u in enumerate(("u1", "u2"), start=1)]
     await d.dispatch(MODEL, EP, 4, picks, 10)
@@ -484,7 +485,7 @@ async def test_dispatch_counts_the_jobs_that_are_not_streamed(r: Redis) -> None:
     s = settings()
     q, d = JobQueue(r, s), DispatchStore(r, s)
     await q.submit(submission("alice"))
-    await q.submit(replace(submission("bob"), stream_flag="0"))
+    await q.submit(replace(submission("bob"), stream_flag=StreamMode.PLAIN))
     picks = [Pick("default", "alice", 1, 0.5), Pick("default", "bob", 2, 1.5)]
     ids, _, plain = await d.dispatch(MODEL, EP, 4, picks, 10)
     assert len(ids) == 2 and plain == 1

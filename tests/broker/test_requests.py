@@ -5,13 +5,14 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from broker import InvalidRequest, ModelConfig, RequestKind
+from broker import InvalidRequest, ModelConfig, RequestKind, StreamMode
 from broker.requests import (
     MAX_DEPTH,
     engine_payload,
     estimate_cost,
     nests_deeper_than,
     parse_body,
+    stream_mode,
     wants_usage,
 )
 
@@ -83,6 +84,15 @@ def test_wants_usage_only_when_the_client_asked() -> None:
     assert wants_usage(chat(stream=True, stream_options={"include_usage": True}))
     assert not wants_usage(chat(stream=True, stream_options=None))
     assert not wants_usage(chat(stream=True))
+
+
+def test_the_stream_mode_says_whether_the_answer_streams_and_ends_with_usage() -> None:
+    usage = {"include_usage": True}
+    assert stream_mode(chat()) is StreamMode.PLAIN
+    assert stream_mode(chat(stream=False, stream_options=usage)) is StreamMode.PLAIN
+    assert stream_mode(chat(stream=True)) is StreamMode.STREAMED
+    assert stream_mode(chat(stream=True, stream_options=usage)) is StreamMode.WITH_USAGE
+    assert StreamMode.WITH_USAGE == "2"  # the wire value in Redis ('s')
 
 
 def test_a_client_cannot_set_its_own_engine_priority() -> None:
