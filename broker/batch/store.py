@@ -19,7 +19,7 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import orjson
 from redis.asyncio import Redis
@@ -28,7 +28,6 @@ from broker import keys, telemetry
 from broker.auth import Principal
 from broker.batch.errors import NotCancellable
 from broker.errors import NotFound
-from broker.lua import Call
 from broker.lua.batch_lease import batch_lease_call
 from broker.lua.batch_record import batch_record_call
 from broker.lua.batch_status import batch_status_call
@@ -204,14 +203,5 @@ class BatchStore:
         whether it does (did)."""
         return await batch_lease_call(batch_id, token, lease_ms).run(self._redis)
 
-    @staticmethod
-    def record_call(
-        batch_id: str,
-        line: int,
-        counter: Literal["completed", "failed"],
-        record: bytes,
-        member: bytes | str,
-    ) -> Call[bool]:
-        """``batch_record.lua``'s call: record how a line ended, once (steps pipeline many);
-        ``member``: the line's pending member, or '' for a line never queued."""
-        return batch_record_call(batch_id, line, counter, record, member)
+    # ``batch_record.lua``'s call: how a line ended, recorded once (steps pipeline many).
+    record_call = staticmethod(batch_record_call)
