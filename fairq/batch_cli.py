@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,19 +46,35 @@ def _check(response: httpx.Response) -> Any:
     return response.json()
 
 
+def _gateway_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--api-url`` and ``--api-key`` on a subcommand too (``fairq batch submit --api-key
+    K``), over the group's values when given."""
+
+    def keep(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+        if value is not None and param.name is not None:
+            ctx.ensure_object(dict)[param.name] = value
+
+    command = click.option(
+        "--api-key", default=None, expose_value=False, callback=keep, help="API key"
+    )(command)
+    return click.option(
+        "--api-url", default=None, expose_value=False, callback=keep, help="the fairq gateway"
+    )(command)
+
+
 @click.group()
 @click.option(
     "--api-url",
     envvar="FAIRQ_API_URL",
     default="http://127.0.0.1:8000",
     show_default=True,
-    help="the fairq gateway",
+    help="the fairq gateway [$FAIRQ_API_URL]",
 )
 @click.option(
     "--api-key",
     envvar=["FAIRQ_API_KEY", "OPENAI_API_KEY"],
     default=None,
-    help="API key [$FAIRQ_API_KEY]",
+    help="API key [$FAIRQ_API_KEY, else $OPENAI_API_KEY]",
 )
 @click.pass_context
 def batch(ctx: click.Context, api_url: str, api_key: str | None) -> None:
@@ -110,6 +127,7 @@ def _upload(client: httpx.Client, path: Path, name: str) -> str:
     type=click.Choice(["/v1/chat/completions", "/v1/completions"]),
 )
 @click.option("--wait", is_flag=True, help="follow the batch to its end with a progress bar")
+@_gateway_options
 @click.pass_context
 def submit(ctx: click.Context, file: Path, model: str | None, endpoint: str, wait: bool) -> None:
     """Upload FILE and start a batch over it; prints the batch id."""
@@ -150,6 +168,7 @@ def _follow(client: httpx.Client, batch_id: str) -> dict[str, Any]:
 
 @batch.command()
 @click.argument("batch_id")
+@_gateway_options
 @click.pass_context
 def status(ctx: click.Context, batch_id: str) -> None:
     """Print the batch object (JSON)."""
@@ -182,6 +201,7 @@ def _download(client: httpx.Client, file_id: str, path: Path) -> None:
     default=None,
     help="where to write the error file [OUTPUT with .errors.jsonl]",
 )
+@_gateway_options
 @click.pass_context
 def results(ctx: click.Context, batch_id: str, output: Path, errors: Path | None) -> None:
     """Download the batch's output file (and its error file, if any)."""
@@ -202,6 +222,7 @@ def results(ctx: click.Context, batch_id: str, output: Path, errors: Path | None
 
 @batch.command(name="cancel")
 @click.argument("batch_id")
+@_gateway_options
 @click.pass_context
 def cancel_cmd(ctx: click.Context, batch_id: str) -> None:
     """Cancel the batch (queued requests are dropped, running ones finish)."""

@@ -11,6 +11,7 @@ import importlib
 import signal
 import sys
 import time
+from typing import Any
 
 import click
 
@@ -23,9 +24,39 @@ from fairq.stack import DEMO_BATCH_SLOTS, DEMO_KEYS, DEMO_MODELS, Stack, demo_co
 from fairq.status_cli import job, jobs, status, top
 
 
-@click.group()
-def main() -> None:
-    """fairq: a fair, priority-aware request queue for self-hosted LLM inference."""
+class _Main(click.Group):
+    """The ``fairq`` group: a failure is one line naming what failed and what to check, and
+    exit 1; ``fairq --debug ...`` shows the Python traceback instead."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:
+            if ctx.params.get("debug"):
+                raise
+            click.echo(f"fairq: {runtime.one_line(exc)}", err=True)
+            click.echo("fairq: run again with `fairq --debug ...` for the traceback", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Main)
+@click.version_option(package_name="fairq", message="fairq %(version)s")
+@click.option("--debug", is_flag=True, help="show the Python traceback of a failure")
+def main(debug: bool) -> None:
+    """fairq: a fair, priority-aware request queue for self-hosted LLM inference.
+
+    \b
+    Every command reads its settings from the environment and the configuration file:
+      FAIRQ_CONFIG      the YAML configuration file (models, endpoints, keys, bands)
+      FAIRQ_REDIS_URL   the Redis every component shares (redis:// or rediss://)
+      FAIRQ_<SETTING>   any setting of the file, e.g. FAIRQ_METRICS_PORT=0
+      FAIRQ_LOG_LEVEL   INFO by default
+    `fairq batch` talks to a gateway: FAIRQ_API_URL, FAIRQ_API_KEY (or OPENAI_API_KEY).
+    """
 
 
 @main.command()

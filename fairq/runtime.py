@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
 import click
+import httpx
 from pydantic import ValidationError
 
 from broker import Settings, load_settings
@@ -30,6 +31,25 @@ def settings_or_exit() -> Settings:
     except (ValidationError, ValueError, FileNotFoundError) as exc:
         fail_config(exc)
     return settings
+
+
+def one_line(exc: BaseException) -> str:
+    """A failure as one line a person can act on: what could not be reached, and where."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    if isinstance(exc, RedisConnectionError | RedisTimeoutError):
+        return (
+            f"cannot reach Redis ({exc}); is it running, and is FAIRQ_REDIS_URL right? "
+            "(`fairq up` starts a private one)"
+        )
+    if isinstance(exc, httpx.TransportError):
+        try:
+            where = str(exc.request.url)
+        except RuntimeError:  # an error raised before its request was made
+            where = "the server"
+        return f"cannot reach {where} ({type(exc).__name__}: {exc}); is it running?"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def fail_config(exc: Exception) -> NoReturn:
