@@ -38,7 +38,16 @@ def run_batch_worker(settings: Settings) -> None:
     telemetry.serve_metrics(settings)  # batch lines and batches ended, on metrics_port
     worker = BatchWorker(settings, SyncRedis.from_url(settings.require_redis_url()))
     log.info("batch worker %s on queue %s", worker.name, keys.BATCH_QUEUE)
-    worker.work(logging_level=logging.getLevelName(logging.getLogger().level))
+    worker.work(logging_level=_rq_log_level())
+
+
+def _rq_log_level() -> str:
+    """RQ's own lines (its registry cleaning twice a second, its scheduler lock) are
+    chatter at fairq's INFO: they show only when fairq logs at DEBUG. fairq's batch
+    worker logs its own events."""
+    level = "DEBUG" if logging.getLogger().level <= logging.DEBUG else "WARNING"
+    logging.getLogger("rq.scheduler").setLevel(level)
+    return level
 
 
 async def run_dispatcher(settings: Settings, stop: asyncio.Event) -> None:

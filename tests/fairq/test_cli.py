@@ -4,8 +4,10 @@ help, and a failure as one line to act on (the traceback only with ``--debug``).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -84,3 +86,26 @@ def test_batch_without_any_key_says_how_to_give_one(tmp_path: Path) -> None:
     done = fairq("batch", "submit", str(lines))
     assert done.returncode == 2
     assert "FAIRQ_API_KEY" in done.stderr and "--api-key" in done.stderr
+
+
+def test_the_batch_worker_console_shows_fairq_lines_not_rqs_maintenance(
+    config: Path, redis_url: str
+) -> None:
+    env = os.environ | {"FAIRQ_CONFIG": str(config), "FAIRQ_REDIS_URL": redis_url}
+    env |= {"FAIRQ_METRICS_PORT": "0", "FAIRQ_LOG_LEVEL": "INFO"}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "fairq", "batch-worker"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        time.sleep(4)  # several maintenance rounds (batch.sweep_interval_s is 1 s)
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        output, _ = worker.communicate(timeout=RUN_S)
+    assert "batch worker" in output and "fairq-batch" in output  # fairq's own start line
+    assert "cleaning registries" not in output
+    assert "Acquired scheduler lock" not in output
