@@ -11,8 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fairq.localredis import free_port
+from tests.support.settings import make_config
 
 RUN_S = 60
 
@@ -32,7 +34,7 @@ def fairq(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
     path = tmp_path / "fairq.yaml"
-    path.write_text("models:\n  - name: m\n    endpoints: [http://127.0.0.1:9]\n")
+    path.write_text(yaml.safe_dump(make_config(model="m")))
     return path
 
 
