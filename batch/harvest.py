@@ -21,11 +21,12 @@ from typing import Literal
 import orjson
 
 from batch.context import StepContext
-from broker import keys, telemetry
+from broker import job_fields, keys, telemetry
 from broker.batch.lines import LineError, error_record, failed_body, response_record
 from broker.jobs import JobState, model_of
 from broker.queue import cancel_call
 from broker.redis import replies
+from broker.results import BODY_FIELD
 
 _PAGE = 500
 _ENDED_WITHOUT_RUNNING = {
@@ -60,7 +61,7 @@ async def harvest(ctx: StepContext, lines: list[PendingLine]) -> int:
     """Record the ended ones of ``lines``; returns how many were recorded by this pass."""
     async with ctx.redis.pipeline(transaction=False) as pipe:
         for line in lines:
-            pipe.hmget(keys.job(line.model, line.job_id), "st", "err")
+            pipe.hmget(keys.job(line.model, line.job_id), job_fields.STATE, job_fields.ERROR)
         states = await pipe.execute()
     ended = [
         (line, st, err)
@@ -100,8 +101,8 @@ async def _bodies(ctx: StepContext, lines: list[PendingLine]) -> dict[str, bytes
     bodies: dict[str, bytes] = {}
     for line, entries in zip(lines, replies, strict=True):
         for _, fields in entries:
-            if b"b" in fields:
-                bodies[line.job_id] = fields[b"b"]
+            if BODY_FIELD in fields:
+                bodies[line.job_id] = fields[BODY_FIELD]
     return bodies
 
 
@@ -147,7 +148,8 @@ async def stop_pending(ctx: StepContext, state: JobState) -> None:
     while lines := await pending_page(ctx, after, _PAGE):
         async with ctx.redis.pipeline(transaction=False) as pipe:
             for line in lines:
-                pipe.hmget(keys.job(line.model, line.job_id), "st", "u", "b")
+                job_key = keys.job(line.model, line.job_id)
+                pipe.hmget(job_key, job_fields.STATE, job_fields.USER, job_fields.BAND)
             states = await pipe.execute()
         async with ctx.redis.pipeline(transaction=False) as pipe:
             for line, (st, user, band) in zip(lines, states, strict=True):

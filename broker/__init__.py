@@ -5,7 +5,7 @@ enqueue/cancel/status, result streams, the Python client and the HTTP gateway.
 ``dispatcher`` and ``workers`` import only the names listed here.
 """
 
-from broker import keys, telemetry
+from broker import job_fields, keys, telemetry
 from broker.auth import KeyRing, Principal, hash_key
 from broker.client import AsyncClient, Client
 from broker.dispatching import (
@@ -103,6 +103,7 @@ __all__ = [
     "connect_blocking",
     "express_send",
     "hash_key",
+    "job_fields",
     "keys",
     "lean_link",
     "load_settings",

@@ -41,6 +41,7 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 from redis.typing import KeyT, StreamIdT
 
+from broker import job_fields as jf
 from broker import keys
 from broker.dispatching import HANDED_KEEP_MS, ensure_ready_group
 from broker.jobs import JobState, RequestKind, StreamMode
@@ -91,16 +92,16 @@ class Claimed:
         return cls(
             model,
             entry_id,
-            fields[b"j"].decode(),
-            fields[b"p"],
-            RequestKind(fields[b"k"].decode()),
-            StreamMode(fields[b"s"].decode()),
-            fields[b"ep"].decode(),
-            fields[b"b"].decode(),
-            fields[b"u"].decode(),
-            int(fields[b"pr"]) if fields.get(b"pr") else None,
+            fields[jf.JOB_ID].decode(),
+            fields[jf.PAYLOAD],
+            RequestKind(fields[jf.KIND].decode()),
+            StreamMode(fields[jf.STREAM].decode()),
+            fields[jf.ENDPOINT].decode(),
+            fields[jf.BAND].decode(),
+            fields[jf.USER].decode(),
+            int(fields[jf.ENGINE_PRIORITY]) if fields.get(jf.ENGINE_PRIORITY) else None,
             worker,
-            int(fields[b"rq"]) if fields.get(b"rq") else None,
+            int(fields[jf.RESUME_FROM]) if fields.get(jf.RESUME_FROM) else None,
         )
 
     @property

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from broker import job_fields as jf
 from broker import keys
 
 
@@ -95,13 +96,13 @@ def _ms(value: bytes | None) -> int | None:
 
 def _enqueued_ms(h: dict[bytes, bytes]) -> int | None:
     """'tq', or for a queued job (which keeps no 'tq') its queue entry's time ('qe' = ms-seq)."""
-    queued = h.get(b"tq") or h.get(b"qe", b"").partition(b"-")[0]
+    queued = h.get(jf.QUEUED_MS) or h.get(jf.QUEUE_ENTRY, b"").partition(b"-")[0]
     return int(queued) if queued else None
 
 
 def owner_of(h: dict[bytes, bytes]) -> str:
     """The API key's user that owns a job: 'o', kept only where it differs from 'u'."""
-    return (h.get(b"o") or h.get(b"u") or b"").decode()
+    return (h.get(jf.OWNER) or h.get(jf.USER) or b"").decode()
 
 
 @dataclass(frozen=True)
@@ -133,25 +134,25 @@ class JobRecord:
             value = h.get(field)
             return value.decode() if value else None
 
-        usage, error = h.get(b"usage"), h.get(b"err")
-        band = s(b"b") or ""
+        usage, error = h.get(jf.USAGE), h.get(jf.ERROR)
+        band = s(jf.BAND) or ""
         return cls(
             id=job_id,
             model=model,
-            state=JobState(h[b"st"].decode()),
-            user=s(b"u") or "",
-            tenant=s(b"tn") or keys.tenant_of_field(band, s(b"tnf") or ""),
+            state=JobState(h[jf.STATE].decode()),
+            user=s(jf.USER) or "",
+            tenant=s(jf.TENANT) or keys.tenant_of_field(band, s(jf.TENANT_FIELD) or ""),
             band=band,
-            kind=RequestKind(s(b"k") or "chat"),
-            stream=h.get(b"s", b"0").decode() != StreamMode.PLAIN,
-            endpoint=s(b"ep"),
+            kind=RequestKind(s(jf.KIND) or "chat"),
+            stream=h.get(jf.STREAM, b"0").decode() != StreamMode.PLAIN,
+            endpoint=s(jf.ENDPOINT),
             enqueued_ms=_enqueued_ms(h),
-            dispatched_ms=_ms(h.get(b"td")),
-            started_ms=_ms(h.get(b"tr")),
-            first_token_ms=_ms(h.get(b"tf")),
-            ended_ms=_ms(h.get(b"te")),
-            attempts=int(h.get(b"att") or 0),
-            finish_reason=s(b"fin"),
+            dispatched_ms=_ms(h.get(jf.DISPATCHED_MS)),
+            started_ms=_ms(h.get(jf.STARTED_MS)),
+            first_token_ms=_ms(h.get(jf.FIRST_TOKEN_MS)),
+            ended_ms=_ms(h.get(jf.ENDED_MS)),
+            attempts=int(h.get(jf.ATTEMPTS) or 0),
+            finish_reason=s(jf.FINISH_REASON),
             usage=orjson.loads(usage) if usage else None,
             error=orjson.loads(error) if error else None,
         )

@@ -27,11 +27,10 @@ from rich.table import Table
 from rich.text import Text
 
 from broker import FairqError, JobQueue, JobRecord, JobState, Settings, connect, keys, read_status
+from broker import job_fields as jf
 from fairq.runtime import settings_or_exit
 
 T = TypeVar("T")
-
-_SUMMARY_FIELDS = ("st", "u", "b", "tq", "td", "tf", "te", "ep", "att")
 
 
 def _run(settings: Settings, work: Callable[[Redis], Awaitable[T]]) -> T:
@@ -208,7 +207,7 @@ async def _scan_jobs(redis: Redis, model: str, scan: int) -> list[JobRecord]:
     return [
         JobRecord.from_hash(key[len(prefix) :], model, h)
         for key, h in zip(found, hashes, strict=True)
-        if h and b"st" in h
+        if h and jf.STATE in h
     ]
 
 

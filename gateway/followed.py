@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 
-from broker import keys
+from broker import job_fields, keys
 from broker.errors import FairqError, InvalidRequest
 from broker.jobs import JobRecord, Submission
 from broker.process.mailbox import Mailbox
@@ -32,7 +32,7 @@ from gateway.state import Gateway
 
 log = logging.getLogger(__name__)
 
-_GENERATION = "cx"  # field of the job hash: the newest connection following the job
+_GENERATION = job_fields.FOLLOWER  # the newest connection following the job
 
 
 class FollowedJob:

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisError
 
-from broker import keys
+from broker import job_fields, keys
 from broker.jobs import JobState, model_of
 from broker.process.mailbox import Mailbox
 from broker.results import ResultEvent
@@ -83,7 +83,7 @@ class RestartWatch:
         async with self._redis.pipeline(transaction=False) as pipe:
             for job_id, model in jobs:
                 # Its state, not the key: a worker's late write must not pass for the job.
-                pipe.hexists(keys.job(model or "", job_id), "st")
+                pipe.hexists(keys.job(model or "", job_id), job_fields.STATE)
             found = await pipe.execute()
         lost = 0
         for (job_id, _), exists in zip(jobs, found, strict=True):

@@ -25,6 +25,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from broker import Claimed, Latency, Outcome, add_latency, keys, telemetry
+from broker import job_fields as jf
 from broker.jobs import model_of
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,8 @@ class WorkerTelemetry:
                 log.warning("job timings not read (%s); their latencies are skipped", exc)
 
 
-_TIMES = ("tq", "td", "tf", "te", "nw")  # the job hash's fields ``_latency`` takes
+# The job hash's fields ``_latency`` takes.
+_TIMES = (jf.QUEUED_MS, jf.DISPATCHED_MS, jf.FIRST_TOKEN_MS, jf.ENDED_MS, jf.NEWCOMER)
 
 
 def _latency(e: _Ended, fields: Sequence[bytes | None]) -> Latency | None:
