@@ -52,8 +52,8 @@ class JobQueue:
             enqueued = await call.run(self._link)
         except RedisError as exc:
             raise BrokerUnavailable(f"could not queue the request: {exc}") from exc
-        if enqueued.route in _ROUTES:
-            telemetry.JOBS_SUBMITTED.labels(sub.model, sub.band, _ROUTES[enqueued.route]).inc()
+        if route := _ROUTES.get(enqueued.route):
+            telemetry.JOBS_SUBMITTED.labels(sub.model, sub.band, route).inc()
         if enqueued.full:
             telemetry.JOBS_REFUSED.labels(sub.model, sub.band, "queue_full").inc()
             raise QueueFull(

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from broker import keys
 from broker.jobs import Submission
@@ -24,8 +23,7 @@ class Route(enum.IntEnum):
     EXPRESS = 2  # straight to the ready stream
 
 
-@dataclass(frozen=True, slots=True)
-class Enqueued:
+class Enqueued(NamedTuple):
     route: Route
     queued: int = 0  # FULL: the jobs the user has queued
 
@@ -89,6 +87,9 @@ def enqueue_call(
     return Call(_SCRIPT, job_keys, args, _enqueued)
 
 
+_ROUTE = {route.value: route for route in Route}  # a look-up: every request decodes one
+
+
 def _enqueued(reply: Any) -> Enqueued:
-    route = Route(reply[0])
+    route = _ROUTE[reply[0]]
     return Enqueued(route, int(reply[1]) if route is Route.FULL else 0)
