@@ -76,8 +76,7 @@ end
 
 -- The job goes to the endpoint (prelude.lua's send, as enqueue.lua's express sends), if it
 -- is still queued; its id, or '' when it is not.
-local function to_ready(job_id, payload, band)
-  local job = ARGV[2] .. job_id
+local function to_ready(job, job_id, payload, band)
   local f = redis.call('HMGET', job, 'st', 'k', 's', 'b', 'u', 'qe', 'rsq')
   if f[1] ~= 'queued' then
     return ''
@@ -86,9 +85,8 @@ local function to_ready(job_id, payload, band)
     payload = redis.call('HGET', job, 'p')
     redis.call('HDEL', job, 'p')
   end
-  send(to, counts, ARGV[1], {id = job_id, key = job, payload = payload, kind = f[2],
-    stream = f[3], band = f[4], band_number = band, user = f[5], resume = f[7],
-    queued_ms = string.match(f[6] or '', '^%d+') or now})  -- 'qe' is 'ms-seq'
+  local queued_ms = string.match(f[6] or '', '^%d+') or now  -- 'qe' is 'ms-seq'
+  send(to, counts, ARGV[1], job, job_id, payload, f, band, queued_ms)
   sent = sent + 1
   if f[3] == '0' then
     plain = plain + 1
@@ -114,11 +112,11 @@ for i = 1, picks do
   if may_serve(user) then
     local score, join = ARGV[a + 2], ARGV[a + 3]
     local job_id, payload = pop_head(queue, parked)
+    local job = job_id and ARGV[2] .. job_id
     if job_id then
       popped[band] = (popped[band] or 0) + 1
-      ids[i] = to_ready(job_id, payload, band)
+      ids[i] = to_ready(job, job_id, payload, band)
       if score == 'cost' then
-        local job = ARGV[2] .. job_id
         local f = redis.call('HMGET', job, 'ce', 'w', 'tnf')
         local users = tonumber(redis.call('HGET', KEYS[3], f[3] or '') or '1')
         local per_token = math.max(users, 1) / tonumber(f[2] or '1')
@@ -128,7 +126,6 @@ for i = 1, picks do
       end
       joins[band] = join
     end
-    local job = job_id and ARGV[2] .. job_id
     if not leave_queue(queue, parked, backlog, KEYS[3], user, job) and score ~= 'cost' then
       redis.call('ZADD', backlog, 'XX', score, user)
     end

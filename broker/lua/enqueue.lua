@@ -77,9 +77,9 @@ if ARGV[20 + 2 * bands] == '1' then redis.call('HSET', KEYS[1], 'rsm', 1) end
 
 if endpoint then  -- sent as dispatch.lua sends (prelude.lua's send and admit)
   local counts = {inflight = KEYS[7], unstarted = KEYS[8], transit = KEYS[10], users = KEYS[9]}
-  local entry = send({ready = KEYS[6], maxlen = ARGV[15], priority = ARGV[16] == '1', now = now},
-    counts, endpoint, {id = ARGV[1], key = KEYS[1], payload = ARGV[7], kind = ARGV[5],
-    stream = ARGV[6], band = ARGV[4], band_number = band, user = ARGV[2], queued_ms = now})
+  local to = {ready = KEYS[6], maxlen = ARGV[15], priority = ARGV[16] == '1', now = now}
+  local f = {'queued', ARGV[5], ARGV[6], ARGV[4], ARGV[2]}  -- as dispatch.lua reads a job
+  local entry = send(to, counts, endpoint, KEYS[1], ARGV[1], ARGV[7], f, band, now)
   admit(counts, endpoint, 1)
   -- Every band's credits shrink: they all share the one endpoint's engine queue.
   if tonumber(redis.call('HGET', KEYS[4], 'xsv') or '-1') > 0 then

@@ -26,25 +26,26 @@ end
 -- from ('rq'). The job hash records the move ('nw' 1: its user had nothing in the engine, a
 -- newcomer) and the user's count rises; the endpoint's counts rise by `admit`, once per call.
 -- to: {ready = key, maxlen = n, priority = bool, now = ms}, the same for every job of a call
--- j: {id, key (its hash), payload, kind, stream, band, band_number, user, queued_ms, resume}
--- Returns the ready entry id.
-local function send(to, counts, endpoint, j)
-  local in_engine = redis.call('HINCRBY', counts.users, j.user, 1) - 1
+-- job, job_id: its hash and id; f: its fields 'st', 'k', 's', 'b', 'u', 'qe', 'rsq' in this
+-- order (as dispatch.lua reads them; positions, not names: dispatch.lua sends up to 64 per
+-- call); band_number: 1 = most urgent. Returns the ready entry id.
+local function send(to, counts, endpoint, job, job_id, payload, f, band_number, queued_ms)
+  local in_engine = redis.call('HINCRBY', counts.users, f[5], 1) - 1
   local priority = ''
   if to.priority then
-    priority = (j.band_number - 1) * 1000000 + in_engine
+    priority = (band_number - 1) * 1000000 + in_engine
   end
-  local fields = {'j', j.id, 'ep', endpoint, 'p', j.payload, 'k', j.kind, 's', j.stream,
-    'b', j.band, 'u', j.user, 'pr', priority}
-  if j.resume then
+  local fields = {'j', job_id, 'ep', endpoint, 'p', payload, 'k', f[2], 's', f[3], 'b', f[4],
+    'u', f[5], 'pr', priority}
+  if f[7] then
     fields[#fields + 1] = 'rq'
-    fields[#fields + 1] = j.resume
+    fields[#fields + 1] = f[7]
   end
   local entry = redis.call('XADD', to.ready, 'MAXLEN', '~', to.maxlen, '*', unpack(fields))
-  redis.call('HSET', j.key, 'st', 'dispatched', 'tq', j.queued_ms, 'td', to.now,
-    'ep', endpoint, 're', entry)
+  redis.call('HSET', job, 'st', 'dispatched', 'tq', queued_ms, 'td', to.now, 'ep', endpoint,
+    're', entry)
   if in_engine == 0 then
-    redis.call('HSET', j.key, 'nw', 1)
+    redis.call('HSET', job, 'nw', 1)
   end
   return entry
 end
