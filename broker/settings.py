@@ -144,6 +144,29 @@ class BatchSettings(_Frozen):
     read_block_bytes: int = Field(default=1 << 20, ge=1024)
 
 
+class HttpSettings(_Frozen):
+    """The gateway's HTTP connections (``gateway/connections.py``): what one client may hold."""
+
+    # A request's headers must all arrive within this, counted from the connection (or
+    # from a keep-alive request's first byte): 408, then closed. A connection that sends
+    # nothing at all is closed without an answer.
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    # Longest silence while a request body arrives: 408, then closed.
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    # An idle keep-alive connection is closed after this. It must outlast the idle expiry
+    # of the clients' pools (httpx and the OpenAI SDK: 5 s, aiohttp 15 s, Go 90 s) and of
+    # proxies in front (nginx upstreams, AWS ALB: 60 s): a server that closes first races
+    # the client's next request on that connection, which then fails.
+    keep_alive_s: float = Field(default=120.0, gt=0)
+    # Open connections per gateway process, idle keep-alive ones included; one more reads
+    # its request, gets a 503 (too_many_connections, Retry-After: 1) and is closed.
+    max_connections: int = Field(default=2048, ge=1)
+    # A body still arriving after its answer (a 413 sent on the declared length, or that
+    # 503) is read and dropped up to this many bytes, so that a client that sends its whole
+    # body before it reads gets the answer; beyond it the connection is closed.
+    discard_body_bytes: int = Field(default=64 << 20, ge=0)
+
+
 class Settings(BaseSettings):
     """All of fairq's configuration; units are in the names."""
 
@@ -171,6 +194,7 @@ class Settings(BaseSettings):
     max_queued_per_user: int = Field(default=1000, ge=1)
     queue_full_retry_after_s: int = Field(default=5, ge=1)
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    http: HttpSettings = Field(default_factory=HttpSettings)
     result_ttl_s: int = Field(default=3600, ge=1)
     ready_stream_maxlen: int = Field(default=100_000, ge=1000)
 

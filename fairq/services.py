@@ -21,12 +21,12 @@ log = logging.getLogger("fairq")
 def run_gateway(settings: Settings, host: str, port: int) -> None:
     """Serve the gateway on ``host:port`` until SIGINT or SIGTERM (blocking); it returns
     normally after its graceful shutdown (``gateway.server``)."""
-    from broker.process.uvicorn_server import quiet_config
-    from gateway import GRACEFUL_SHUTDOWN_S, GatewayServer, create_app
+    from gateway import GatewayServer, create_app, gateway_config, make_room
 
     app = create_app(settings)
+    make_room(settings.http)
     gc_tuning.settle(settings)
-    GatewayServer(quiet_config(app, host, port, GRACEFUL_SHUTDOWN_S), app).run()
+    GatewayServer(gateway_config(app, settings, host, port), app).run()
 
 
 def run_batch_worker(settings: Settings) -> None:

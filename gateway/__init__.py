@@ -12,12 +12,15 @@
     health       /healthz, /readyz
     admin        /metrics, /admin/status (admin keys), /dashboard (static page)
     errors       OpenAI-shaped error bodies for everything, including 404/405/500
-    server       GatewayServer: uvicorn that drains the gateway on SIGINT/SIGTERM
+    server       GatewayServer: uvicorn that drains the gateway on SIGINT/SIGTERM;
+                 gateway_config: its uvicorn settings
+    connections  the limits on HTTP connections (timeouts, how many, bodies after a 413)
 
-Only ``create_app`` and ``GatewayServer`` are public; ``fairq.services`` runs them.
+``fairq.services`` runs the public names below; the tests serve the same way.
 """
 
 from gateway.app import create_app
-from gateway.server import GRACEFUL_SHUTDOWN_S, GatewayServer
+from gateway.connections import make_room
+from gateway.server import GRACEFUL_SHUTDOWN_S, GatewayServer, gateway_config
 
-__all__ = ["GRACEFUL_SHUTDOWN_S", "GatewayServer", "create_app"]
+__all__ = ["GRACEFUL_SHUTDOWN_S", "GatewayServer", "create_app", "gateway_config", "make_room"]

@@ -24,7 +24,6 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from broker.errors import (
-    BodyTooLarge,
     BrokerUnavailable,
     FairqError,
     InvalidRequest,
@@ -62,9 +61,6 @@ def error_response(exc: FairqError, headers: dict[str, str] | None = None) -> Re
         headers["Retry-After"] = str(exc.retry_after_s)
     if isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = "Bearer"
-    if isinstance(exc, BodyTooLarge):
-        # The rest of the body may still be on its way: do not reuse the connection.
-        headers["Connection"] = "close"
     return json_response(exc.to_body(), exc.status, headers)
 
 

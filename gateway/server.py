@@ -15,10 +15,27 @@ import socket
 import uvicorn
 from fastapi import FastAPI
 
-from broker.process.uvicorn_server import QuietSignalServer
+from broker.process.uvicorn_server import QuietSignalServer, quiet_config
+from broker.settings import Settings
+from gateway.connections import guarded_protocol
 from gateway.state import Gateway
 
 GRACEFUL_SHUTDOWN_S = 10
+
+
+def gateway_config(app: FastAPI, settings: Settings, host: str, port: int) -> uvicorn.Config:
+    """uvicorn's settings for the gateway: fairq's shared ones, and the connection limits
+    of ``settings.http`` (``gateway.connections``)."""
+    limits = settings.http
+    # uvicorn annotates timeout_keep_alive as int; it only hands it to loop.call_later.
+    return quiet_config(
+        app,
+        host,
+        port,
+        GRACEFUL_SHUTDOWN_S,
+        http=guarded_protocol(limits),
+        timeout_keep_alive=limits.keep_alive_s,
+    )
 
 
 class GatewayServer(QuietSignalServer):

@@ -18,7 +18,8 @@ from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 from redis.asyncio.connection import RedisSSLContext
 from rq import SimpleWorker
 from uvicorn import Server
-from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from gateway import body_writer
 from tests.support.paths import REPO
@@ -30,6 +31,9 @@ REACHES = [
      "gateway/body_writer.py", "tests/gateway/test_body_writer.py"),
     ("uvicorn", "Server.main_loop and on_tick, overridden", "broker/process/uvicorn_server.py",
      "tests/broker/test_uvicorn_server.py"),
+    ("uvicorn", "HttpToolsProtocol's parser callbacks, overridden; its loop, connections, "
+     "transport, flow.read_paused, cycle (response_started, response_complete, disconnected)",
+     "gateway/connections.py", "tests/gateway/test_connections.py"),
     ("redis", "RedisCluster._determine_slot, overridden", "broker/redis/cluster.py",
      "tests/integration/test_cluster.py"),
     ("redis", "ClusterPipeline._execution_strategy._command_queue", "broker/redis/cluster.py",
@@ -68,6 +72,24 @@ def test_uvicorn_cycle_has_what_the_body_writer_reads() -> None:
     names = set(RequestResponseCycle.__init__.__code__.co_names)
     for name in (*body_writer._USED, "chunked_encoding"):
         assert name in names, f"uvicorn's RequestResponseCycle no longer sets {name}"
+
+
+def test_uvicorn_protocol_has_what_the_connection_limits_override_and_read() -> None:
+    for method in (
+        "connection_made",
+        "connection_lost",
+        "data_received",
+        "on_message_begin",
+        "on_headers_complete",
+        "on_body",
+        "on_message_complete",
+    ):
+        assert callable(getattr(HttpToolsProtocol, method)), method
+    protocol = set(HttpToolsProtocol.__init__.__code__.co_names)
+    assert {"loop", "connections", "transport", "flow", "cycle"} <= protocol
+    assert "read_paused" in FlowControl.__init__.__code__.co_names
+    cycle = set(RequestResponseCycle.__init__.__code__.co_names)
+    assert {"response_started", "response_complete", "disconnected"} <= cycle
 
 
 def test_uvicorn_server_has_the_loop_fairq_overrides() -> None:

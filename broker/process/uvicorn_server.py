@@ -27,8 +27,11 @@ import uvicorn
 TICK_S = 1.0
 
 
-def quiet_config(app: Any, host: str, port: int, graceful_s: float) -> uvicorn.Config:
-    """The uvicorn settings fairq's HTTP processes share: no access log, no banner."""
+def quiet_config(
+    app: Any, host: str, port: int, graceful_s: float, **options: Any
+) -> uvicorn.Config:
+    """The uvicorn settings fairq's HTTP processes share: no access log, no banner;
+    ``options`` are a process's own (the gateway's connection limits)."""
     # uvicorn annotates timeout_graceful_shutdown as int but only hands it to
     # asyncio.wait_for, which takes float seconds.
     return uvicorn.Config(
@@ -40,6 +43,7 @@ def quiet_config(app: Any, host: str, port: int, graceful_s: float) -> uvicorn.C
         lifespan="on",
         timeout_graceful_shutdown=graceful_s,  # type: ignore[arg-type]
         server_header=False,
+        **options,
     )
 
 

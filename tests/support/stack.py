@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import uvicorn
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
@@ -29,9 +30,9 @@ from broker import Settings, connect, connect_blocking, keys
 from dispatcher.service import Dispatcher
 from fairq.localredis import free_port
 from fairq.stack import DEMO_MODELS, Stack, demo_config
-from gateway import create_app
+from gateway import create_app, gateway_config
 from tests.support.eventually import WAIT_S, eventually
-from tests.support.servers import uvicorn_thread
+from tests.support.servers import free_socket, running, uvicorn_thread
 from tests.support.settings import MODEL
 from workers.service import Worker
 from workers.sim import SimProfile
@@ -50,9 +51,13 @@ def sim(profile: SimProfile = FAST, models: Sequence[str] = (MODEL,)) -> Iterato
 
 @contextlib.contextmanager
 def gateway(settings: Settings) -> Iterator[str]:
-    """The gateway of ``settings``; yields its base URL."""
-    with uvicorn_thread(create_app(settings)) as url:
-        yield url
+    """The gateway of ``settings``, served as ``fairq api`` serves it (its uvicorn settings
+    and connection limits); yields its base URL."""
+    app = create_app(settings)
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    with running(uvicorn.Server(gateway_config(app, settings, "127.0.0.1", port)), sock):
+        yield f"http://127.0.0.1:{port}"
 
 
 @contextlib.asynccontextmanager
