@@ -34,11 +34,11 @@ _ERRORS = {
     "401": "missing or invalid API key",
     "403": "a band or model the key is not entitled to",
     "404": "unknown model, job or URL (another user's job is not found either)",
-    "408": "the job expired in the queue",
+    "408": "the job expired in the queue, or the request did not arrive in time",
     "409": "the job was cancelled",
     "413": "request body over max_body_bytes",
     "429": "the user has max_queued_per_user jobs queued; see Retry-After",
-    "503": "Redis is unavailable, or the gateway is shutting down",
+    "503": "Redis is unavailable, the gateway is shutting down or holds its most connections",
 }
 _ERROR_SCHEMA = {
     "type": "object",
