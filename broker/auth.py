@@ -9,12 +9,14 @@ key marked ``trusted_app`` may name its end users with OpenAI's ``user`` field
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from broker.errors import Forbidden, InvalidRequest, Unauthorized
 from broker.settings import ApiKeyConfig, Settings
 
 _MAX_END_USER = 128
+_MAX_SHOWN = 40  # of a value the caller sent, in an error message
 
 
 def hash_key(key: str) -> str:
@@ -34,10 +36,18 @@ class Principal:
     def may_use_model(self, model: str) -> bool:
         return self.models is None or model in self.models
 
-    def band_for(self, requested: str | None) -> str:
-        """The band to queue in: the key's default, or a band the key is entitled to."""
+    def band_for(self, requested: str | None, known: Sequence[str]) -> str:
+        """The band to queue in: the key's default, or a band the key is entitled to.
+        A band that is not one of the ``known`` (configured) bands is the request's error
+        (400); a band the key may not use, a refusal (403)."""
         if requested is None:
             return self.bands[0]
+        if requested not in known:
+            shown = requested if len(requested) <= _MAX_SHOWN else requested[:_MAX_SHOWN] + "..."
+            raise InvalidRequest(
+                f"unknown priority band {shown!r}; bands: {', '.join(known)}",
+                code="unknown_band",
+            )
         if requested not in self.bands:
             raise Forbidden(
                 f"this API key may not use priority band {requested!r}; "

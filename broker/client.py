@@ -72,7 +72,7 @@ class AsyncClient:
                 owner=self._principal.user,
                 user=self._principal.end_user(body.get("user")),
                 tenant=self._principal.tenant,
-                band=self._principal.band_for(band),
+                band=self._principal.band_for(band, self._settings.bands),
                 kind=kind,
                 stream_flag=stream_mode(body),
                 payload=engine_payload(body, job_id, config),

@@ -47,6 +47,10 @@ def create_app(settings: Settings) -> FastAPI:
         docs_url=None,
         redoc_url=None,
         openapi_url="/openapi.json",
+        # No 307 from /path/ to /path: Starlette builds its Location from the Host header
+        # the client sent, and redirects before any authentication. A trailing slash is
+        # an unknown URL (404), as on OpenAI's API.
+        redirect_slashes=False,
     )
     for module in (completions, jobs, models, health, admin, admin_queues):
         app.include_router(module.router)

@@ -63,7 +63,7 @@ async def create_batch(request: Request, caller: Caller) -> Response:
     body = parse_json(await read_body(request, gateway.settings.max_body_bytes))
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
-    caller.band_for("batch")  # Forbidden unless the key may use band batch
+    caller.band_for("batch", gateway.settings.bands)  # unless the key may use band batch
     endpoint, window = _field(body, "endpoint"), _field(body, "completion_window")
     if endpoint not in KINDS:
         raise InvalidRequest(f"endpoint must be one of {', '.join(KINDS)}, not {endpoint!r}")

@@ -78,7 +78,7 @@ def _submission(
         owner=caller.user,
         user=caller.end_user(body.get("user")),
         tenant=caller.tenant,
-        band=caller.band_for(band or None),
+        band=caller.band_for(band or None, gateway.settings.bands),
         kind=kind,
         stream_flag=stream_mode(body),
         payload=engine_payload(body, job_id, model),

@@ -3,7 +3,10 @@
 * API keys exist in the configuration only as SHA-256 hashes; settings print the
   Redis password masked.
 * A key cannot raise its own priority: a band it is not entitled to is refused
-  (403), an engine ``priority`` in the body is dropped.
+  (403), an engine ``priority`` in the body is dropped. A band that does not exist is a
+  bad request (400), and the message does not repeat a long header back.
+* A trailing slash is an unknown URL (404), not a redirect whose Location comes from the
+  Host header the client sent.
 * Every route that takes a job, file or batch id answers 404 to another user's
   key (and the test fails when a new id route is not tried).
 * Queue inspection is for admin keys only; any other key gets the 404 of an
@@ -123,6 +126,30 @@ async def test_a_key_cannot_raise_its_own_band(http: httpx.AsyncClient) -> None:
         queue = (await http.get(f"/v1/admin/models/{MODEL}/queue", headers=ADMIN)).json()
     queued = {b["band"]: b["queued"] for b in queue["bands"]}
     assert queued["interactive"] == 0
+
+
+@pytest.mark.integration
+async def test_an_unknown_band_gets_400_and_is_not_echoed_whole(http: httpx.AsyncClient) -> None:
+    for band in ("nosuch", "A" * 4000):
+        refused = await http.post(
+            "/v1/chat/completions", json=_chat(), headers={**ALICE, "X-Fairq-Band": band}
+        )
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "unknown_band" and "interactive, default, batch" in error["message"]
+        assert len(error["message"]) < 200
+
+
+@pytest.mark.integration
+async def test_a_trailing_slash_gets_404_not_a_redirect_to_the_host_header(
+    http: httpx.AsyncClient,
+) -> None:
+    for method, path in [("POST", "/v1/chat/completions/"), ("POST", "/v1/completions/"),
+                         ("GET", "/v1/files/"), ("GET", "/v1/batches/")]:  # fmt: skip
+        response = await http.request(method, path, headers={"Host": "evil.example"})
+        assert response.status_code == 404, (path, response.status_code)
+        assert "location" not in response.headers
+        assert response.json()["error"]["code"] == "unknown_url"
 
 
 @pytest.mark.integration
