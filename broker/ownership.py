@@ -45,6 +45,17 @@ class OwnershipStore:
             replies = await pipe.execute()
         return {m for m, c, r in zip(models, calls, replies, strict=True) if c.decode(r)}
 
+    async def owners(self, models: Iterable[str]) -> dict[str, str | None]:
+        """Who holds each model's lease now (None: nobody; it lapsed or was never taken)."""
+        models = list(models)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for model in models:
+                pipe.get(keys.owner(model))
+            replies = await pipe.execute()
+        return {
+            m: r.decode() if r is not None else None for m, r in zip(models, replies, strict=True)
+        }
+
     async def leave(self, models: Iterable[str], me: str) -> None:
         """Give every lease back and drop the heartbeat (a clean stop: others take over now)."""
         await self.lease(models, me, 1, "release")

@@ -17,7 +17,7 @@ import asyncio
 import hashlib
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from redis.exceptions import RedisError
@@ -87,9 +87,8 @@ class Ownership:
         """One renewal and rebalancing round; returns the models owned after it."""
         alive = await self._store.heartbeat(self._me, self._lease_ms)
         owned = await self._store.lease(self.owned, self._me, self._lease_ms, "renew")
-        lost = self.owned - owned
-        if lost:
-            log.warning("lost the lease of models %s to another dispatcher", sorted(lost))
+        if lost := self.owned - owned:
+            await self._report_lost(lost)
         todo = plan(self._models, owned, alive, self._me)
         if todo.release:
             await self._store.lease(todo.release, self._me, self._lease_ms, "release")
@@ -97,6 +96,29 @@ class Ownership:
         owned |= await self._acquire(todo.acquire, todo.wanted)
         self._set(frozenset(owned))
         return self.owned
+
+    async def _report_lost(self, lost: Iterable[str]) -> None:
+        """Say why a renewal failed: a lease nobody holds lapsed (Redis lost it in a
+        restart, or this replica did not renew it in time); one another replica holds was
+        taken over after it lapsed."""
+        holders = await self._store.owners(sorted(lost))
+        if lapsed := [model for model, holder in holders.items() if holder is None]:
+            log.warning(
+                "the lease of models %s lapsed before this dispatcher renewed it (Redis "
+                "restarted without it, or Redis or this process stalled for over %d ms); "
+                "nobody holds them: taking them again",
+                lapsed,
+                self._lease_ms,
+            )
+        for other in sorted({h for h in holders.values() if h is not None}):
+            models = [model for model, holder in holders.items() if holder == other]
+            log.warning(
+                "dispatcher %s took over models %s: this dispatcher had not renewed their "
+                "lease within %d ms",
+                other,
+                models,
+                self._lease_ms,
+            )
 
     async def _acquire(self, candidates: list[str], wanted: int) -> set[str]:
         """Take up to ``wanted`` of the candidates, in order, skipping those held by others

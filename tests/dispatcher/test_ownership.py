@@ -4,6 +4,7 @@ real Redis, and a real dispatcher process killed while the other takes over its 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import time
@@ -66,6 +67,31 @@ async def test_two_replicas_split_the_models_and_a_silent_one_loses_them(aredis:
     assert await b.round() == frozenset(MODELS)
     assert await a.round() == frozenset()  # a comes back: its renewals are refused
     assert seen_a[-1] == frozenset()  # and it was told
+
+
+async def test_a_lease_lost_in_a_redis_restart_is_not_blamed_on_another_dispatcher(
+    aredis: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    a = _replica(aredis, "a", 60_000, [])
+    assert await a.round() == frozenset(MODELS)
+    await aredis.flushall()  # what a Redis that restarted without the leases holds
+    with caplog.at_level(logging.WARNING, logger="dispatcher.ownership"):
+        assert await a.round() == frozenset(MODELS)  # nobody else: all taken again at once
+    assert "another dispatcher" not in caplog.text and "took over" not in caplog.text
+    assert "lapsed" in caplog.text and "Redis restarted" in caplog.text
+
+
+async def test_a_lease_another_dispatcher_took_names_that_dispatcher(
+    aredis: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    a = _replica(aredis, "a", 60_000, [])
+    assert await a.round() == frozenset(MODELS)
+    await aredis.delete(keys.owner(MODELS[0]))  # a's lease of m0 lapsed, and b took it
+    await aredis.set(keys.owner(MODELS[0]), "b")
+    with caplog.at_level(logging.WARNING, logger="dispatcher.ownership"):
+        assert await a.round() == frozenset(MODELS[1:])
+    assert f"dispatcher b took over models ['{MODELS[0]}']" in caplog.text
+    assert "lapsed before" not in caplog.text
 
 
 async def test_a_clean_stop_hands_the_models_over_at_once(aredis: Redis) -> None:
