@@ -27,12 +27,14 @@ class EngineError(WorkerError):
         status: int = 502,
         code: str = "engine_error",
         retryable: bool = False,
+        engine_status: int | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.code = code
         self.retryable = retryable
+        self.engine_status = engine_status  # the status the engine answered, if it did
 
     @classmethod
     def from_response(cls, status: int, body: bytes) -> EngineError:
@@ -52,8 +54,20 @@ class EngineError(WorkerError):
             status=status if 400 <= status < 500 else 502,
             code=f"engine_http_{status}",
             retryable=status >= 500 or status == 429,
+            engine_status=status,
         )
 
     def to_error(self) -> dict[str, object]:
+        """The job's error record: ``status`` is what the API answers (an engine's 5xx is
+        the gateway's 502); ``engine_status``, what the engine answered, is what a batch
+        line records, as OpenAI's batch output records the endpoint's own answer."""
         kind = "invalid_request_error" if 400 <= self.status < 500 else "engine_error"
-        return {"message": self.message, "type": kind, "code": self.code, "status": self.status}
+        error: dict[str, object] = {
+            "message": self.message,
+            "type": kind,
+            "code": self.code,
+            "status": self.status,
+        }
+        if self.engine_status is not None:
+            error["engine_status"] = self.engine_status
+        return error

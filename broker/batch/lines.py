@@ -132,9 +132,13 @@ def response_record(
 
 
 def failed_body(error: dict[str, object] | None) -> tuple[int, bytes]:
-    """Status and OpenAI error body of a job that failed at the engine or the worker."""
+    """Status and OpenAI error body of a job that failed at the engine or the worker: the
+    status the engine answered where it answered one (the worker's ``engine_status``),
+    else the one the API would have answered."""
     error = dict(error or {"message": "the request failed", "type": "server_error"})
-    status = error.pop("status", 500)
+    engine_status, status = error.pop("engine_status", None), error.pop("status", 500)
+    if isinstance(engine_status, int) and 400 <= engine_status < 600:
+        status = engine_status
     if not isinstance(status, int) or not 400 <= status < 600:
         status = 500
     error.setdefault("code", None)

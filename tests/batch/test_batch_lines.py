@@ -89,6 +89,22 @@ def test_invalid_lines_go_to_the_error_file_and_the_valid_ones_still_run(client:
     assert all(r["response"] is None for r in errors.values())
 
 
+def test_a_line_the_engine_answered_with_an_error_records_the_engines_status(
+    client: OpenAI,
+) -> None:
+    def failing(custom_id: str, status: int) -> bytes:
+        record = orjson.loads(line(custom_id))
+        record["body"]["sim_fault"] = {"kind": "status", "status": status, "message": "boom"}
+        return orjson.dumps(record)
+
+    batch = run(client, b"\n".join([failing("e500", 500), failing("e400", 400), line("ok")]))
+    assert batch.status == "completed"
+    errors = {r["custom_id"]: r["response"] for r in records(client, batch.error_file_id)}
+    assert {k: v["status_code"] for k, v in errors.items()} == {"e500": 500, "e400": 400}  # type: ignore[index]
+    assert "boom" in errors["e500"]["body"]["error"]["message"]  # type: ignore[index]
+    assert set(errors["e500"]["body"]["error"]) == {"message", "type", "code"}  # type: ignore[index]
+
+
 def test_a_file_that_is_not_jsonl_fails_the_batch_with_errors(client: OpenAI) -> None:
     batch = run(client, b"id,prompt\n1,hello\n2,world\n")
     assert batch.status == "failed" and batch.failed_at
