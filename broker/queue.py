@@ -41,7 +41,7 @@ class JobQueue:
         request runs; without it, redis-py's."""
         self._redis = redis
         self._settings = settings
-        self._link: Redis | RespLink = redis if link is None else link
+        self._enqueue_over: Redis | RespLink = redis if link is None else link
 
     async def submit(self, sub: Submission) -> str:
         """Queue a job (or send it express, see ``broker.dispatching``) and return its id;
@@ -49,7 +49,7 @@ class JobQueue:
         job_id = sub.job_id or new_job_id(sub.model)
         call = self.enqueue_call(sub, job_id, self._settings.max_queued_per_user)
         try:
-            enqueued = await call.run(self._link)
+            enqueued = await call.run(self._enqueue_over)
         except RedisError as exc:
             raise BrokerUnavailable(f"could not queue the request: {exc}") from exc
         if route := _ROUTES.get(enqueued.route):
