@@ -13,21 +13,11 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from broker import (
-    DispatchStore,
-    ExecutionStore,
-    Grant,
-    JobQueue,
-    JobState,
-    Outcome,
-    Pick,
-    Reclaim,
-    StreamMode,
-    Submission,
-    keys,
-)
+from broker import JobQueue, JobState, Outcome, Pick, Reclaim, StreamMode, Submission, keys
 from broker import job_fields as jf
 from broker.counters import WRITERS
+from broker.dispatching import DispatchStore, Grant
+from broker.execution import ExecutionStore
 from broker.lua import Script
 from tests.support.contract import EP, MODEL, settings, submission
 
