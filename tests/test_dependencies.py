@@ -40,6 +40,8 @@ REACHES = [
      "tests/integration/test_cluster.py"),
     ("redis", "RedisSSLContext.__slots__ (the TLS options of a URL)", "broker/redis/resp.py",
      "tests/gateway/test_security.py"),
+    ("redis", "Pipeline.scripts (loaded before the pipeline runs)", "broker/lua/__init__.py",
+     "tests/broker/test_scripts.py"),
     ("rq", "SimpleWorker.run_maintenance_tasks, overridden", "batch/worker.py",
      "tests/integration/test_batch_api.py"),
 ]  # fmt: skip
@@ -100,6 +102,13 @@ def test_redis_cluster_has_what_fairq_overrides_and_reads() -> None:
     assert callable(RedisCluster._determine_slot)
     assert "_execution_strategy" in ClusterPipeline.__init__.__code__.co_names
     assert "context" in RedisSSLContext.__slots__ and len(RedisSSLContext.__slots__) > 1
+
+
+async def test_redis_pipeline_keeps_the_scripts_to_load_before_it_runs() -> None:
+    from redis.asyncio import Redis
+
+    pipe = Redis().pipeline()  # no connection is made until the pipeline runs
+    assert isinstance(pipe.scripts, set)
 
 
 def test_rq_worker_has_the_maintenance_hook_fairq_overrides() -> None:
