@@ -514,9 +514,7 @@ async def test_a_user_in_the_engine_is_skipped_beyond_the_served_cap_and_keeps_t
 # --- park.lua: a job without output taken back out of the engine (preemption) -----------
 
 
-RESUMING = settings(
-    models=[{"name": MODEL, "endpoints": [EP], "inflight_cap": 4, "resume_streams": True}]
-)
+RESUMING = settings(model_fields={"resume_streams": True})
 
 
 async def _in_engine(

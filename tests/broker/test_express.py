@@ -157,7 +157,7 @@ async def test_an_express_job_cancelled_before_a_worker_read_it_releases_its_roo
 
 
 async def test_express_gives_the_engine_priority_a_dispatch_would(r: Redis) -> None:
-    s = settings(models=[{"name": MODEL, "endpoints": [EP], "engine_priority": True}])
+    s = settings(model_fields={"engine_priority": True})
     q, d, x = JobQueue(r, s), DispatchStore(r, s), ExecutionStore(r, s)
     await x.ensure_groups([MODEL])
     assert await _grant(d, ALL)

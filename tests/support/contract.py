@@ -1,23 +1,30 @@
-"""What the broker contract's tests share: one model, its settings and a submission."""
+"""What the broker contract's tests share: one model (in-flight cap 4) and a submission."""
 
 from __future__ import annotations
 
-from broker import RequestKind, Settings, Submission
+from typing import Any
 
-MODEL = "m1"
-EP = "http://127.0.0.1:9"
+from broker import RequestKind, Settings, StreamMode, Submission
+from tests.support.settings import ENDPOINT as EP
+from tests.support.settings import MODEL, make_settings
+
+__all__ = ["EP", "MODEL", "settings", "submission"]
 
 
-def settings(**overrides: object) -> Settings:
-    base: dict[str, object] = {
-        "redis_url": "redis://unused",
-        "models": [{"name": MODEL, "endpoints": [EP], "inflight_cap": 4}],
-    }
-    return Settings(**(base | overrides))  # type: ignore[arg-type]
+def settings(model_fields: dict[str, Any] | None = None, **overrides: Any) -> Settings:
+    """The shared builder's settings, the model capped at 4 jobs in flight."""
+    fields = {"inflight_cap": 4, **(model_fields or {})}
+    return make_settings("redis://unused", model_fields=fields, **overrides)
 
 
 def submission(user: str, band: str = "default", owner: str | None = None) -> Submission:
     return Submission(
-        model=MODEL, owner=owner or user, user=user, tenant=user, band=band,
-        kind=RequestKind.CHAT, stream_flag="1", payload=b'{"model":"m1"}',
-    )  # fmt: skip
+        model=MODEL,
+        owner=owner or user,
+        user=user,
+        tenant=user,
+        band=band,
+        kind=RequestKind.CHAT,
+        stream_flag=StreamMode.STREAMED,
+        payload=b'{"model":"m1"}',
+    )
