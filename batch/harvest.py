@@ -141,28 +141,34 @@ def _record(
     )
 
 
-async def stop_pending(ctx: StepContext, state: JobState) -> None:
+async def stop_pending(ctx: StepContext, state: JobState, *, collect: bool = True) -> None:
     """End every pending line that has not started (cancelled or expired); running ones
-    finish. Then collect what has ended. Page by page, renewing the lease."""
+    finish. Then collect what has ended (unless not ``collect``: a batch given up).
+    Page by page, renewing the lease."""
     after = 0
     while lines := await pending_page(ctx, after, _PAGE):
-        async with ctx.redis.pipeline(transaction=False) as pipe:
-            for line in lines:
-                job_key = keys.job(line.model, line.job_id)
-                pipe.hmget(job_key, job_fields.STATE, job_fields.USER, job_fields.BAND)
-            states = await pipe.execute()
-        async with ctx.redis.pipeline(transaction=False) as pipe:
-            for line, (st, user, band) in zip(lines, states, strict=True):
-                if st in (b"queued", b"dispatched"):
-                    cancel_call(
-                        line.model,
-                        line.job_id,
-                        band=band.decode(),
-                        user=user.decode(),
-                        state=state,
-                        ttl_s=ctx.settings.batch.line_keep_s,
-                    ).queue(pipe)
-            await pipe.execute()
-        await harvest(ctx, lines)
+        await _stop_unstarted(ctx, lines, state)
+        if collect:
+            await harvest(ctx, lines)
         await ctx.renew()
         after = lines[-1].number
+
+
+async def _stop_unstarted(ctx: StepContext, lines: list[PendingLine], state: JobState) -> None:
+    async with ctx.redis.pipeline(transaction=False) as pipe:
+        for line in lines:
+            job_key = keys.job(line.model, line.job_id)
+            pipe.hmget(job_key, job_fields.STATE, job_fields.USER, job_fields.BAND)
+        states = await pipe.execute()
+    async with ctx.redis.pipeline(transaction=False) as pipe:
+        for line, (st, user, band) in zip(lines, states, strict=True):
+            if st in (b"queued", b"dispatched"):
+                cancel_call(
+                    line.model,
+                    line.job_id,
+                    band=band.decode(),
+                    user=user.decode(),
+                    state=state,
+                    ttl_s=ctx.settings.batch.line_keep_s,
+                ).queue(pipe)
+        await pipe.execute()

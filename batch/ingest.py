@@ -20,6 +20,9 @@ all was a valid request: the file is not a batch file).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import orjson
 
 from batch.context import StepContext
@@ -32,6 +35,7 @@ from broker.jobs import StreamMode, Submission, new_job_id
 from broker.requests import engine_payload, estimate_cost
 
 _FAILED_ERRORS_SHOWN = 10
+_REASON_CHARS = 300  # of an exception's text, in a line's error
 
 
 def line_job_id(model: str, batch_id: str, number: int) -> str:
@@ -76,8 +80,8 @@ async def _still_validating(ctx: StepContext) -> bool:
 
 
 async def _ingest_chunk(ctx: StepContext, batch: BatchRecord, chunk: list[Line]) -> None:
-    checked = [_check(ctx, batch, line) for line in chunk]
-    valid = [c for c in checked if isinstance(c, ValidLine)]
+    checked = [_guarded(ctx, batch, line) for line in chunk]
+    valid = [c for c in checked if isinstance(c, _Ready)]
     errors = [c for c in checked if isinstance(c, LineError)]
     duplicates = await _duplicates(ctx, valid)
     errors += [
@@ -106,6 +110,33 @@ async def _ingest_chunk(ctx: StepContext, batch: BatchRecord, chunk: list[Line])
     await _commit(ctx, chunk[-1], queued, errors)
 
 
+@dataclass(frozen=True)
+class _Ready(ValidLine):
+    """A valid line with the submission that queues it."""
+
+    job_id: str
+    submission: Submission
+
+
+def _guarded(ctx: StepContext, batch: BatchRecord, line: Line) -> _Ready | LineError:
+    """The line checked and its submission built, or the line's error: whatever raises on
+    one line's content fails that line alone. A step that raised here would be run again
+    on the same line, and the batch would never leave ``validating``."""
+    checked: ValidLine | LineError | None = None
+    try:
+        checked = _check(ctx, batch, line)
+        if isinstance(checked, LineError):
+            return checked
+        job_id = line_job_id(checked.model.name, ctx.batch_id, checked.number)
+        submission = _submission(batch, checked, job_id)
+        return _Ready(**vars(checked), job_id=job_id, submission=submission)
+    except Exception as exc:  # a line's content is anything at all; its error says what
+        reason = f"{type(exc).__name__}: {exc}"[:_REASON_CHARS]
+        custom_id = checked.custom_id if checked is not None else None
+        message = f"line {line.number} failed: {reason}"
+        return LineError(line.number, custom_id, "line_failed", message)
+
+
 def _check(ctx: StepContext, batch: BatchRecord, line: Line) -> ValidLine | LineError:
     if line.raw is None:
         return LineError(
@@ -125,7 +156,7 @@ def _check(ctx: StepContext, batch: BatchRecord, line: Line) -> ValidLine | Line
     return check_line(line.number, line.raw, endpoint, ctx.settings, batch.models)
 
 
-async def _duplicates(ctx: StepContext, valid: list[ValidLine]) -> dict[int, int]:
+async def _duplicates(ctx: StepContext, valid: Sequence[ValidLine]) -> dict[int, int]:
     """Line -> the earlier line that holds its custom_id, for repeated custom_ids."""
     if not valid:
         return {}
@@ -156,28 +187,26 @@ def _submission(batch: BatchRecord, line: ValidLine, job_id: str) -> Submission:
 
 
 async def _enqueue(
-    ctx: StepContext, batch: BatchRecord, valid: list[ValidLine]
+    ctx: StepContext, batch: BatchRecord, valid: list[_Ready]
 ) -> tuple[list[tuple[ValidLine, str]], list[ValidLine]]:
     """Queue the lines: (queued or queued before, with job ids), (refused: cap reached)."""
     if not valid:
         return [], []
     settings = ctx.settings.batch
-    ids = [line_job_id(v.model.name, ctx.batch_id, v.number) for v in valid]
     calls = [
         ctx.queue.enqueue_call(
-            _submission(batch, line, job_id),
-            job_id,
-            settings.max_queued_lines_per_user,
-            settings.line_keep_s,
+            line.submission, line.job_id, settings.max_queued_lines_per_user, settings.line_keep_s
         )
-        for line, job_id in zip(valid, ids, strict=True)
+        for line in valid
     ]
     async with ctx.redis.pipeline(transaction=False) as pipe:
         for call in calls:
             call.queue(pipe)
         replies = [c.decode(r) for c, r in zip(calls, await pipe.execute(), strict=True)]
-    queued = [(v, i) for v, i, r in zip(valid, ids, replies, strict=True) if not r.full]
-    full = [v for v, r in zip(valid, replies, strict=True) if r.full]
+    queued: list[tuple[ValidLine, str]] = [
+        (v, v.job_id) for v, r in zip(valid, replies, strict=True) if not r.full
+    ]
+    full: list[ValidLine] = [v for v, r in zip(valid, replies, strict=True) if r.full]
     return queued, full
 
 

@@ -9,9 +9,10 @@ RQ jobs (sync entry points; each runs its async step in its own event loop):
                             flags the batch; its next step ends it as expired
 
 The sweep (run by every batch worker every ``batch.sweep_interval_s``) gives each
-active batch whose lease is free one step. All three steps run the same state
-machine (``steps.advance``), so a step that finds the status moved on simply
-does what the new status needs.
+active batch whose lease is free one step (a step that raised keeps the lease while it
+backs off, and gives the batch up after ``batch.step_max_tries``: ``failures``). All
+three steps run the same state machine (``steps.advance``), so a step that finds the
+status moved on simply does what the new status needs.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from redis import Redis as SyncRedis
 from rq import Queue
 
 from batch.context import StepContext
+from batch.failures import step_failed
 from batch.steps import advance
 from broker import keys
 from broker.batch.errors import LeaseLost
@@ -78,13 +80,18 @@ def _run(batch_id: str, token: str) -> None:
 async def _step(settings: Settings, batch_id: str, token: str) -> None:
     redis = connect(settings)
     ctx = StepContext(redis, settings, batch_id, token)
+    backing_off = False
     try:
         await ctx.renew()
         await advance(ctx)
+        await ctx.store.step_succeeded(batch_id)
     except LeaseLost:
         log.info("batch %s: step %s lost its lease; another step goes on", batch_id, token)
+    except Exception as exc:  # counted on the batch, never retried for ever (failures)
+        backing_off = await step_failed(ctx, exc)
     finally:
-        await ctx.release()
+        if not backing_off:
+            await ctx.release()
         await redis.aclose()
 
 

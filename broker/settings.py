@@ -141,6 +141,9 @@ class BatchSettings(_Frozen):
     harvest_window: int = Field(default=512, ge=1)  # lowest pending lines checked per pass
     sweep_interval_s: int = Field(default=1, ge=1)  # how often a batch worker advances batches
     lease_s: int = Field(default=15, ge=2)  # a dead batch worker's batch is retaken after this
+    # Steps of a batch that may raise in a row: each waits twice as long as the one before
+    # (from sweep_interval_s, at most a minute); then the batch fails with the error.
+    step_max_tries: int = Field(default=8, ge=1)
     read_block_bytes: int = Field(default=1 << 20, ge=1024)
 
 

@@ -7,11 +7,13 @@ so a gateway's cancel and a batch worker's progress can never both win::
                 └─▶ failed (the file is not JSONL at all, or has no valid line)
     validating / in_progress ─▶ cancelling ─▶ cancelled
     validating / in_progress ─(window passed: flag 'expiring')─▶ expired
+    any of these ─(a step failed batch.step_max_tries times in a row)─▶ failed
 
 The hash keeps OpenAI's field names; internal fields: ``owner``, ``tenant``,
 ``weight``, ``models`` (the key's entitlement), ``off``/``line``/``queued`` (the
 ingest cursor: byte offset, lines read, lines queued), ``expiring``, ``xs``
-(expiry scheduled with RQ).
+(expiry scheduled with RQ), ``step_fails``/``step_error`` (steps failed in a row and
+the last one's error: ``batch.failures``).
 """
 
 from __future__ import annotations
@@ -187,6 +189,19 @@ class BatchStore:
         if moved and to in TERMINAL:
             telemetry.batch_ended(to)
         return moved, status
+
+    async def step_failed(self, batch_id: str, error: str) -> int:
+        """Count a failed step of the batch and keep its error; returns the failures in a
+        row (two fields, however many: the count and the last error)."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hincrby(keys.batch(batch_id), "step_fails", 1)
+            pipe.hset(keys.batch(batch_id), "step_error", error)
+            fails, _ = await pipe.execute()
+        return int(fails)
+
+    async def step_succeeded(self, batch_id: str) -> None:
+        """A step went through: the next failure is the first in a row again."""
+        await self._redis.hdel(keys.batch(batch_id), "step_fails", "step_error")
 
     async def cancel(self, batch_id: str, owner: str) -> BatchRecord:
         """Start cancelling (the batch workers finish it); NotCancellable once it is ending."""
