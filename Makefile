@@ -4,46 +4,71 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install run test lint bench bench-vllm-setup clean browser
+.PHONY: install install-run install-test install-bench run test lint bench bench-vllm-setup clean browser
 
-install: $(VENV)/.installed
+# Three installs, each with its own stamp: `make run` installs only what running needs;
+# `make test` and `make lint` add the test and dev extras; `make bench` the bench extras too.
+# editable_mode=compat: a .pth file naming this checkout. setuptools' default for a layout of
+# several top-level packages (an import hook) prints a notice at every install.
+PIP_INSTALL := $(BIN)/pip install --quiet --config-settings editable_mode=compat
 
-$(VENV)/.installed: pyproject.toml
+install: install-bench
+install-run: $(VENV)/.installed-run
+install-test: $(VENV)/.installed-test
+install-bench: $(VENV)/.installed-bench
+
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,dev,bench]'
+
+$(VENV)/.installed-run: pyproject.toml | $(BIN)/python
+	@echo "make: installing fairq and what it needs to run into $(VENV) (pyproject.toml, dependencies)"
+	$(PIP_INSTALL) -e .
 	touch $@
 
-run: install
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	@echo "make: installing fairq with the test and dev extras into $(VENV) (pytest, openai, ruff, mypy, ...)"
+	$(PIP_INSTALL) -e '.[test,dev]'
+	touch $@ $(VENV)/.installed-run
+
+$(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
+	@echo "make: installing fairq with the test, dev and bench extras into $(VENV) (matplotlib, py-spy)"
+	$(PIP_INSTALL) -e '.[test,dev,bench]'
+	touch $@ $(VENV)/.installed-test $(VENV)/.installed-run
+
+run: install-run
 	$(BIN)/fairq up
 
-test: install browser
+test: install-test browser
 	$(BIN)/pytest
 
-# tests/integration/test_dashboard.py drives Debian's chromium (no browser download of its own). As
-# root on a machine with apt-get it is installed when missing; elsewhere the test skips.
+# tests/integration/test_dashboard.py drives Debian's chromium (no browser download of its own).
+# As root on a machine with apt-get it is installed when missing (and said so first);
+# elsewhere, or with BROWSER=no, that one test skips.
+BROWSER ?= yes
 browser:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
-	  || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	  || { [ "$(BROWSER)" = yes ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	       && echo "make: installing Debian's chromium (apt-get, as root) for tests/integration/test_dashboard.py, which drives the dashboard in a headless browser; BROWSER=no skips it" \
 	       && apt-get update -q >/dev/null \
 	       && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } \
-	  || echo "chromium not installed: tests/integration/test_dashboard.py will be skipped"
+	  || echo "make: chromium not installed: tests/integration/test_dashboard.py will be skipped"
 
 # The formatter wins; mypy --strict over every package (pyproject.toml, [tool.mypy]).
-lint: install
+lint: install-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 # The throughput-and-scale suite (one table: every figure next to its target), then the
 # fairness scenario. `python -m benchmarks.suite --quick` checks the suite runs, fast.
-bench: install
+bench: install-bench
 	$(BIN)/python -m benchmarks.suite
 	$(BIN)/fairq bench fairness
 
 # A real vLLM (CPU build, ~2.5 GB) and a tiny model in .vllm/, for benchmarks against a
 # real engine; not part of `make test`. Then: python -m benchmarks.vllm_engine serve ...
-bench-vllm-setup: install
+bench-vllm-setup: install-bench
 	$(BIN)/python -m benchmarks.vllm_engine setup
 
 clean:
