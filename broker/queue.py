@@ -103,7 +103,9 @@ class JobQueue:
         s = self._settings
         model = s.model(sub.model)
         engine_priority = model is not None and model.engine_priority
-        engine_resumes = model is not None and model.engine == "vllm" and model.resume_streams
+        engine_resumes = (
+            model is not None and model.engine == "vllm" and model.resume_streams != "off"
+        )
         return [
             job_id, sub.user, sub.tenant, sub.band, sub.kind.value, sub.stream_flag,
             sub.payload, max_queued, keys.wake_channel(sub.model),
@@ -111,7 +113,8 @@ class JobQueue:
             keys.tenant_field(sub.band, sub.tenant), s.ready_stream_maxlen,
             int(engine_priority), s.bands.index(sub.band) + 1, len(s.bands),
             *s.bands, *(keys.grant_field(b) for b in s.bands), keep_s or "",
-            # Going on from the text needs vLLM's continue_final_message (workers.resume).
+            # Going on needs vLLM's return_token_ids (workers.resume_exact), or, from the
+            # text, its continue_final_message (workers.resume).
             int(engine_resumes and sub.stream_flag != "0" and resumable(sub.payload)),
         ]  # fmt: skip
 

@@ -6,6 +6,7 @@ limits); every other field passes through to the engine untouched.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -108,20 +109,26 @@ def estimate_cost(body: dict[str, Any], model: ModelConfig) -> float:
     return prompt_tokens * model.prompt_token_cost + output * model.output_token_cost
 
 
-# Request fields whose output cannot be continued from its text alone: several choices,
-# tool calls and constrained output (a grammar restarted mid-way), echoed or scored prompts.
-# A byte search: a prompt that merely mentions one of these only costs the job its resume.
+# Request fields whose output cannot be continued where it was cut: several choices, tool
+# calls and constrained output (a grammar restarted mid-way), echoed or scored prompts, log
+# probabilities (their offsets would start again), stop strings (the engine holds back text
+# that may begin one: a continuation from the token ids would never send it), and token ids
+# the client asked for itself (the worker asks for them, and takes them out of what the
+# client gets). A byte search: a prompt that merely mentions one of these only costs the
+# job its resume.
 _NOT_RESUMABLE = (
     b'"n":', b'"tools"', b'"functions"', b'"response_format"', b'"guided_', b'"echo"',
     b'"best_of"', b'"structured_outputs"', b'"prompt_logprobs"', b'"prompt":[',
+    b'"return_token_ids"', b'"stop":"', b'"stop":["', b'"top_logprobs"',
 )  # fmt: skip
+_LOGPROBS = re.compile(rb'"logprobs":(?!null|false)')
 
 
 def resumable(payload: bytes) -> bool:
-    """Whether a streamed job taken back out of the engine mid-answer may go on later from
-    the text it has sent (its prompt plus that text, as vLLM's ``continue_final_message``
-    or an extended completion prompt), rather than stay in the engine to its end."""
-    return not any(mark in payload for mark in _NOT_RESUMABLE)
+    """Whether a streamed job taken back out of the engine mid-answer may go on later where
+    it was cut (from its prompt's and answer's token ids, ``workers.resume_exact``, or from
+    its text, ``workers.resume``), rather than stay in the engine to its end."""
+    return not any(mark in payload for mark in _NOT_RESUMABLE) and not _LOGPROBS.search(payload)
 
 
 def wants_usage(body: dict[str, Any]) -> bool:

@@ -89,3 +89,14 @@ def test_cost_estimate_weighs_prompt_and_requested_output() -> None:
     assert estimate_cost(body, model) == 100 * 1 + 50 * 2
     no_max = {"model": "m", "prompt": "x" * 398}
     assert estimate_cost(no_max, model) == 100 + model.default_output_tokens * 2
+
+
+def test_resume_streams_is_exact_by_default_and_its_old_true_and_false_still_read() -> None:
+    def mode(value: object) -> str:
+        config = {"name": "m", "endpoints": ["http://e:1"], "resume_streams": value}
+        return ModelConfig.model_validate(config).resume_streams
+
+    assert VLLM.resume_streams == "exact"
+    assert (mode(True), mode(False), mode("text")) == ("text", "off", "text")
+    with pytest.raises(ValueError):
+        mode("sometimes")
