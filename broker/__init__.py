@@ -32,7 +32,7 @@ from broker.errors import (
     Unauthorized,
     UnknownModel,
 )
-from broker.execution import Claimed, ExecutionStore, Outcome
+from broker.execution import Claimed, ExecutionStore, Outcome, TokenTrail, WrittenEntry
 from broker.jobs import JobRecord, JobState, RequestKind
 from broker.ownership import OwnershipStore
 from broker.queue import JobQueue, Submission
@@ -92,9 +92,11 @@ __all__ = [
     "Settings",
     "Snapshot",
     "Submission",
+    "TokenTrail",
     "Unauthorized",
     "UnknownModel",
     "Unseen",
+    "WrittenEntry",
     "add_latency",
     "connect",
     "connect_blocking",

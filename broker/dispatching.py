@@ -249,7 +249,10 @@ class DispatchStore:
     async def park(self, model: str, endpoint: str, *, min_jobs: int = 2) -> Parked | None:
         """Take the newest job without output of the user with the most jobs at ``endpoint``
         (at least ``min_jobs``) back out of the engine, to the head of that user's queue;
-        its worker is told to drop it. None when no such job is there."""
+        failing that, their newest streamed job that can go on where it is cut (the model's
+        ``resume_streams``). Its worker is told to drop it. None when no such job is there."""
+        config = self._settings.model(model)
+        from_text = config is not None and config.resume_streams == "text"
         reply = await self._scripts.park(
             keys=[
                 keys.ready(model), keys.inflight(model), keys.unstarted(model),
@@ -259,7 +262,7 @@ class DispatchStore:
             args=[
                 endpoint, keys.job_prefix(model), keys.READY_GROUP, keys.parked_prefix(model),
                 keys.backlog_prefix(model), PARK_SCAN, min_jobs, keys.wake_channel(model),
-                keys.cancel_channel(model), keys.results_prefix(model),
+                keys.cancel_channel(model), keys.results_prefix(model), int(from_text),
             ],
         )  # fmt: skip
         if not reply:

@@ -35,6 +35,7 @@ import enum
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import orjson
 from redis.asyncio import Redis
@@ -47,7 +48,13 @@ from broker.dispatching import HANDED_KEEP_MS, ensure_ready_group
 from broker.jobs import JobState, RequestKind
 from broker.packed import PackedPipeline
 from broker.resp import RespLink
-from broker.results import BODY_FIELD, CHUNK_FIELD
+from broker.results import (
+    BODY_FIELD,
+    CHUNK_FIELD,
+    PROMPT_TOKENS_FIELD,
+    REDONE_FIELD,
+    TOKENS_FIELD,
+)
 from broker.scripts import Scripts, run_script, source
 from broker.settings import Settings
 
@@ -74,8 +81,10 @@ class Claimed:
     engine_priority: int | None = None  # for engines scheduling by priority (vLLM)
     worker: str = ""  # the consumer holding the entry; complete.lua checks it still does
     # Taken back out of the engine mid-answer (park.lua): the result entry id this attempt
-    # writes first; it goes on from the text its result stream holds. None: a fresh start.
+    # writes first; it goes on from what its result stream holds. None: a fresh start.
     resume_seq: int | None = None
+    # Record the answer's token ids with its chunks ('tk': it may be resumed where it is cut).
+    track_tokens: bool = False
 
     @classmethod
     def from_entry(
@@ -86,12 +95,27 @@ class Claimed:
             RequestKind(fields[b"k"].decode()), fields[b"s"].decode(), fields[b"ep"].decode(),
             fields[b"b"].decode(), fields[b"u"].decode(),
             int(fields[b"pr"]) if fields.get(b"pr") else None, worker,
-            int(fields[b"rq"]) if fields.get(b"rq") else None,
+            int(fields[b"rq"]) if fields.get(b"rq") else None, bool(fields.get(b"tk")),
         )  # fmt: skip
 
     @property
     def stream(self) -> bool:
         return self.stream_flag != "0"
+
+
+class TokenTrail(NamedTuple):
+    """The token ids recorded with one chunk entry (``broker.results``)."""
+
+    tokens: bytes = b""  # the ids of its events' tokens: "1,2;3" (one group per event)
+    prompt_tokens: bytes = b""  # the prompt's, with the answer's first entry: "1,2,3"
+    redone: int = 0  # earlier token groups a resumed attempt generated again
+
+
+class WrittenEntry(NamedTuple):
+    """One chunk entry an earlier attempt wrote, with the token ids it recorded."""
+
+    chunk: bytes
+    trail: TokenTrail = TokenTrail()
 
 
 @dataclass
@@ -205,20 +229,34 @@ class ExecutionStore:
     # instead of landing twice, so a client never receives the same chunk twice.
     # The end entry gets a time-based id, so nothing can be added after it either.
     @staticmethod
-    def add_chunk(pipe: ResultPipeline, model: str, job_id: str, seq: int, data: bytes) -> None:
-        pipe.xadd(keys.results(model, job_id), {CHUNK_FIELD: data}, id=b"0-%d" % seq)
+    def add_chunk(
+        pipe: ResultPipeline,
+        model: str,
+        job_id: str,
+        seq: int,
+        data: bytes,
+        *,
+        trail: TokenTrail | None = None,
+    ) -> None:
+        """``trail``: the token ids that go with the chunk."""
+        # bytes to bytes, which both pipelines take (redis-py's is typed wider, so Any)
+        fields: dict[Any, Any] = {CHUNK_FIELD: data}
+        if trail is not None:
+            _add_trail(fields, trail)
+        pipe.xadd(keys.results(model, job_id), fields, id=b"0-%d" % seq)
 
     @staticmethod
     def add_body(pipe: ResultPipeline, model: str, job_id: str, seq: int, body: bytes) -> None:
         pipe.xadd(keys.results(model, job_id), {BODY_FIELD: body}, id=b"0-%d" % seq)
 
-    async def written_chunks(self, job: Claimed) -> list[bytes]:
-        """The SSE chunks an earlier attempt of a resumed job wrote (``resume_seq``): what
-        its client has received, up to the fence ``park.lua`` added."""
+    async def written(self, job: Claimed) -> list[WrittenEntry]:
+        """The chunk entries earlier attempts of a resumed job wrote (``resume_seq``): what
+        its client has received, up to the fence ``park.lua`` added, with their token ids."""
         last = b"0-%d" % ((job.resume_seq or 1) - 1)
         entries = await self._redis.xrange(keys.results(job.model, job.job_id), "-", last)
         return [
-            fields[CHUNK_FIELD] for _, fields in replies.entries(entries)
+            WrittenEntry(fields[CHUNK_FIELD], _trail(fields))
+            for _, fields in replies.entries(entries)
             if CHUNK_FIELD in fields
         ]  # fmt: skip
 
@@ -356,6 +394,23 @@ def _parsed(model: str, entry_id: bytes, fields: dict[bytes, bytes], worker: str
             entry_id.decode(), model, type(exc).__name__, exc, names,
         )  # fmt: skip
         return None
+
+
+def _add_trail(fields: dict[Any, Any], trail: TokenTrail) -> None:
+    """The token id fields of a chunk entry (``broker.results``), those that say anything."""
+    if trail.tokens:
+        fields[TOKENS_FIELD] = trail.tokens
+    if trail.prompt_tokens:
+        fields[PROMPT_TOKENS_FIELD] = trail.prompt_tokens
+    if trail.redone:
+        fields[REDONE_FIELD] = b"%d" % trail.redone
+
+
+def _trail(fields: Mapping[bytes, bytes]) -> TokenTrail:
+    return TokenTrail(
+        fields.get(TOKENS_FIELD, b""), fields.get(PROMPT_TOKENS_FIELD, b""),
+        int(fields.get(REDONE_FIELD) or 0),
+    )  # fmt: skip
 
 
 def _json(value: object | None) -> str:

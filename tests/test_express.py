@@ -5,6 +5,7 @@ Redis and against fakeredis, like the broker contract suite."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from redis.asyncio import Redis
 from test_broker_contract import EP, MODEL, settings, submission
@@ -165,6 +166,19 @@ async def test_express_gives_the_engine_priority_a_dispatch_would(r: Redis) -> N
     await q.submit(submission("alice", band="interactive"))
     claimed = await x.claim(r, [MODEL], "w1", count=10, block_ms=100)
     assert [c.engine_priority for c in claimed] == [1_000_000, 1]
+
+
+async def test_an_express_job_that_may_be_resumed_records_its_token_ids_like_a_dispatched_one(
+    r: Redis,
+) -> None:
+    s = settings()  # resume_streams "exact": the worker asks a vLLM for token ids
+    q, d, x = JobQueue(r, s), DispatchStore(r, s), ExecutionStore(r, s)
+    await x.ensure_groups([MODEL])
+    assert await _grant(d, ALL)
+    await q.submit(submission("alice"))
+    await q.submit(replace(submission("alice"), stream_flag="0"))  # not streamed: never
+    claimed = await x.claim(r, [MODEL], "w1", count=10, block_ms=100)
+    assert [c.track_tokens for c in claimed] == [True, False]
 
 
 async def test_with_no_free_batch_slot_only_a_user_with_nothing_in_the_engine_goes_express(

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 from redis.asyncio import Redis
 
-from broker import Claimed, ExecutionStore, Outcome, keys
+from broker import Claimed, ExecutionStore, Outcome, TokenTrail, WrittenEntry, keys
 from broker.jobs import JobState
 from broker.requests import RequestKind
 from broker.settings import Settings
@@ -99,3 +100,20 @@ async def test_an_end_is_written_at_once_after_its_jobs_last_chunks(
     assert ended is False
     assert writer.flushes == 2
     assert await _chunks(aredis, job) == [b"data: a\n\n", b"data: b\n\n"]
+
+
+async def test_the_token_ids_of_chunks_that_share_a_write_stay_in_their_order(
+    writer: ResultWriter, aredis: Redis
+) -> None:
+    first, second = await _two_streaming(writer)
+    writer.chunk(first, b"data: b\n\n", trail=TokenTrail(b"7"))
+    writer.chunk(first, b"data: u\n\n")  # the usage chunk: no ids
+    writer.chunk(first, b"data: c\n\n", trail=TokenTrail(b"8,9"))
+    writer.mark_started(second)
+    await _flushes_reach(writer, 2)
+    x = ExecutionStore(aredis, Settings(redis_url="redis://unused", models=[]))
+    resumed = replace(first, resume_seq=3)  # what a resumed attempt reads back
+    assert await x.written(resumed) == [
+        WrittenEntry(b"data: a\n\n"),
+        WrittenEntry(b"data: b\n\ndata: u\n\ndata: c\n\n", TokenTrail(b"7;8,9")),
+    ]

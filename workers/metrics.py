@@ -1,8 +1,8 @@
 """The worker's guarantee metrics, in the default registry that ``broker.telemetry``
 serves on ``metrics_port`` with the rest of the worker's series.
 
-Labels are enums only (the reclaim decision), never ids or users: the detail of
-a job travels in its error, not in a metric.
+Labels are enums only (the reclaim decision, how a resumed answer went on), never ids or
+users: the detail of a job travels in its error, not in a metric.
 """
 
 from __future__ import annotations
@@ -24,4 +24,9 @@ ENGINE_RETRIES = Counter(
 )
 EXPIRED = Counter(
     "fairq_worker_expired_total", "Queued jobs ended as expired (past their band's deadline)"
+)
+RESUMES = Counter(
+    "fairq_worker_resumes_total",
+    "Answers taken back mid-way that went on: from token ids (exact) or from their text",
+    ["how"],
 )

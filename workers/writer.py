@@ -37,7 +37,7 @@ from collections.abc import Sequence
 
 from redis.exceptions import NoScriptError, RedisError
 
-from broker import Claimed, ExecutionStore, Outcome
+from broker import Claimed, ExecutionStore, Outcome, TokenTrail
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +48,12 @@ class _JobBuffer:
     """What one flush writes for one job (a plain class: one is made per job per flush,
     so about one per token at 50 tokens/s per stream)."""
 
-    __slots__ = ("body", "chunks", "done", "job", "outcome", "seq", "started")
+    __slots__ = ("body", "chunks", "done", "job", "outcome", "seq", "started", "trails")
 
     def __init__(self, job: Claimed) -> None:
         self.job = job
         self.chunks: list[bytes] = []
+        self.trails: list[TokenTrail] = []  # the token ids of the chunks (a resumable job)
         self.body: bytes | None = None
         self.outcome: Outcome | None = None
         self.done: asyncio.Future[bool] | None = None
@@ -80,9 +81,15 @@ class ResultWriter:
             buf = self._pending[job.job_id] = _JobBuffer(job)
         return buf
 
-    def chunk(self, job: Claimed, data: bytes, *, first: bool = False) -> None:
-        """Buffer SSE events of a job; ``first`` flushes without lingering."""
-        self._buffer(job).chunks.append(data)
+    def chunk(
+        self, job: Claimed, data: bytes, *, first: bool = False, trail: TokenTrail | None = None
+    ) -> None:
+        """Buffer SSE events of a job, with their token ids when it records them (``trail``);
+        ``first`` flushes without lingering."""
+        buf = self._buffer(job)
+        buf.chunks.append(data)
+        if trail is not None:
+            buf.trails.append(trail)
         self._signal(urgent=first)
 
     def mark_started(self, job: Claimed) -> None:
@@ -210,7 +217,10 @@ class ResultWriter:
         for buf in batch:
             model, job_id = buf.job.model, buf.job.job_id
             if buf.chunks:
-                self._store.add_chunk(pipe, model, job_id, buf.seq, b"".join(buf.chunks))
+                trail = _merged(buf.trails) if buf.trails else None
+                self._store.add_chunk(
+                    pipe, model, job_id, buf.seq, b"".join(buf.chunks), trail=trail
+                )
             elif buf.body is not None:
                 self._store.add_body(pipe, model, job_id, buf.seq, buf.body)
             if buf.started:  # it has started: no longer counted as unstarted
@@ -223,6 +233,17 @@ class ResultWriter:
             if isinstance(reply, Exception) and not self._store.is_duplicate_write(reply):
                 raise reply
         return [(buf, replies[index] == 1) for buf, index in finishing]
+
+
+def _merged(trails: Sequence[TokenTrail]) -> TokenTrail:
+    """The token ids of chunks written as one entry, in order."""
+    if len(trails) == 1:
+        return trails[0]
+    return TokenTrail(
+        b";".join(t.tokens for t in trails if t.tokens),
+        b"".join(t.prompt_tokens for t in trails),  # only the answer's first chunk has them
+        sum(t.redone for t in trails),
+    )
 
 
 def _end(waiter: asyncio.Future[None]) -> None:

@@ -77,7 +77,7 @@ end
 -- The ready entry and counts mirror enqueue.lua's express branch: change both together.
 local function to_ready(job_id, payload, band)
   local job = ARGV[2] .. job_id
-  local f = redis.call('HMGET', job, 'st', 'k', 's', 'b', 'u', 'qe', 'rsq')
+  local f = redis.call('HMGET', job, 'st', 'k', 's', 'b', 'u', 'qe', 'rsq', 'rsm')
   if f[1] ~= 'queued' then
     return ''
   end
@@ -90,8 +90,9 @@ local function to_ready(job_id, payload, band)
   if ARGV[7] == '1' then
     priority = (band - 1) * BAND_STEP + in_engine
   end
+  -- 'tk': the worker records the answer's token ids, so that it can go on where it is cut
   local fields = {'j', job_id, 'ep', ARGV[1], 'p', payload, 'k', f[2], 's', f[3], 'b', f[4],
-    'u', f[5], 'pr', priority}
+    'u', f[5], 'pr', priority, 'tk', f[8] or ''}
   if f[7] then  -- taken back mid-answer (park.lua): it goes on, writing from this entry id
     fields[#fields + 1] = 'rq'
     fields[#fields + 1] = f[7]

@@ -24,8 +24,9 @@
 -- ARGV[19+B .. 18+2B] their express credit fields in meta ("xn:{band}")
 -- ARGV[19+2B] optional: seconds to keep the ended job (a batch line, until its batch
 --   collects it; complete.lua and cancel.lua honour the job's 'kt')
--- ARGV[20+2B] 1: a streamed job that may go on from its text if taken back out of the
---   engine mid-answer (park.lua); stored as 'rsm' 1 only then
+-- ARGV[20+2B] 1: a streamed job that may go on where it was cut if taken back out of the
+--   engine mid-answer (park.lua); stored as 'rsm' 1 only then, and its ready entry asks
+--   the worker to record the answer's token ids ('tk' 1)
 -- The grant lives in meta: 'xep' endpoint, 'xexp' expiry (ms), 'xs' sequence (bumped by
 -- every express send, so the dispatcher's next grant is refused if computed before it),
 -- 'xsv' sends left to users who already have a job in the engine (free batch slots; -1 or
@@ -86,7 +87,7 @@ if endpoint then
   end
   local entry = redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[15], '*',
     'j', ARGV[1], 'ep', endpoint, 'p', ARGV[7], 'k', ARGV[5], 's', ARGV[6], 'b', ARGV[4],
-    'u', ARGV[2], 'pr', priority)
+    'u', ARGV[2], 'pr', priority, 'tk', ARGV[20 + 2 * bands] == '1' and 1 or '')
   redis.call('HSET', KEYS[1], 'st', 'dispatched', 'tq', now_ms, 'td', now_ms, 'ep', endpoint,
     're', entry)
   if in_engine == 0 then  -- a newcomer: its user had nothing in the engine ('nw')
