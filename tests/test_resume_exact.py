@@ -12,7 +12,14 @@ import pytest
 from broker import Claimed, RequestKind, TokenTrail, WrittenEntry
 from workers import attempt
 from workers.resume import Earlier
-from workers.resume_exact import Ident, Reshaper, Seam, seam_of, token_continuation
+from workers.resume_exact import (
+    Ident,
+    Reshaper,
+    Seam,
+    needs_context_len,
+    seam_of,
+    token_continuation,
+)
 from workers.token_ids import asking_token_ids, parse_groups, take_token_ids
 
 # vLLM 0.32 (CPU, tiny model), a chat stream with and without return_token_ids.
@@ -177,6 +184,9 @@ def test_the_length_left_is_the_engines_limit_less_the_tokens_kept() -> None:
     assert left(RequestKind.COMPLETION, {"prompt": "x", "max_tokens": 2}, None) is None
     with pytest.raises(LookupError):  # a chat without limit needs the context length
         left(RequestKind.CHAT, chat_body, None)
+    assert needs_context_len(RequestKind.CHAT, orjson.dumps(chat_body))
+    assert not needs_context_len(RequestKind.CHAT, orjson.dumps({**chat_body, "max_tokens": 5}))
+    assert not needs_context_len(RequestKind.COMPLETION, b'{"prompt":"x"}')
 
 
 # --- the continuation's chunks, as the client's stream needs them ------------------------
@@ -264,3 +274,16 @@ def test_at_every_cut_the_client_gets_the_uncut_stream_byte_for_byte(kind: Reque
         assert sent + shaped == uncut, f"cut after {cut} tokens"
         assert accounting.usage == {"prompt_tokens": len(seam.prompt), "total_tokens":
                                     len(seam.prompt) + 12, "completion_tokens": 12}  # fmt: skip
+
+
+async def test_the_context_length_comes_from_the_engines_model_list_once() -> None:
+    from servers import uvicorn_thread
+
+    from workers.engine_info import ContextLengths
+    from workers.sim import SimProfile, create_app
+
+    lengths = ContextLengths()
+    with uvicorn_thread(create_app(["tiny"], SimProfile(max_model_len=512))) as url:
+        assert await lengths.get(url, "tiny") == 512
+        assert await lengths.get(url, "other") is None  # not served there
+    assert await lengths.get(url, "tiny") == 512  # known: not asked again

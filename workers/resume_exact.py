@@ -149,6 +149,16 @@ def token_continuation(
     return orjson.dumps(out)
 
 
+def needs_context_len(kind: RequestKind, payload: bytes) -> bool:
+    """Whether ``token_continuation`` needs the engine's context length: for a chat request
+    without a token limit (it runs to the context's end). A limit never needs it: it was
+    within the context, or the first attempt would have been refused."""
+    if kind is not RequestKind.CHAT:
+        return False
+    body = orjson.loads(payload)
+    return not any(isinstance(body.get(f), int) for f in ("max_tokens", "max_completion_tokens"))
+
+
 def _tokens_left(
     kind: RequestKind, body: dict[str, Any], seam: Seam, context_len: int | None
 ) -> int:

@@ -33,7 +33,7 @@ from workers.engine_http import EngineClient
 from workers.engine_info import ContextLengths
 from workers.errors import EngineError
 from workers.resume import Earlier
-from workers.resume_exact import seam_of
+from workers.resume_exact import needs_context_len, seam_of
 from workers.writer import ResultWriter
 
 # The chunk entries earlier attempts of a resumed job wrote (``ExecutionStore.written``).
@@ -122,7 +122,9 @@ class JobRunner:
             return attempt.fresh(job)
         written = await self._written(job)
         seam = seam_of(job.kind, written)
-        context = await self._contexts.get(job.endpoint, job.model) if seam else None
+        context = None
+        if seam is not None and needs_context_len(job.kind, job.payload):
+            context = await self._contexts.get(job.endpoint, job.model)
         plan = attempt.resumed(job, written, seam, context)
         if isinstance(plan, Attempt):
             metrics.RESUMES.labels("exact" if plan.exact else "text").inc()
