@@ -11,6 +11,7 @@ from broker.client import AsyncClient, Client
 from broker.dispatching import (
     BandBacklog,
     DispatchStore,
+    ExpressSend,
     Grant,
     ModelSnapshot,
     Newcomer,
@@ -64,6 +65,7 @@ __all__ = [
     "Client",
     "DispatchStore",
     "ExecutionStore",
+    "ExpressSend",
     "FairqError",
     "Forbidden",
     "Grant",

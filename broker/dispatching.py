@@ -92,13 +92,22 @@ def parse_wake(message: bytes) -> Newcomer | None:
     return Newcomer(band.decode(), user.decode(), float(score))
 
 
-def express_send(message: bytes) -> tuple[str, bool] | None:
-    """An express send's endpoint and whether the job is not streamed, else None."""
+class ExpressSend(NamedTuple):
+    """A job enqueue.lua sent straight to an endpoint (its wake message)."""
+
+    endpoint: str
+    plain: bool  # not streamed
+    newcomer: bool  # its user had nothing in the engine
+
+
+def express_send(message: bytes) -> ExpressSend | None:
+    """An express send's wake message, else None."""
     kind, _, rest = message.partition(b"\n")
     if kind != b"x":
         return None
-    endpoint, _, stream_flag = rest.partition(b"\n")
-    return endpoint.decode(), stream_flag == b"0"
+    endpoint, _, rest = rest.partition(b"\n")
+    stream_flag, _, newcomer = rest.partition(b"\n")
+    return ExpressSend(endpoint.decode(), stream_flag == b"0", newcomer == b"1")
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,9 @@ if endpoint then
     end
   end
   redis.call('HINCRBY', KEYS[4], 'xs', 1)
-  redis.call('PUBLISH', ARGV[9], 'x\n' .. endpoint .. '\n' .. ARGV[6])
+  -- The dispatcher counts the send, and a newcomer's may need room made (preemption).
+  local newcomer = in_engine == 0 and '1' or '0'
+  redis.call('PUBLISH', ARGV[9], 'x\n' .. endpoint .. '\n' .. ARGV[6] .. '\n' .. newcomer)
   return {2, entry}
 end
 
