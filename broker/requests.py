@@ -112,14 +112,15 @@ def estimate_cost(body: dict[str, Any], model: ModelConfig) -> float:
 # Request fields whose output cannot be continued where it was cut: several choices, tool
 # calls and constrained output (a grammar restarted mid-way), echoed or scored prompts, log
 # probabilities (their offsets would start again), stop strings (the engine holds back text
-# that may begin one: a continuation from the token ids would never send it), and token ids
-# the client asked for itself (the worker asks for them, and takes them out of what the
-# client gets). A byte search: a prompt that merely mentions one of these only costs the
-# job its resume.
+# that may begin one: a continuation from the token ids would never send it), usage in
+# every chunk (it would count the continuation alone), and token ids the client asked for
+# itself (the worker asks for them, and takes them out of what the client gets). A byte
+# search: a prompt that merely mentions one of these only costs the job its resume.
 _NOT_RESUMABLE = (
     b'"n":', b'"tools"', b'"functions"', b'"response_format"', b'"guided_', b'"echo"',
     b'"best_of"', b'"structured_outputs"', b'"prompt_logprobs"', b'"prompt":[',
     b'"return_token_ids"', b'"stop":"', b'"stop":["', b'"top_logprobs"',
+    b'"continuous_usage_stats":true',
 )  # fmt: skip
 _LOGPROBS = re.compile(rb'"logprobs":(?!null|false)')
 

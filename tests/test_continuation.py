@@ -84,5 +84,6 @@ def test_outputs_that_cannot_go_on_where_they_were_cut_are_not_resumable() -> No
         b'"stop":"x"', b'"stop":["\\n"]',  # text held back: a continuation never sends it
         b'"logprobs":true', b'"logprobs":2', b'"top_logprobs":3',
         b'"return_token_ids":true',  # the client's own: the worker would take them out
+        b'"stream_options":{"continuous_usage_stats":true}',
     ):  # fmt: skip
         assert not resumable(b'{"model":"m",' + field + b"}")
