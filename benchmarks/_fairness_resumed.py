@@ -11,9 +11,10 @@ recorded (``workers.resume_exact``), and checked:
   generated again are counted once: ``td``);
 - its text is the text of those ids, so no token came twice and none went missing: on
   the simulator, one walk of its word list (an answer is a function of its positions,
-  ``workers/sim/_tokens.py``); on a real vLLM, the model's tokenizer's decoding of the
-  ids (by vLLM's own python: fairq's has no tokenizer). An engine at ``--engine-url``
-  gets the first two checks only.
+  ``workers/sim/_tokens.py``); on a real vLLM, the text vLLM's incremental detokenizer
+  streams for those ids after that prompt when nothing cuts the answer (by vLLM's own
+  python: fairq's has no tokenizer). An engine at ``--engine-url`` gets the first two
+  checks only.
 
 The load client cannot do this during the flood: parsing every event would take CPU from
 the stack being measured.
@@ -35,8 +36,8 @@ from broker import keys, replies
 from broker.results import CHUNK_FIELD, PROMPT_TOKENS_FIELD, REDONE_FIELD, TOKENS_FIELD
 from workers.token_ids import parse_groups, parse_ids
 
-# The text of an answer's token ids (None: not checked on this engine).
-Decode = Callable[[Sequence[Sequence[int]]], list[str]] | None
+# The text streamed for each answer's (prompt ids, answer ids) (None: not checked here).
+Decode = Callable[[Sequence[tuple[Sequence[int], Sequence[int]]]], list[str]] | None
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Answer:
     chunks: list[dict[str, Any]] = field(default_factory=list)
     prompt_ids: list[int] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
+    seams: list[int] = field(default_factory=list)  # characters of text before each cut
 
     @property
     def text(self) -> str:
@@ -62,6 +64,7 @@ def read_answer(redis: Redis, model: str, job_id: str) -> Answer:
     groups: list[list[int]] = []
     for _, fields in replies.entries(redis.xrange(keys.results(model, job_id))):
         if CHUNK_FIELD not in fields:
+            answer.seams += [len(answer.text)] if b"pk" in fields else []
             continue
         answer.chunks += [
             orjson.loads(event[6:])
@@ -105,19 +108,25 @@ def sim_text_problem(answer: Answer) -> str | None:
 
 
 def tokenizer_decode(vllm_python: Path, tokenizer: Path) -> Decode:
-    """The model's tokenizer's text of each answer's ids, special tokens skipped as vLLM
-    streams them, by vLLM's own python."""
+    """The text vLLM streams for each (prompt ids, answer ids) when nothing cuts the
+    answer: its incremental detokenizer, as vLLM 0.32 runs it (the tokenizers library's
+    ``DecodeStream`` primed with the prompt, special tokens skipped), by vLLM's own python.
+    A text decoded whole can differ from it (an invalid byte sequence split otherwise)."""
     script = (
         "import json, sys; from tokenizers import Tokenizer; "
-        "t = Tokenizer.from_file(sys.argv[1]); answers = json.load(sys.stdin); "
-        "print(json.dumps([t.decode(ids, skip_special_tokens=True) for ids in answers]))"
+        "from tokenizers.decoders import DecodeStream; "
+        "t = Tokenizer.from_file(sys.argv[1]); out = []\n"
+        "for prompt, ids in json.load(sys.stdin):\n"
+        "    s = DecodeStream(ids=prompt, skip_special_tokens=True)\n"
+        "    out.append(''.join(s.step(t, i) or '' for i in ids))\n"
+        "print(json.dumps(out))"
     )
 
-    def decode(answers: Sequence[Sequence[int]]) -> list[str]:
+    def decode(answers: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[str]:
         out = subprocess.run(
             [str(vllm_python), "-c", script, str(tokenizer)],
-            input=json.dumps([list(a) for a in answers]), capture_output=True, text=True,
-            check=True, timeout=120,
+            input=json.dumps([[list(p), list(i)] for p, i in answers]), capture_output=True,
+            text=True, check=True, timeout=120,
         )  # fmt: skip
         texts: list[str] = json.loads(out.stdout)
         return texts
@@ -131,10 +140,22 @@ def problems(answers: Sequence[Answer], kind: str, decode: Decode) -> list[str]:
     if kind == "sim":
         found = {a.job_id: found[a.job_id] or sim_text_problem(a) for a in answers}
     elif decode is not None and answers:
-        for answer, text in zip(answers, decode([a.ids for a in answers]), strict=True):
+        texts = decode([(a.prompt_ids, a.ids) for a in answers])
+        for answer, text in zip(answers, texts, strict=True):
             if found[answer.job_id] is None and text != answer.text:
-                found[answer.job_id] = "its text is not the text of its token ids"
+                found[answer.job_id] = (
+                    f"its text is not the text of its token ids{_where(answer.text, text)}; "
+                    f"cut at characters {answer.seams}"
+                )
     return [f"{job_id}: {why}" for job_id, why in found.items() if why is not None]
+
+
+def _where(got: str, ids_text: str) -> str:
+    """Where two texts part: the first differing character and a little around it."""
+    at = next((i for i, (a, b) in enumerate(zip(got, ids_text, strict=False)) if a != b),
+              min(len(got), len(ids_text)))  # fmt: skip
+    start = max(0, at - 10)
+    return f" (from character {at}: {got[start : at + 20]!r}, ids: {ids_text[start : at + 20]!r})"
 
 
 def fairq_preemptions(redis_url: str, model: str, kind: str, decode: Decode) -> dict[str, Any]:
