@@ -80,9 +80,10 @@ class Claimed:
     user: str
     engine_priority: int | None = None  # for engines scheduling by priority (vLLM)
     worker: str = ""  # the consumer holding the entry; complete.lua checks it still does
-    # Taken back out of the engine mid-answer (park.lua): the result entry id this attempt
-    # writes first; it goes on from what its result stream holds. None: a fresh start.
-    resume_seq: int | None = None
+    # Taken back out of the engine mid-answer (park.lua): the generation g of this attempt's
+    # result entry ids (it writes g-1, g-2...: park.lua fenced everything before with g-0);
+    # it goes on from what its result stream holds. None: a fresh start (generation 0).
+    resume_gen: int | None = None
     # Record the answer's token ids with its chunks ('tk': it may be resumed where it is cut).
     track_tokens: bool = False
 
@@ -224,16 +225,17 @@ class ExecutionStore:
         await self._redis.xack(keys.ready(claimed.model), keys.READY_GROUP, claimed.entry_id)
         return None
 
-    # Result entries get explicit ids 0-1, 0-2, ... per job. A write retried after a
-    # failure whose fate is unknown is then refused by Redis as "equal or smaller"
-    # instead of landing twice, so a client never receives the same chunk twice.
+    # Result entries get explicit ids 0-1, 0-2, ... per job (g-1, g-2, ... for an attempt
+    # of generation g: ``Claimed.resume_gen``). A write retried after a failure whose fate
+    # is unknown is then refused by Redis as "equal or smaller" instead of landing twice,
+    # so a client never receives the same chunk twice.
     # The end entry gets a time-based id, so nothing can be added after it either.
     @staticmethod
     def add_chunk(
         pipe: ResultPipeline,
         model: str,
         job_id: str,
-        seq: int,
+        entry_id: bytes,
         data: bytes,
         *,
         trail: TokenTrail | None = None,
@@ -243,17 +245,24 @@ class ExecutionStore:
         fields: dict[Any, Any] = {CHUNK_FIELD: data}
         if trail is not None:
             _add_trail(fields, trail)
-        pipe.xadd(keys.results(model, job_id), fields, id=b"0-%d" % seq)
+        pipe.xadd(keys.results(model, job_id), fields, id=entry_id)
 
     @staticmethod
-    def add_body(pipe: ResultPipeline, model: str, job_id: str, seq: int, body: bytes) -> None:
-        pipe.xadd(keys.results(model, job_id), {BODY_FIELD: body}, id=b"0-%d" % seq)
+    def add_body(
+        pipe: ResultPipeline, model: str, job_id: str, entry_id: bytes, body: bytes
+    ) -> None:
+        pipe.xadd(keys.results(model, job_id), {BODY_FIELD: body}, id=entry_id)
+
+    @staticmethod
+    def entry_id(job: Claimed, n: int) -> bytes:
+        """The id of the ``n``-th result entry (from 1) the job's attempt writes."""
+        return b"%d-%d" % (job.resume_gen or 0, n)
 
     async def written(self, job: Claimed) -> list[WrittenEntry]:
-        """The chunk entries earlier attempts of a resumed job wrote (``resume_seq``): what
+        """The chunk entries earlier attempts of a resumed job wrote (``resume_gen``): what
         its client has received, up to the fence ``park.lua`` added, with their token ids."""
-        last = b"0-%d" % ((job.resume_seq or 1) - 1)
-        entries = await self._redis.xrange(keys.results(job.model, job.job_id), "-", last)
+        fence = self.entry_id(job, 0)
+        entries = await self._redis.xrange(keys.results(job.model, job.job_id), "-", fence)
         return [
             WrittenEntry(fields[CHUNK_FIELD], _trail(fields))
             for _, fields in replies.entries(entries)

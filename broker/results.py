@@ -28,9 +28,10 @@ seen to be gone): the read starts at the earliest of their positions and each
 gets only the entries after its own.
 
 Entry ids are what SSE event ids are made of (``broker.gateway.sse``): chunk
-entries are ``0-1``, ``0-2``, ... and the end entry's id is time-based, larger
-than all of them. ``read_after`` serves a client that resumes a job that has
-ended already.
+entries are ``0-1``, ``0-2``, ... (an attempt after the job's g-th mid-answer
+preemption writes ``g-1``, ``g-2``, ... after the fence ``g-0``: ``park.lua``) and the
+end entry's id is time-based, larger than all of them. ``read_after`` serves a client
+that resumes a job that has ended already.
 """
 
 from __future__ import annotations

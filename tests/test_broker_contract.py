@@ -140,7 +140,7 @@ async def test_start_and_complete_end_the_job_once_and_release_capacity(r: Redis
     await x.load_scripts()
     for _ in range(2):  # a retried write: the chunk is refused, the completion ignored
         pipe = x.pipeline()
-        x.add_chunk(pipe, MODEL, job_id, 1, b"data: {}\n\n")
+        x.add_chunk(pipe, MODEL, job_id, b"0-1", b"data: {}\n\n")
         x.add_complete(pipe, claimed, outcome)
         replies = await pipe.execute(raise_on_error=False)
     assert x.is_duplicate_write(replies[0]) and replies[1] == 0
@@ -585,7 +585,7 @@ async def _sent_output(
     await x.load_scripts()
     for job_id in jobs:
         pipe = x.pipeline()
-        x.add_chunk(pipe, MODEL, job_id, 1, b"data: {}\n\n", trail=trail)
+        x.add_chunk(pipe, MODEL, job_id, b"0-1", b"data: {}\n\n", trail=trail)
         x.add_first(pipe, MODEL, job_id)
         await pipe.execute()
     return x
@@ -609,19 +609,21 @@ async def test_a_streamed_job_with_output_is_taken_back_behind_a_fence_to_go_on_
     x = await _sent_output(r, jobs)
     parked = await d.park(MODEL, EP)
     assert parked is not None and parked.job_id == jobs[-1]
-    # A late write of the worker that ran it is refused: ids only grow past the fence.
+    # Late writes of the worker that ran it are refused, however many it still had on
+    # their way: the fence is 1-0 and their ids are 0-n (ids only grow).
     pipe = x.pipeline()
-    x.add_chunk(pipe, MODEL, parked.job_id, 2, b"data: {}\n\n")
-    (reply,) = await pipe.execute(raise_on_error=False)
-    assert x.is_duplicate_write(reply)
-    assert await r.hget(keys.job(MODEL, parked.job_id), "rsq") == b"3"
+    x.add_chunk(pipe, MODEL, parked.job_id, b"0-2", b"data: {}\n\n")
+    x.add_chunk(pipe, MODEL, parked.job_id, b"0-3", b"data: {}\n\n")
+    replies = await pipe.execute(raise_on_error=False)
+    assert all(x.is_duplicate_write(reply) for reply in replies)
+    assert await r.hget(keys.job(MODEL, parked.job_id), "rsq") == b"1"
     ids, _, _ = await d.dispatch(MODEL, EP, 10, [Pick("default", "alice", 9, 8.5)], 10)
     assert ids == [parked.job_id]
     (claimed,) = [
         c for c in await x.claim(r, [MODEL], "w2", count=10, block_ms=100)
         if c.job_id == parked.job_id
     ]  # fmt: skip
-    assert claimed.resume_seq == 3
+    assert claimed.resume_gen == 1 and x.entry_id(claimed, 1) == b"1-1"  # what it writes
     assert await x.written(claimed) == [WrittenEntry(b"data: {}\n\n")]  # what its client has
 
 

@@ -71,7 +71,7 @@ def usage(prompt: int, done: int) -> bytes:
 
 def job(payload: dict[str, Any], kind: RequestKind = RequestKind.CHAT) -> Claimed:
     return Claimed("m", b"1-0", "j", orjson.dumps(payload), kind, "2", "http://e:8000",
-                   "default", "alice", resume_seq=5, track_tokens=True)  # fmt: skip
+                   "default", "alice", resume_gen=1, track_tokens=True)  # fmt: skip
 
 
 # --- the first attempt: token ids out of the client's chunks, into the trail ------------

@@ -112,8 +112,20 @@ async def test_the_token_ids_of_chunks_that_share_a_write_stay_in_their_order(
     writer.mark_started(second)
     await _flushes_reach(writer, 2)
     x = ExecutionStore(aredis, Settings(redis_url="redis://unused", models=[]))
-    resumed = replace(first, resume_seq=3)  # what a resumed attempt reads back
+    resumed = replace(first, resume_gen=1)  # what a resumed attempt reads back
     assert await x.written(resumed) == [
         WrittenEntry(b"data: a\n\n"),
         WrittenEntry(b"data: b\n\ndata: u\n\ndata: c\n\n", TokenTrail(b"7;8,9")),
     ]
+
+
+async def test_a_resumed_attempt_writes_after_the_fence_of_its_generation(
+    writer: ResultWriter, aredis: Redis
+) -> None:
+    job = replace(_job(1), resume_gen=2)  # park.lua fenced everything before with 2-0
+    writer.chunk(job, b"data: a\n\n", first=True)
+    await _flushes_reach(writer, 1)
+    writer.chunk(job, b"data: b\n\n")
+    await _flushes_reach(writer, 2)
+    entries = await aredis.xrange(keys.results(MODEL, job.job_id))
+    assert [entry_id for entry_id, _ in entries] == [b"2-1", b"2-2"]

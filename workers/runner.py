@@ -118,7 +118,7 @@ class JobRunner:
 
     async def _attempt(self, job: Claimed) -> Attempt | Whole:
         """This attempt's engine request: fresh, or going on with a resumed answer."""
-        if job.resume_seq is None or self._written is None:
+        if job.resume_gen is None or self._written is None:
             return attempt.fresh(job)
         written = await self._written(job)
         seam = seam_of(job.kind, written)

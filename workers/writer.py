@@ -48,7 +48,7 @@ class _JobBuffer:
     """What one flush writes for one job (a plain class: one is made per job per flush,
     so about one per token at 50 tokens/s per stream)."""
 
-    __slots__ = ("body", "chunks", "done", "job", "outcome", "seq", "started", "trails")
+    __slots__ = ("body", "chunks", "done", "entry", "job", "outcome", "started", "trails")
 
     def __init__(self, job: Claimed) -> None:
         self.job = job
@@ -57,7 +57,7 @@ class _JobBuffer:
         self.body: bytes | None = None
         self.outcome: Outcome | None = None
         self.done: asyncio.Future[bool] | None = None
-        self.seq = 0  # the result entry id (0-seq) this flush writes
+        self.entry = b""  # the result entry id this flush writes
         self.started = False  # record that the job has started (first.lua) in this flush
 
 
@@ -66,7 +66,7 @@ class ResultWriter:
         self._store = store
         self._linger_s = linger_ms / 1000
         self._pending: dict[str, _JobBuffer] = {}
-        self._seq: dict[str, int] = {}  # job id -> last result entry seq written
+        self._seq: dict[str, int] = {}  # job id -> its attempt's last result entry written
         # What ``run`` waits for: anything buffered; something to flush without lingering.
         self._has_data = False
         self._first_at = 0.0  # loop time of the first chunk buffered since the last flush
@@ -183,9 +183,9 @@ class ResultWriter:
             job_id = buf.job.job_id
             if buf.chunks or buf.body is not None:
                 first = job_id not in self._seq  # this attempt's first output: it has started
-                # A resumed attempt writes on after what the one before it wrote (park.lua).
-                buf.seq = self._seq.get(job_id, (buf.job.resume_seq or 1) - 1) + 1
-                self._seq[job_id] = buf.seq
+                # A resumed attempt writes after the fence park.lua added: ExecutionStore.entry_id
+                seq = self._seq[job_id] = self._seq.get(job_id, 0) + 1
+                buf.entry = self._store.entry_id(buf.job, seq)
                 buf.started = buf.started or first
             if buf.outcome is not None:
                 self._seq.pop(job_id, None)
@@ -219,10 +219,10 @@ class ResultWriter:
             if buf.chunks:
                 trail = _merged(buf.trails) if buf.trails else None
                 self._store.add_chunk(
-                    pipe, model, job_id, buf.seq, b"".join(buf.chunks), trail=trail
+                    pipe, model, job_id, buf.entry, b"".join(buf.chunks), trail=trail
                 )
             elif buf.body is not None:
-                self._store.add_body(pipe, model, job_id, buf.seq, buf.body)
+                self._store.add_body(pipe, model, job_id, buf.entry, buf.body)
             if buf.started:  # it has started: no longer counted as unstarted
                 self._store.add_first(pipe, model, job_id)
             if buf.outcome is not None:

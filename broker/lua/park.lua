@@ -8,8 +8,8 @@
 -- answer's are in field 't' of each entry: workers.resume_exact), or, where ARGV[11]
 -- allows it, from the text it has sent: a fence entry ('pk') is added to its result
 -- stream, so that no late write of the worker that ran it can land (result entry ids only
--- grow), and 'rsq' tells the next attempt the first entry id it writes (the worker builds
--- the continuation).
+-- grow), and 'rsq' tells the next attempt the generation of the entry ids it writes (the
+-- worker builds the continuation).
 -- The worker running it is told on the cancel channel, drops it (closing the engine
 -- request, which aborts it there) and writes nothing more for it.
 -- The job's release mirrors cancel.lua's (in-flight, user, unstarted, transit counts, ready
@@ -103,13 +103,14 @@ end
 -- the start it lost is not counted against job_max_attempts.
 redis.call('HSET', job, 'st', 'queued', 'p', payload, 'wk', '-')
 redis.call('HDEL', job, 'ep', 're')
-redis.call('HINCRBY', job, 'pk', 1)
-if not candidate[victim] then  -- it goes on from its text: fence off the old writer
-  local results = ARGV[10] .. job_id
-  local last = redis.call('XREVRANGE', results, '+', '-', 'COUNT', 1)[1][1]
-  local seq = tonumber(string.match(last, '^0%-(%d+)$'))
-  redis.call('XADD', results, '0-' .. (seq + 1), 'pk', 1)
-  redis.call('HSET', job, 'rsq', seq + 2)
+local taken = redis.call('HINCRBY', job, 'pk', 1)
+if not candidate[victim] then  -- it goes on where it was cut: fence off the old writer
+  -- Entry ids are <generation>-<n>: the first attempt writes 0-1, 0-2...; the fence is
+  -- <g>-0 for the g-th time the job is taken back, and the next attempt writes <g>-1...
+  -- Every write of an earlier attempt, however many are still on their way, has a
+  -- smaller id than the fence, so Redis refuses it.
+  redis.call('XADD', ARGV[10] .. job_id, taken .. '-0', 'pk', 1)
+  redis.call('HSET', job, 'rsq', taken)
 end
 if st == 'running' then
   redis.call('HINCRBY', job, 'att', -1)
