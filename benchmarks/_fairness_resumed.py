@@ -102,9 +102,20 @@ def sim_text_problem(answer: Answer) -> str | None:
     from workers.sim._wire import WORDS, output_text
 
     n = len(answer.ids)
-    if any(output_text(seed, n) == answer.text for seed in range(len(WORDS))):
+    walks = [output_text(seed, n) for seed in range(len(WORDS))]
+    if answer.text in walks:
         return None
-    return "its text is not one walk of the simulator's words: a token repeated or lost"
+    nearest = max(walks, key=lambda walk: _common(walk, answer.text))
+    return (
+        "its text is not one walk of the simulator's words: a token repeated or lost"
+        f"{_where(answer.text, nearest)}; cut at characters {answer.seams}"
+    )
+
+
+def _common(a: str, b: str) -> int:
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
 
 
 def tokenizer_decode(vllm_python: Path, tokenizer: Path) -> Decode:

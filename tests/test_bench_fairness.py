@@ -385,9 +385,8 @@ def test_a_resumed_answer_is_whole_when_its_text_is_the_text_of_its_ids() -> Non
     walk = [WORDS[word_index(5, i, len(WORDS))] for i in range(6)]
     assert problems([_answer(walk, list(range(6)), 6)], "sim", None) == []
     repeated = [*walk[:3], walk[2], *walk[3:5]]  # a token twice, one lost: 6 all the same
-    assert problems([_answer(repeated, list(range(6)), 6)], "sim", None) == [
-        "j: its text is not one walk of the simulator's words: a token repeated or lost"
-    ]
+    (problem,) = problems([_answer(repeated, list(range(6)), 6)], "sim", None)
+    assert problem.startswith("j: its text is not one walk of the simulator's words")
 
     def decode(answers: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[str]:
         return ["".join(walk)]  # what the engine would have streamed uncut
