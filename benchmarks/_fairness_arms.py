@@ -14,7 +14,10 @@ the engine schedules by priority:
 (f) as (c) with ``engine_priority``: fairq passes a priority to the engine;
 (g) fairq with the queue target only (the admission before batch capacity);
 (h) fairq with the batch-capacity rule but no slots kept for newcomers;
-(i) as (c) with fairq's preemption.
+(i) as (c) with answers resumed mid-way from token ids (``resume_streams`` exact, now
+    also the default: named so that the arm keeps its meaning);
+(j) as (c) without mid-answer resume (``resume_streams`` off: preemption takes back only
+    jobs that have sent nothing, the default before exact resume).
 
 An arm whose fairq feature is missing (fairq rejects its model setting) or whose
 engine runs the other scheduling policy is reported "not available: <reason>",
@@ -82,9 +85,15 @@ ARMS: dict[str, ArmSpec] = {
         ),
         ArmSpec(
             "i",
-            "fairq + streams resumed mid-answer",
+            "fairq + streams resumed mid-answer, exact",
             via_fairq=True,
-            model_overrides={"resume_streams": True},
+            model_overrides={"resume_streams": "exact"},
+        ),
+        ArmSpec(
+            "j",
+            "fairq, no mid-answer resume",
+            via_fairq=True,
+            model_overrides={"resume_streams": "off"},
         ),
     )
 }

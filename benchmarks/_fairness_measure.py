@@ -23,10 +23,12 @@ from benchmarks._fairness_cpu import CpuMeter
 from benchmarks._fairness_engine import EngineWatch, served_models
 from benchmarks._fairness_load import LoadResult, RequestResult, Target, make_prompt, run_load, send
 from benchmarks._fairness_report import arm_summary, engine_summary
+from benchmarks._fairness_resumed import fairq_preemptions, tokenizer_decode
 from benchmarks._fairness_scenarios import LIGHT_PROMPT_TOKENS, context_problem, plan
 from benchmarks._fairness_shares import shares
 from benchmarks._fairness_stack import IDLE_USER, ArmEnv, Setup
 from benchmarks.stats import median
+from benchmarks.vllm_engine import resolve_home
 
 IDLE_REQUESTS = 5
 PATH_IDLE_REQUESTS = 3
@@ -70,7 +72,24 @@ async def measure_arm(
     load, samples, failures, cpu = await _flood(env, setup, deadline_s)
     until = load.heavy_done_s if load.heavy_done_s is not None else load.wall_s
     engine = engine_summary(samples, until, tpot_ceiling_ms, failures)
-    return arm_summary(load, path_idle_s, engine, cpu, _shares(load, setup)), idle_s
+    taken = await asyncio.to_thread(_fairq_preemptions, env, setup)
+    summary = arm_summary(
+        load, path_idle_s, engine, cpu, _shares(load, setup), fairq_preemptions=taken
+    )
+    return summary, idle_s
+
+
+def _fairq_preemptions(env: ArmEnv, setup: Setup) -> dict[str, Any] | None:
+    """What fairq took back out of the engine, and whether its resumed answers were whole
+    (None: the arm does not run fairq)."""
+    if not env.stacks or env.stacks[0].redis_url is None:
+        return None
+    decode = None
+    home = setup.engine.vllm_home
+    if setup.engine.kind == "vllm" and home is not None:
+        vllm = resolve_home(home)
+        decode = tokenizer_decode(vllm.python, vllm.model / "tokenizer.json")
+    return fairq_preemptions(env.stacks[0].redis_url, setup.model, setup.engine.kind, decode)
 
 
 async def _flood(

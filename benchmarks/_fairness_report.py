@@ -71,6 +71,14 @@ def failure(load: LoadResult) -> dict[str, Any] | None:
     return {"count": len(failed), "of": len(load.requests), "first_error": first}
 
 
+def _broken(preempted: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Resumed answers that were not whole, as a failure (None: none)."""
+    if not preempted or not preempted["broken"]:
+        return None
+    first = f"a resumed answer was not whole: {preempted['first_broken']}"
+    return {"count": preempted["broken"], "of": preempted["mid_answer"], "first_error": first}
+
+
 def engine_summary(
     samples: Sequence[Sample], until_s: float | None, tpot_ceiling_ms: float, failures: int
 ) -> dict[str, Any]:
@@ -119,13 +127,18 @@ def arm_summary(
     engine: Mapping[str, Any],
     cpu: Mapping[str, Any],
     heavy_shares: Mapping[str, Any] | None = None,
+    *,
+    fairq_preemptions: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """``fairq_preemptions``: ``_fairness_resumed.fairq_preemptions`` (fairq arms); an
+    answer it resumed that did not come out whole fails the arm."""
     step = engine["step_ms"]
     light = light_summary(load)
     fairq_s = cpu.get("fairq_s")
+    failed = failure(load) or _broken(fairq_preemptions)
     return {
-        "status": FAILED if load.failed else OK,
-        "failed": failure(load),
+        "status": FAILED if failed else OK,
+        "failed": failed,
         "idle_path_ttft_ms": _ms(idle_path_s),
         "step_ms": step,
         "light_ttft_ms": light,
@@ -139,7 +152,7 @@ def arm_summary(
         "wall_s": load.wall_s,
         "output_tok_s": load.output_tok_s,
         "preemptions": engine["preemptions"],
-        "fairq_preemptions": None,  # fairq's own count: not exported yet
+        "fairq_preemptions": dict(fairq_preemptions) if fairq_preemptions else None,
         "cpu": dict(cpu),
         "fairq_cpu_ms_per_1k_tokens": (
             fairq_s * 1e6 / load.output_tokens if fairq_s and load.output_tokens else None
@@ -175,8 +188,8 @@ def _triple(values: Mapping[str, Any], fmt: str) -> str:
 
 HEADER = (
     "arm", "light TTFT p50 / p95 / max ms", "in engine steps", "step ms", "power user done s",
-    "output tok/s", "tok/s vs (a)", "engine preemptions", "fairq CPU s", "engine CPU s",
-    "client CPU s", "peak engine waiting",
+    "output tok/s", "tok/s vs (a)", "engine preemptions", "fairq took back (mid-answer)",
+    "fairq CPU s", "engine CPU s", "client CPU s", "peak engine waiting",
 )  # fmt: skip
 
 
@@ -195,11 +208,18 @@ def _row(key: str, arm: Mapping[str, Any]) -> list[object]:
         _cell(arm["output_tok_s"], ".0f"),
         "-" if share is None else f"{share:.0%}",
         _cell(arm["preemptions"], ".0f"),
+        _taken_back(arm.get("fairq_preemptions")),
         _cell(cpu.get("fairq_s"), ".1f"),
         _cell(cpu.get("engine_s"), ".1f"),
         _cell(cpu.get("client_s"), ".1f"),
         _cell(arm["engine"]["peak_waiting"], ".0f"),
     ]
+
+
+def _taken_back(preempted: Mapping[str, Any] | None) -> str:
+    if not preempted:
+        return "-"
+    return f"{preempted['taken_back']} ({preempted['mid_answer']})"
 
 
 def _status(arm: Mapping[str, Any]) -> str:

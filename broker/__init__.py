@@ -11,6 +11,7 @@ from broker.client import AsyncClient, Client
 from broker.dispatching import (
     BandBacklog,
     DispatchStore,
+    ExpressSend,
     Grant,
     ModelSnapshot,
     Newcomer,
@@ -29,7 +30,7 @@ from broker.errors import (
     Unauthorized,
     UnknownModel,
 )
-from broker.execution import Claimed, ExecutionStore, Outcome
+from broker.execution import Claimed, ExecutionStore, Outcome, TokenTrail, WrittenEntry
 from broker.jobs import JobRecord, JobState, RequestKind, StreamMode, Submission
 from broker.lua.dispatch import Pick
 from broker.lua.park import Parked
@@ -65,6 +66,7 @@ __all__ = [
     "Client",
     "DispatchStore",
     "ExecutionStore",
+    "ExpressSend",
     "FairqError",
     "Forbidden",
     "Grant",
@@ -95,9 +97,11 @@ __all__ = [
     "Snapshot",
     "StreamMode",
     "Submission",
+    "TokenTrail",
     "Unauthorized",
     "UnknownModel",
     "Unseen",
+    "WrittenEntry",
     "add_latency",
     "connect",
     "connect_blocking",

@@ -96,13 +96,22 @@ def parse_wake(message: bytes) -> Newcomer | None:
     return Newcomer(band.decode(), user.decode(), float(score))
 
 
-def express_send(message: bytes) -> tuple[str, bool] | None:
-    """An express send's endpoint and whether the job is not streamed, else None."""
+class ExpressSend(NamedTuple):
+    """A job enqueue.lua sent straight to an endpoint (its wake message)."""
+
+    endpoint: str
+    plain: bool  # not streamed
+    newcomer: bool  # its user had nothing in the engine
+
+
+def express_send(message: bytes) -> ExpressSend | None:
+    """An express send's wake message, else None."""
     kind, _, rest = message.partition(b"\n")
     if kind != b"x":
         return None
-    endpoint, _, stream = rest.partition(b"\n")
-    return endpoint.decode(), stream.decode() == StreamMode.PLAIN
+    endpoint, _, rest = rest.partition(b"\n")
+    stream, _, newcomer = rest.partition(b"\n")
+    return ExpressSend(endpoint.decode(), stream.decode() == StreamMode.PLAIN, newcomer == b"1")
 
 
 @dataclass(frozen=True)
@@ -218,8 +227,11 @@ class DispatchStore:
     async def park(self, model: str, endpoint: str, *, min_jobs: int = 2) -> Parked | None:
         """Take the newest job without output of the user with the most jobs at ``endpoint``
         (at least ``min_jobs``) back out of the engine, to the head of that user's queue;
-        its worker is told to drop it. None when no such job is there."""
-        call = park_call(model, endpoint, scan=PARK_SCAN, min_jobs=min_jobs)
+        failing that, their newest streamed job that can go on where it is cut (the model's
+        ``resume_streams``). Its worker is told to drop it. None when no such job is there."""
+        config = self._settings.model(model)
+        from_text = config is not None and config.resume_streams == "text"
+        call = park_call(model, endpoint, scan=PARK_SCAN, min_jobs=min_jobs, from_text=from_text)
         return await call.run(self._redis)
 
     async def grant(self, model: str, grant: Grant | None, sequence: int, ttl_ms: int) -> bool:

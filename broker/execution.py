@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import orjson
 from redis.asyncio import Redis
@@ -56,7 +57,13 @@ from broker.lua.start import start_call
 from broker.redis import replies
 from broker.redis.packed import PackedPipeline
 from broker.redis.resp import RespLink
-from broker.results import BODY_FIELD, CHUNK_FIELD
+from broker.results import (
+    BODY_FIELD,
+    CHUNK_FIELD,
+    PROMPT_TOKENS_FIELD,
+    REDONE_FIELD,
+    TOKENS_FIELD,
+)
 from broker.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -81,9 +88,12 @@ class Claimed:
     user: str
     engine_priority: int | None = None  # for engines scheduling by priority (vLLM)
     worker: str = ""  # the consumer holding the entry; complete.lua checks it still does
-    # Taken back out of the engine mid-answer (park.lua): the result entry id this attempt
-    # writes first; it goes on from the text its result stream holds. None: a fresh start.
-    resume_seq: int | None = None
+    # Taken back out of the engine mid-answer (park.lua): the generation g of this attempt's
+    # result entry ids (it writes g-1, g-2...: park.lua fenced everything before with g-0);
+    # it goes on from what its result stream holds. None: a fresh start (generation 0).
+    resume_gen: int | None = None
+    # Record the answer's token ids with its chunks ('tk': it may be resumed where it is cut).
+    track_tokens: bool = False
 
     @classmethod
     def from_entry(
@@ -102,11 +112,27 @@ class Claimed:
             int(fields[jf.ENGINE_PRIORITY]) if fields.get(jf.ENGINE_PRIORITY) else None,
             worker,
             int(fields[jf.RESUME_FROM]) if fields.get(jf.RESUME_FROM) else None,
+            bool(fields.get(jf.TOKEN_IDS)),
         )
 
     @property
     def stream(self) -> bool:
         return self.stream_flag is not StreamMode.PLAIN
+
+
+class TokenTrail(NamedTuple):
+    """The token ids recorded with one chunk entry (``broker.results``)."""
+
+    tokens: bytes = b""  # the ids of its events' tokens: "1,2;3" (one group per event)
+    prompt_tokens: bytes = b""  # the prompt's, with the answer's first entry: "1,2,3"
+    redone: int = 0  # earlier token groups a resumed attempt generated again
+
+
+class WrittenEntry(NamedTuple):
+    """One chunk entry an earlier attempt wrote, with the token ids it recorded."""
+
+    chunk: bytes
+    trail: TokenTrail = TokenTrail()
 
 
 @dataclass
@@ -197,25 +223,48 @@ class ExecutionStore:
         await self._redis.xack(keys.ready(claimed.model), keys.READY_GROUP, claimed.entry_id)
         return None
 
-    # Result entries get explicit ids 0-1, 0-2, ... per job. A write retried after a
-    # failure whose fate is unknown is then refused by Redis as "equal or smaller"
-    # instead of landing twice, so a client never receives the same chunk twice.
+    # Result entries get explicit ids 0-1, 0-2, ... per job (g-1, g-2, ... for an attempt
+    # of generation g: ``Claimed.resume_gen``). A write retried after a failure whose fate
+    # is unknown is then refused by Redis as "equal or smaller" instead of landing twice,
+    # so a client never receives the same chunk twice.
     # The end entry gets a time-based id, so nothing can be added after it either.
     @staticmethod
-    def add_chunk(pipe: ResultPipeline, model: str, job_id: str, seq: int, data: bytes) -> None:
-        pipe.xadd(keys.results(model, job_id), {CHUNK_FIELD: data}, id=b"0-%d" % seq)
+    def add_chunk(
+        pipe: ResultPipeline,
+        model: str,
+        job_id: str,
+        entry_id: bytes,
+        data: bytes,
+        *,
+        trail: TokenTrail | None = None,
+    ) -> None:
+        """``trail``: the token ids that go with the chunk."""
+        # bytes to bytes, which both pipelines take (redis-py's is typed wider, so Any)
+        fields: dict[Any, Any] = {CHUNK_FIELD: data}
+        if trail is not None:
+            _add_trail(fields, trail)
+        pipe.xadd(keys.results(model, job_id), fields, id=entry_id)
 
     @staticmethod
-    def add_body(pipe: ResultPipeline, model: str, job_id: str, seq: int, body: bytes) -> None:
-        pipe.xadd(keys.results(model, job_id), {BODY_FIELD: body}, id=b"0-%d" % seq)
+    def add_body(
+        pipe: ResultPipeline, model: str, job_id: str, entry_id: bytes, body: bytes
+    ) -> None:
+        pipe.xadd(keys.results(model, job_id), {BODY_FIELD: body}, id=entry_id)
 
-    async def written_chunks(self, job: Claimed) -> list[bytes]:
-        """The SSE chunks an earlier attempt of a resumed job wrote (``resume_seq``): what
-        its client has received, up to the fence ``park.lua`` added."""
-        last = b"0-%d" % ((job.resume_seq or 1) - 1)
-        entries = await self._redis.xrange(keys.results(job.model, job.job_id), "-", last)
+    @staticmethod
+    def entry_id(job: Claimed, n: int) -> bytes:
+        """The id of the ``n``-th result entry (from 1) the job's attempt writes."""
+        return b"%d-%d" % (job.resume_gen or 0, n)
+
+    async def written(self, job: Claimed) -> list[WrittenEntry]:
+        """The chunk entries earlier attempts of a resumed job wrote (``resume_gen``): what
+        its client has received, up to the fence ``park.lua`` added, with their token ids."""
+        fence = self.entry_id(job, 0)
+        entries = await self._redis.xrange(keys.results(job.model, job.job_id), "-", fence)
         return [
-            fields[CHUNK_FIELD] for _, fields in replies.entries(entries) if CHUNK_FIELD in fields
+            WrittenEntry(fields[CHUNK_FIELD], _trail(fields))
+            for _, fields in replies.entries(entries)
+            if CHUNK_FIELD in fields
         ]
 
     @staticmethod
@@ -345,6 +394,23 @@ def _parsed(model: str, entry_id: bytes, fields: dict[bytes, bytes], worker: str
             names,
         )
         return None
+
+
+def _add_trail(fields: dict[Any, Any], trail: TokenTrail) -> None:
+    """The token id fields of a chunk entry (``broker.results``), those that say anything."""
+    if trail.tokens:
+        fields[TOKENS_FIELD] = trail.tokens
+    if trail.prompt_tokens:
+        fields[PROMPT_TOKENS_FIELD] = trail.prompt_tokens
+    if trail.redone:
+        fields[REDONE_FIELD] = b"%d" % trail.redone
+
+
+def _trail(fields: Mapping[bytes, bytes]) -> TokenTrail:
+    return TokenTrail(
+        fields.get(TOKENS_FIELD, b""), fields.get(PROMPT_TOKENS_FIELD, b""),
+        int(fields.get(REDONE_FIELD) or 0),
+    )  # fmt: skip
 
 
 def _json(value: object | None) -> str:

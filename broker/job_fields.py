@@ -30,7 +30,7 @@ COST_PER_TOKEN = b"cw"  # the token-fair charge per token, corrected to the usag
 # Taken back out of the engine (park.lua): queued again
 PAYLOAD = b"p"  # the payload, while it is back in the queue
 PARKED = b"pk"  # times taken back
-RESUME_SEQ = b"rsq"  # the result entry id its next attempt writes first
+RESUME_SEQ = b"rsq"  # the generation of the result entry ids its next attempt writes
 # Running (start.lua, reclaim.lua, first.lua)
 STARTED_MS = b"tr"
 WORKER = b"wk"  # the worker running it ('-': none, after park.lua)
@@ -49,3 +49,4 @@ FOLLOWER = b"cx"  # the number of the newest connection that took up following t
 JOB_ID = b"j"
 ENGINE_PRIORITY = b"pr"  # '' when the engine schedules first come, first served
 RESUME_FROM = b"rq"  # RESUME_SEQ, for a job taken back mid-answer
+TOKEN_IDS = b"tk"  # 1: record the answer's token ids (a resumable stream: park.lua)

@@ -70,8 +70,9 @@ class JobQueue:
         """``enqueue.lua``'s call for one job (the batch ingest pipelines many). ``keep_s``
         keeps the ended job that long, not ``result_ttl_s``."""
         s, model = self._settings, self._settings.model(sub.model)
-        # Going on from the text needs vLLM's continue_final_message (workers.resume).
-        resumes = model is not None and model.engine == "vllm" and model.resume_streams
+        # Going on needs vLLM's return_token_ids (workers.resume_exact), or, from the text,
+        # its continue_final_message (workers.resume).
+        resumes = model is not None and model.engine == "vllm" and model.resume_streams != "off"
         return enqueue_call(
             sub,
             job_id,

@@ -9,6 +9,7 @@ cannot be serialised again would fail downstream, after it was accepted.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -150,9 +151,13 @@ def estimate_cost(body: dict[str, Any], model: ModelConfig) -> float:
     return prompt_tokens * model.prompt_token_cost + output * model.output_token_cost
 
 
-# Request fields whose output cannot be continued from its text alone: several choices,
-# tool calls and constrained output (a grammar restarted mid-way), echoed or scored prompts.
-# A byte search: a prompt that merely mentions one of these only costs the job its resume.
+# Request fields whose output cannot be continued where it was cut: several choices, tool
+# calls and constrained output (a grammar restarted mid-way), echoed or scored prompts, log
+# probabilities (their offsets would start again), stop strings (the engine holds back text
+# that may begin one: a continuation from the token ids would never send it), usage in
+# every chunk (it would count the continuation alone), and token ids the client asked for
+# itself (the worker asks for them, and takes them out of what the client gets). A byte
+# search: a prompt that merely mentions one of these only costs the job its resume.
 _NOT_RESUMABLE = (
     b'"n":',
     b'"tools"',
@@ -164,14 +169,20 @@ _NOT_RESUMABLE = (
     b'"structured_outputs"',
     b'"prompt_logprobs"',
     b'"prompt":[',
+    b'"return_token_ids"',
+    b'"stop":"',
+    b'"stop":["',
+    b'"top_logprobs"',
+    b'"continuous_usage_stats":true',
 )
+_LOGPROBS = re.compile(rb'"logprobs":(?!null|false)')
 
 
 def resumable(payload: bytes) -> bool:
-    """Whether a streamed job taken back out of the engine mid-answer may go on later from
-    the text it has sent (its prompt plus that text, as vLLM's ``continue_final_message``
-    or an extended completion prompt), rather than stay in the engine to its end."""
-    return not any(mark in payload for mark in _NOT_RESUMABLE)
+    """Whether a streamed job taken back out of the engine mid-answer may go on later where
+    it was cut (from its prompt's and answer's token ids, ``workers.resume_exact``, or from
+    its text, ``workers.resume``), rather than stay in the engine to its end."""
+    return not any(mark in payload for mark in _NOT_RESUMABLE) and not _LOGPROBS.search(payload)
 
 
 def stream_mode(body: dict[str, Any]) -> StreamMode:

@@ -3,6 +3,10 @@
 A job's result stream ``fq:{m}:out:{id}`` holds, in order:
 
     {d: <SSE events>}      one or more ``data: {...}\\n\\n`` events, bytes as the engine sent
+                           (but for token ids the worker asked for itself: taken out)
+        [t: <token ids>]     a job whose answer may be resumed (workers.resume_exact): the
+        [pt: <token ids>]    ids of its events' tokens, of its prompt (the first entry), and
+        [td: <count>]        how many earlier token groups a resumed attempt generated again
     {b: <JSON body>}       the whole response of a non-streamed request
     {end: <state>, e: <error JSON or ''>}   exactly one, last (written by complete/cancel.lua)
 
@@ -24,9 +28,10 @@ seen to be gone): the read starts at the earliest of their positions and each
 gets only the entries after its own.
 
 Entry ids are what SSE event ids are made of (``gateway.sse``): chunk
-entries are ``0-1``, ``0-2``, ... and the end entry's id is time-based, larger
-than all of them. ``read_after`` serves a client that resumes a job that has
-ended already.
+entries are ``0-1``, ``0-2``, ... (an attempt after the job's g-th mid-answer
+preemption writes ``g-1``, ``g-2``, ... after the fence ``g-0``: ``park.lua``) and the
+end entry's id is time-based, larger than all of them. ``read_after`` serves a client
+that resumes a job that has ended already.
 """
 
 from __future__ import annotations
@@ -57,6 +62,9 @@ log = logging.getLogger(__name__)
 
 CHUNK_FIELD = b"d"
 BODY_FIELD = b"b"
+TOKENS_FIELD = b"t"  # after d: comma-separated ids per event, ';' between events
+PROMPT_TOKENS_FIELD = b"pt"  # comma-separated
+REDONE_FIELD = b"td"
 _END_FIELD = b"end"
 _ERROR_FIELD = b"e"
 
@@ -84,7 +92,7 @@ class ResultEvent(NamedTuple):
     @classmethod
     def from_reply(cls, entry_id: bytes, flat: list[bytes]) -> ResultEvent:
         """From an entry's fields as Redis sends them (``[name, value, ...]``)."""
-        if len(flat) == 2 and flat[0] == CHUNK_FIELD:  # the hot path: one chunk
+        if flat and flat[0] == CHUNK_FIELD:  # the hot path: a chunk (token ids may follow it)
             return cls(entry_id, chunk=flat[1])
         return cls.parse(entry_id, dict(zip(flat[::2], flat[1::2], strict=True)))
 

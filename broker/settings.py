@@ -31,6 +31,9 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+# How preemption may take a streamed answer back mid-way (``ModelConfig.resume_streams``).
+ResumeStreams = Literal["exact", "text", "off"]
+
 # Seed defaults: the engine queue each band may fill; batch only when the queue is empty.
 DEFAULT_QUEUE_TARGETS = {"interactive": 3, "default": 3, "batch": 1}
 _FALLBACK_QUEUE_TARGET = 3
@@ -70,11 +73,20 @@ class ModelConfig(_Frozen):
     # with the most jobs there back out of the engine (one that has sent no output yet: it
     # starts again later, nothing repeated), so the newcomer gets its slot at the next step.
     preemption: bool = True
-    # Preemption may also take a streamed answer back mid-way (vLLM only): it goes on later
-    # from the text sent, as an assistant message to continue. Off by default: the engine
-    # tokenises that text anew, so the count of its tokens can be off (a random-weight
-    # model's gibberish re-tokenised longer and hit the context limit 15 tokens early).
-    resume_streams: bool = False
+    # Preemption may also take a streamed answer back mid-way (vLLM only), to go on later
+    # (``workers.resume_exact``). "exact": only an answer whose token ids the engine
+    # returned (vLLM's return_token_ids): it goes on from the prompt's and the answer's
+    # token ids, token for token. "text": also one without them, from the text sent (the
+    # engine tokenises it anew, so the count of its tokens can be off by a few). "off":
+    # never. YAML's true and false, the setting's old values, read as "text" and "off".
+    resume_streams: ResumeStreams = "exact"
+
+    @field_validator("resume_streams", mode="before")
+    @classmethod
+    def _resume_from_bool(cls, value: object) -> object:
+        if isinstance(value, bool):
+            return "text" if value else "off"
+        return value
 
     @property
     def admission_policy(self) -> str:

@@ -9,7 +9,7 @@ Each component exports what it alone knows; Prometheus joins them by name:
                 dispatches, admission refusals by reason, the engines as
                 its scraper last saw them, the admission room per endpoint and band
     worker      jobs running, jobs ended by state, queue wait and time to first token;
-                reclaims, dead letters, engine retries, expired jobs
+                reclaims, dead letters, engine retries, expired jobs, resumed answers
     batch       requests of batches by state (``batch_request_ended``; see below)
 
 Counters and histograms are registered here; the gauges a collector builds at scrape
@@ -97,6 +97,11 @@ ENGINE_RETRIES = Counter(
 )
 EXPIRED = Counter(
     "fairq_worker_expired_total", "Queued jobs ended as expired (past their band's deadline)"
+)
+RESUMES = Counter(
+    "fairq_worker_resumes_total",
+    "Answers taken back mid-way that went on: from token ids (exact) or from their text",
+    ["how"],
 )
 
 

@@ -39,6 +39,7 @@ from redis.exceptions import RedisError
 
 from broker import (
     DispatchStore,
+    ExpressSend,
     Grant,
     ModelConfig,
     ModelSnapshot,
@@ -97,6 +98,8 @@ class Dispatcher:
         self._scraper: Scraper | None = None
         self._views: dict[str, ModelSnapshot] = {}  # model -> state after its last dispatch
         self._grants: dict[str, _Written] = {}
+        # model -> endpoint -> express sends of newcomers since its last round (preemption)
+        self._express_newcomers: dict[str, dict[str, int]] = {}
         self.dispatched = 0  # jobs moved to ready streams by this process
         self.name = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.owned: frozenset[str] = frozenset()  # models this replica holds the lease of
@@ -240,7 +243,9 @@ class Dispatcher:
         else:
             snap = await self._store.snapshot(model.name, depth, in_engine=_batch_rule(model))
         total, empty_rounds = 0, 0
-        newcomers_sent: dict[str, int] = {}  # endpoint -> jobs of users with none in the engine
+        # endpoint -> jobs of users with none in the engine, sent express since the last
+        # round or dispatched in this one
+        newcomers_sent = self._express_newcomers.pop(model.name, {})
         while not snap.empty and empty_rounds < _MAX_EMPTY_ROUNDS:
             top = snap.backlogs[0]  # strict priority: only the highest backlogged band
             states = self._states(model, snap)
@@ -351,10 +356,13 @@ class Dispatcher:
             return snap
         return await self._store.snapshot(model.name, _depth(model, config), in_engine=True)
 
-    def _express_sent(self, model: str, endpoint: str, plain: bool) -> None:
+    def _express_sent(self, model: str, sent: ExpressSend) -> None:
         now = time.monotonic()
-        self._sent.record(endpoint, 1, now, int(plain))
+        self._sent.record(sent.endpoint, 1, now, int(sent.plain))
         self._rates[model].record(1, now)
+        if sent.newcomer:  # it may wait beyond a full batch: the next round makes room
+            pending = self._express_newcomers.setdefault(model, {})
+            pending[sent.endpoint] = pending.get(sent.endpoint, 0) + 1
 
     async def _refresh_grant(
         self,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from broker import Newcomer, express_send, keys, parse_wake
+from broker import ExpressSend, Newcomer, express_send, keys, parse_wake
 from broker.process.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -41,8 +41,7 @@ class WakeListener:
         self,
         redis: Redis,
         models: Sequence[str],
-        # (model, endpoint, not streamed)
-        on_express: Callable[[str, str, bool], None] | None = None,
+        on_express: Callable[[str, ExpressSend], None] | None = None,  # (model, the send)
     ) -> None:
         self._redis = redis
         self._on_express = on_express
@@ -95,7 +94,7 @@ class WakeListener:
                 newcomer = parse_wake(message["data"])
                 sent = express_send(message["data"])
                 if sent is not None and self._on_express is not None:
-                    self._on_express(wake.model, *sent)
+                    self._on_express(wake.model, sent)
                 wake.urgent = wake.urgent or newcomer is not None or message["data"] == b"q"
                 if newcomer is None:
                     wake.stale = wake.stale or message["data"] != b"q"

@@ -1,11 +1,13 @@
-"""Going on with a streamed answer that was taken back out of the engine (pure, no I/O).
+"""Going on from its text with a streamed answer taken back out of the engine (pure).
 
 When a newcomer needs a batch slot, the dispatcher may take a streamed job back out of
-the engine mid-answer (``park.lua``). Its client keeps the tokens it has; the next
-attempt asks the engine for the rest: the prompt plus the text already sent, as an
-assistant message to continue (vLLM's ``continue_final_message``) for chat, or the
-prompt extended by that text for a completion, with ``max_tokens`` less the tokens
-already sent. No token is sent twice: the earlier text is read back from the job's
+the engine mid-answer (``park.lua``). Its client keeps the tokens it has. The next
+attempt goes on from the token ids recorded with them when it can
+(``workers.resume_exact``). This is the fallback (``resume_streams: text``, or ids that
+do not pair up), which asks the engine for the rest: the prompt plus the text already
+sent, as an assistant message to continue (vLLM's ``continue_final_message``) for chat,
+or the prompt extended by that text for a completion, with ``max_tokens`` less the
+tokens already sent. No token is sent twice: the earlier text is read back from the job's
 result stream, which holds exactly what the client got.
 
 Tokens are counted as streamed chunks with text: an engine streams one token per chunk

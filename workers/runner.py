@@ -11,6 +11,10 @@ An engine call that fails in a way another call may fix (``EngineError.retryable
 ``engine_max_tries`` calls with exponential backoff, but only while none of the
 job's output was handed to the writer: after that a second call would send the
 client text it has already seen, so the job ends failed with the engine's reason.
+
+A job taken back out of the engine mid-answer (``park.lua``) runs again from where its
+client is (``workers.attempt``): each attempt's request and the shaping of its events
+on their way to the writer (token ids taken out and recorded, chunks converted).
 """
 
 from __future__ import annotations
@@ -21,15 +25,19 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from broker import Claimed, JobState, Outcome, RequestKind, Settings, StreamMode, telemetry
+from broker import Claimed, JobState, Outcome, Settings, StreamMode, WrittenEntry, telemetry
+from workers import attempt
+from workers.attempt import Attempt, Whole
 from workers.engine import Accounting, complete, stream_events
 from workers.engine_http import EngineClient
+from workers.engine_info import ContextLengths
 from workers.errors import EngineError
-from workers.resume import Earlier, continuation, drops_role_chunk, earlier_output
+from workers.resume import Earlier
+from workers.resume_exact import needs_context_len, seam_of
 from workers.writer import ResultWriter
 
-# The chunks an earlier attempt of a resumed job wrote (``ExecutionStore.written_chunks``).
-WrittenChunks = Callable[[Claimed], Awaitable[list[bytes]]]
+# The chunk entries earlier attempts of a resumed job wrote (``ExecutionStore.written``).
+Written = Callable[[Claimed], Awaitable[list[WrittenEntry]]]
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +63,6 @@ def backoff_s(settings: Settings, attempt: int) -> float:
 class _Progress:
     first_ms: int | None = None  # set when the first output went to the writer
     on_sent: Callable[[], None] | None = None  # see ``JobRunner.run``
-    earlier: Earlier | None = None  # a resumed answer: what its client has already
 
     @property
     def wrote(self) -> bool:
@@ -68,12 +75,13 @@ class JobRunner:
         writer: ResultWriter,
         http: EngineClient,
         settings: Settings,
-        written: WrittenChunks | None = None,
+        written: Written | None = None,
     ) -> None:
         self._writer = writer
         self._http = http
         self._settings = settings
         self._written = written  # None: a resumed job starts again from scratch
+        self._contexts = ContextLengths()
         self.retries = 0  # engine calls made again
 
     async def run(self, job: Claimed, on_sent: Callable[[], None] | None = None) -> Outcome:
@@ -82,27 +90,23 @@ class JobRunner:
         ``on_sent`` is called when the engine has the request: a streamed request's
         response headers arrived, or a non-streamed request is about to be sent.
         """
-        url = job.endpoint + job.kind.path
         progress = _Progress(on_sent=on_sent)
-        payload: bytes | None = job.payload
-        if job.resume_seq is not None and self._written is not None:
-            progress.earlier = earlier_output(job.kind, await self._written(job))
-            payload = continuation(job.kind, job.payload, progress.earlier)
-            if payload is None:  # the answer had ended, or reached its limit, already
-                return _already_whole(progress.earlier)
-        payload = with_priority(payload or job.payload, job.engine_priority)
+        plan = await self._attempt(job)
+        if isinstance(plan, Whole):  # the answer had ended, or reached its limit, already
+            return _already_whole(plan.earlier)
+        payload = with_priority(plan.payload, job.engine_priority)
         tries = self._settings.engine_max_tries
-        for attempt in range(1, tries + 1):
-            accounting = Accounting(earlier=progress.earlier)
+        for call in range(1, tries + 1):
+            accounting = Accounting(earlier=plan.earlier)
             try:
-                await self._call(job, url, payload, accounting, progress)
+                await self._call(job, plan, payload, accounting, progress)
             except EngineError as exc:
-                if progress.wrote or not exc.retryable or attempt == tries:
+                if progress.wrote or not exc.retryable or call == tries:
                     return Outcome(JobState.FAILED, error=exc.to_error())
                 log.info("job %s: %s; calling the engine again", job.job_id, exc.code)
                 self.retries += 1
                 telemetry.ENGINE_RETRIES.inc()
-                await asyncio.sleep(backoff_s(self._settings, attempt))
+                await asyncio.sleep(backoff_s(self._settings, call))
                 continue
             return Outcome(
                 JobState.COMPLETED,
@@ -112,33 +116,52 @@ class JobRunner:
             )
         raise AssertionError("unreachable: the last try returns")
 
+    async def _attempt(self, job: Claimed) -> Attempt | Whole:
+        """This attempt's engine request: fresh, or going on with a resumed answer."""
+        if job.resume_gen is None or self._written is None:
+            return attempt.fresh(job)
+        written = await self._written(job)
+        seam = seam_of(job.kind, written)
+        context = None
+        if seam is not None and needs_context_len(job.kind, job.payload):
+            context = await self._contexts.get(job.endpoint, job.model)
+        plan = attempt.resumed(job, written, seam, context)
+        if isinstance(plan, Attempt):
+            telemetry.RESUMES.labels("exact" if plan.exact else "text").inc()
+            if not plan.exact:
+                log.info("job %s: goes on from its text (no exact token ids)", job.job_id)
+        return plan
+
     async def _call(
-        self, job: Claimed, url: str, payload: bytes, accounting: Accounting, progress: _Progress
-    ) -> None:
+        self, job: Claimed, plan: Attempt, payload: bytes, accounting: Accounting,
+        progress: _Progress,
+    ) -> None:  # fmt: skip
         if job.stream:
-            await self._stream(job, url, payload, accounting, progress)
+            await self._stream(job, plan, payload, accounting, progress)
         else:
-            await self._plain(job, url, payload, accounting, progress)
+            await self._plain(job, plan.url, payload, accounting, progress)
 
     async def _stream(
-        self, job: Claimed, url: str, payload: bytes, accounting: Accounting, progress: _Progress
-    ) -> None:
-        resumed_chat = progress.earlier is not None and job.kind is RequestKind.CHAT
+        self, job: Claimed, plan: Attempt, payload: bytes, accounting: Accounting,
+        progress: _Progress,
+    ) -> None:  # fmt: skip
+        shape = plan.shape
 
         def on_events(events: bytes) -> None:  # runs inside the HTTP client's callback
-            if resumed_chat and progress.first_ms is None:
-                events = drops_role_chunk(events)  # the client has the first attempt's
+            trail = None
+            if shape is not None:
+                events, trail = shape(events)
                 if not events:
                     return
             if progress.first_ms is None:
                 progress.first_ms = int(time.time() * 1000)
-                self._writer.chunk(job, events, first=True)
+                self._writer.chunk(job, events, first=True, trail=trail)
             else:
-                self._writer.chunk(job, events)
+                self._writer.chunk(job, events, trail=trail)
 
         await stream_events(
             self._http,
-            url,
+            plan.url,
             payload,
             accounting,
             on_events,

@@ -103,7 +103,7 @@ class Worker:
         await self._store.ensure_groups(self._models)
         await self._store.load_scripts()
         async with open_client(self._settings) as http:
-            runner = JobRunner(self._writer, http, self._settings, self._store.written_chunks)
+            runner = JobRunner(self._writer, http, self._settings, self._store.written)
             background = [
                 asyncio.create_task(self._writer.run(), name="result-writer"),
                 asyncio.create_task(self._cancels.run(self._cancel_job), name="cancels"),

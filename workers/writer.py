@@ -37,7 +37,7 @@ from collections.abc import Sequence
 
 from redis.exceptions import NoScriptError, RedisError
 
-from broker import Claimed, ExecutionStore, Outcome
+from broker import Claimed, ExecutionStore, Outcome, TokenTrail
 from broker.process.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -49,15 +49,16 @@ class _JobBuffer:
     """What one flush writes for one job (a plain class: one is made per job per flush,
     so about one per token at 50 tokens/s per stream)."""
 
-    __slots__ = ("body", "chunks", "done", "job", "outcome", "seq", "started")
+    __slots__ = ("body", "chunks", "done", "entry", "job", "outcome", "started", "trails")
 
     def __init__(self, job: Claimed) -> None:
         self.job = job
         self.chunks: list[bytes] = []
+        self.trails: list[TokenTrail] = []  # the token ids of the chunks (a resumable job)
         self.body: bytes | None = None
         self.outcome: Outcome | None = None
         self.done: asyncio.Future[bool] | None = None
-        self.seq = 0  # the result entry id (0-seq) this flush writes
+        self.entry = b""  # the result entry id this flush writes
         self.started = False  # record that the job has started (first.lua) in this flush
 
 
@@ -66,7 +67,7 @@ class ResultWriter:
         self._store = store
         self._linger_s = linger_ms / 1000
         self._pending: dict[str, _JobBuffer] = {}
-        self._seq: dict[str, int] = {}  # job id -> last result entry seq written
+        self._seq: dict[str, int] = {}  # job id -> its attempt's last result entry written
         # What ``run`` waits for: anything buffered; something to flush without lingering.
         self._has_data = False
         self._first_at = 0.0  # loop time of the first chunk buffered since the last flush
@@ -81,9 +82,15 @@ class ResultWriter:
             buf = self._pending[job.job_id] = _JobBuffer(job)
         return buf
 
-    def chunk(self, job: Claimed, data: bytes, *, first: bool = False) -> None:
-        """Buffer SSE events of a job; ``first`` flushes without lingering."""
-        self._buffer(job).chunks.append(data)
+    def chunk(
+        self, job: Claimed, data: bytes, *, first: bool = False, trail: TokenTrail | None = None
+    ) -> None:
+        """Buffer SSE events of a job, with their token ids when it records them (``trail``);
+        ``first`` flushes without lingering."""
+        buf = self._buffer(job)
+        buf.chunks.append(data)
+        if trail is not None:
+            buf.trails.append(trail)
         self._signal(urgent=first)
 
     def mark_started(self, job: Claimed) -> None:
@@ -177,9 +184,9 @@ class ResultWriter:
             job_id = buf.job.job_id
             if buf.chunks or buf.body is not None:
                 first = job_id not in self._seq  # this attempt's first output: it has started
-                # A resumed attempt writes on after what the one before it wrote (park.lua).
-                buf.seq = self._seq.get(job_id, (buf.job.resume_seq or 1) - 1) + 1
-                self._seq[job_id] = buf.seq
+                # A resumed attempt writes after the fence park.lua added: ExecutionStore.entry_id
+                seq = self._seq[job_id] = self._seq.get(job_id, 0) + 1
+                buf.entry = self._store.entry_id(buf.job, seq)
                 buf.started = buf.started or first
             if buf.outcome is not None:
                 self._seq.pop(job_id, None)
@@ -210,9 +217,12 @@ class ResultWriter:
         for buf in batch:
             model, job_id = buf.job.model, buf.job.job_id
             if buf.chunks:
-                self._store.add_chunk(pipe, model, job_id, buf.seq, b"".join(buf.chunks))
+                trail = _merged(buf.trails) if buf.trails else None
+                self._store.add_chunk(
+                    pipe, model, job_id, buf.entry, b"".join(buf.chunks), trail=trail
+                )
             elif buf.body is not None:
-                self._store.add_body(pipe, model, job_id, buf.seq, buf.body)
+                self._store.add_body(pipe, model, job_id, buf.entry, buf.body)
             if buf.started:  # it has started: no longer counted as unstarted
                 self._store.add_first(pipe, model, job_id)
             if buf.outcome is not None:
@@ -223,6 +233,17 @@ class ResultWriter:
             if isinstance(reply, Exception) and not self._store.is_duplicate_write(reply):
                 raise reply
         return [(buf, replies[index] == 1) for buf, index in finishing]
+
+
+def _merged(trails: Sequence[TokenTrail]) -> TokenTrail:
+    """The token ids of chunks written as one entry, in order."""
+    if len(trails) == 1:
+        return trails[0]
+    return TokenTrail(
+        b";".join(t.tokens for t in trails if t.tokens),
+        b"".join(t.prompt_tokens for t in trails),  # only the answer's first chunk has them
+        sum(t.redone for t in trails),
+    )
 
 
 def _end(waiter: asyncio.Future[None]) -> None:

@@ -77,7 +77,7 @@ end
 -- The job goes to the endpoint (prelude.lua's send, as enqueue.lua's express sends), if it
 -- is still queued; its id, or '' when it is not.
 local function to_ready(job, job_id, payload, band)
-  local f = redis.call('HMGET', job, 'st', 'k', 's', 'b', 'u', 'qe', 'rsq')
+  local f = redis.call('HMGET', job, 'st', 'k', 's', 'b', 'u', 'qe', 'rsq', 'rsm')
   if f[1] ~= 'queued' then
     return ''
   end

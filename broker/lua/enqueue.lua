@@ -24,8 +24,9 @@
 -- ARGV[19+B .. 18+2B] their express credit fields in meta ("xn:{band}")
 -- ARGV[19+2B] optional: seconds to keep the ended job (a batch line, until its batch
 --   collects it; complete.lua and cancel.lua honour the job's 'kt')
--- ARGV[20+2B] 1: a streamed job that may go on from its text if taken back out of the
---   engine mid-answer (park.lua); stored as 'rsm' 1 only then
+-- ARGV[20+2B] 1: a streamed job that may go on where it was cut if taken back out of the
+--   engine mid-answer (park.lua); stored as 'rsm' 1 only then, and its ready entry asks
+--   the worker to record the answer's token ids ('tk' 1)
 -- The grant lives in meta: 'xep' endpoint, 'xexp' expiry (ms), 'xs' sequence (bumped by
 -- every express send, so the dispatcher's next grant is refused if computed before it),
 -- 'xsv' sends left to users who already have a job in the engine (free batch slots; -1 or
@@ -78,7 +79,9 @@ if ARGV[20 + 2 * bands] == '1' then redis.call('HSET', KEYS[1], 'rsm', 1) end
 if endpoint then  -- sent as dispatch.lua sends (prelude.lua's send and admit)
   local counts = {inflight = KEYS[7], unstarted = KEYS[8], transit = KEYS[10], users = KEYS[9]}
   local to = {ready = KEYS[6], maxlen = ARGV[15], priority = ARGV[16] == '1', now = now}
-  local f = {'queued', ARGV[5], ARGV[6], ARGV[4], ARGV[2]}  -- as dispatch.lua reads a job
+  -- as dispatch.lua reads a job: st, k, s, b, u, qe, rsq, rsm
+  local resumable = ARGV[20 + 2 * bands] == '1' and 1 or nil
+  local f = {'queued', ARGV[5], ARGV[6], ARGV[4], ARGV[2], nil, nil, resumable}
   local entry = send(to, counts, endpoint, KEYS[1], ARGV[1], ARGV[7], f, band, now)
   admit(counts, endpoint, 1)
   -- Every band's credits shrink: they all share the one endpoint's engine queue.
@@ -92,7 +95,9 @@ if endpoint then  -- sent as dispatch.lua sends (prelude.lua's send and admit)
     end
   end
   redis.call('HINCRBY', KEYS[4], 'xs', 1)
-  redis.call('PUBLISH', ARGV[9], 'x\n' .. endpoint .. '\n' .. ARGV[6])
+  -- The dispatcher counts the send, and a newcomer's may need room made (preemption).
+  local newcomer = in_engine == 0 and '1' or '0'
+  redis.call('PUBLISH', ARGV[9], 'x\n' .. endpoint .. '\n' .. ARGV[6] .. '\n' .. newcomer)
   return {2, entry}
 end
 

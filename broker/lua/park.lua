@@ -3,12 +3,15 @@
 -- A job with nothing in its result stream yet (streamed and waiting for its first token,
 -- or not streamed and not answered: a worker writes an answer before it completes the
 -- job) starts again later from scratch; its client sees nothing twice. Failing that, a
--- streamed job marked resumable ('rsm', enqueue.lua) goes on later from the text it has
--- sent: a fence entry ('pk') is added to its result stream, so that no late write of the
--- worker that ran it can land (result entry ids only grow), and 'rsq' tells the next
--- attempt the first entry id it writes (the worker builds the continuation). The worker
--- running it is told on the cancel channel, drops it (closing the engine request, which
--- aborts it there) and writes nothing more for it.
+-- streamed job marked resumable ('rsm', enqueue.lua) goes on later where it was cut, if
+-- its worker recorded the prompt's token ids (field 'pt' of its first result entry; the
+-- answer's are in field 't' of each entry: workers.resume_exact), or, where ARGV[11]
+-- allows it, from the text it has sent: a fence entry ('pk') is added to its result
+-- stream, so that no late write of the worker that ran it can land (result entry ids only
+-- grow), and 'rsq' tells the next attempt the generation of the entry ids it writes (the
+-- worker builds the continuation).
+-- The worker running it is told on the cancel channel, drops it (closing the engine
+-- request, which aborts it there) and writes nothing more for it.
 -- The job leaves its endpoint as an ended one does (prelude.lua's release) and joins its
 -- user's queue as a new one does (join_queue).
 -- KEYS[1] ready stream    fq:{m}:ready
@@ -23,10 +26,26 @@
 -- ARGV[6] most ready entries to look at (newest first)
 -- ARGV[7] fewest jobs a user must have at the endpoint to lose one
 -- ARGV[8] wake channel   ARGV[9] cancel channel   ARGV[10] result key prefix (fq:{m}:out:)
+-- ARGV[11] 1: a resumable job without token ids may go on from its text; else it stays
 -- Parked jobs of a (band, user) are the list fq:{m}:qf:{band}:{user}; dispatch.lua serves
 -- them before the user's queue stream, and a user stays backlogged while either holds one.
 -- Returns {job id, user} of the job parked, or {} when no job may be taken.
 local entries = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', tonumber(ARGV[6]))
+
+-- Whether a resumable job with output can go on where it was cut (see the header).
+local function goes_on(job_id)
+  if ARGV[11] == '1' then
+    return true
+  end
+  local first = redis.call('XRANGE', ARGV[10] .. job_id, '-', '+', 'COUNT', 1)[1]
+  for i = 1, #first[2], 2 do
+    if first[2][i] == 'pt' then
+      return true
+    end
+  end
+  return false
+end
+
 local count = {}     -- user -> their jobs at the endpoint
 local candidate = {} -- user -> their newest job without output: {job id, entry, payload, band}
 local resumable = {} -- user -> their newest resumable streamed job with output (the same)
@@ -44,7 +63,7 @@ for _, e in ipairs(entries) do
       if s[1] == 'dispatched' or s[1] == 'running' then
         if quiet then
           candidate[user] = {f['j'], e[1], f['p'], f['b']}
-        elseif s[2] and not resumable[user] then
+        elseif s[2] and not resumable[user] and goes_on(f['j']) then
           resumable[user] = {f['j'], e[1], f['p'], f['b']}
         end
       end
@@ -74,13 +93,14 @@ redis.call('HDEL', job, 'ft')  -- it starts again: unstarted until its next firs
 -- the start it lost is not counted against job_max_attempts.
 redis.call('HSET', job, 'st', 'queued', 'p', payload, 'wk', '-')
 redis.call('HDEL', job, 'ep', 're')
-redis.call('HINCRBY', job, 'pk', 1)
-if not candidate[victim] then  -- it goes on from its text: fence off the old writer
-  local results = ARGV[10] .. job_id
-  local last = redis.call('XREVRANGE', results, '+', '-', 'COUNT', 1)[1][1]
-  local seq = tonumber(string.match(last, '^0%-(%d+)$'))
-  redis.call('XADD', results, '0-' .. (seq + 1), 'pk', 1)
-  redis.call('HSET', job, 'rsq', seq + 2)
+local taken = redis.call('HINCRBY', job, 'pk', 1)
+if not candidate[victim] then  -- it goes on where it was cut: fence off the old writer
+  -- Entry ids are <generation>-<n>: the first attempt writes 0-1, 0-2...; the fence is
+  -- <g>-0 for the g-th time the job is taken back, and the next attempt writes <g>-1...
+  -- Every write of an earlier attempt, however many are still on their way, has a
+  -- smaller id than the fence, so Redis refuses it.
+  redis.call('XADD', ARGV[10] .. job_id, taken .. '-0', 'pk', 1)
+  redis.call('HSET', job, 'rsq', taken)
 end
 if st == 'running' then
   redis.call('HINCRBY', job, 'att', -1)

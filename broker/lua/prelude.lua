@@ -35,9 +35,10 @@ local function send(to, counts, endpoint, job, job_id, payload, f, band_number, 
   if to.priority then
     priority = (band_number - 1) * 1000000 + in_engine
   end
+  -- 'tk': the worker records the answer's token ids, so that it can go on where it is cut
   local fields = {'j', job_id, 'ep', endpoint, 'p', payload, 'k', f[2], 's', f[3], 'b', f[4],
-    'u', f[5], 'pr', priority}
-  if f[7] then
+    'u', f[5], 'pr', priority, 'tk', f[8] or ''}
+  if f[7] then  -- taken back mid-answer (park.lua): it goes on, writing from this entry id
     fields[#fields + 1] = 'rq'
     fields[#fields + 1] = f[7]
   end

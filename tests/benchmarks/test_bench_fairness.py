@@ -11,6 +11,7 @@ sizing, arm availability by engine policy, the stream reader, the plans.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from benchmarks._fairness_cpu import ProcessGroups, cpu_split
 from benchmarks._fairness_engine import Sample, parse_sample, preemptions, step_ms
 from benchmarks._fairness_load import LoadResult, RequestResult
 from benchmarks._fairness_report import arm_summary, compare, render
+from benchmarks._fairness_resumed import Answer, problems, whole
 from benchmarks._fairness_scenarios import (
     PRESETS,
     Scenario,
@@ -319,7 +321,8 @@ def test_arm_titles_name_the_policy_the_engine_ran() -> None:
 def test_the_new_arms_carry_the_new_admission_settings() -> None:
     assert ARMS["g"].model_overrides == {"batch_slots": 0, "reserved_slots": 0}
     assert ARMS["h"].model_overrides == {"reserved_slots": 0}
-    assert ARMS["i"].model_overrides == {"resume_streams": True}
+    assert ARMS["i"].model_overrides == {"resume_streams": "exact"}
+    assert ARMS["j"].model_overrides == {"resume_streams": "off"}
 
 
 # --- the stream reader and CPU ------------------------------------------------------------
@@ -359,3 +362,52 @@ def test_cpu_is_split_into_engine_fairq_and_client_by_process_group() -> None:
         "engine_s": 4.0, "fairq_s": 1.5, "client_s": 0.25,
         "fairq_by_process": {"api": 0.5, "worker-0": 1.0},
     }  # fmt: skip
+
+
+# --- answers fairq resumed mid-way: whole, each token once -------------------------------
+
+
+def _answer(text_tokens: list[str], ids: list[int], usage: int | None = None) -> Answer:
+    head = {"id": "x", "created": 1, "choices": [{"delta": {"role": "assistant", "content": ""}}]}
+    chunks = [head] + [
+        {"id": "x", "created": 1, "choices": [{"delta": {"content": t}}]} for t in text_tokens
+    ]
+    if usage is not None:
+        chunks.append(
+            {"id": "x", "created": 1, "choices": [], "usage": {"completion_tokens": usage}}
+        )
+    return Answer("j", chunks, [1], ids)
+
+
+def test_a_resumed_answer_is_whole_when_its_text_is_the_text_of_its_ids() -> None:
+    from workers.sim._wire import WORDS, word_index
+
+    walk = [WORDS[word_index(5, i, len(WORDS))] for i in range(6)]
+    assert problems([_answer(walk, list(range(6)), 6)], "sim", None) == []
+    repeated = [*walk[:3], walk[2], *walk[3:5]]  # a token twice, one lost: 6 all the same
+    (problem,) = problems([_answer(repeated, list(range(6)), 6)], "sim", None)
+    assert problem.startswith("j: its text is not one walk of the simulator's words")
+
+    def decode(answers: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[str]:
+        return ["".join(walk)]  # what the engine would have streamed uncut
+
+    assert problems([_answer(walk, list(range(6)))], "vllm", decode) == []
+    (problem,) = problems([_answer(repeated, list(range(6)))], "vllm", decode)
+    assert problem.startswith("j: its text is not the text of its token ids (from character")
+
+
+def test_usage_that_counts_a_token_twice_or_an_answer_without_ids_is_not_whole() -> None:
+    assert whole(_answer([" a", " b"], [1, 2], 3)) == "usage says 3 tokens, 2 were generated"
+    assert whole(_answer([" a"], [])) == "no token ids were recorded"
+    two_ids = _answer([" a"], [1])
+    two_ids.chunks[1]["id"] = "y"
+    assert whole(two_ids) == "its chunks name more than one id or created"
+
+
+def test_an_arm_whose_resumed_answer_was_not_whole_fails() -> None:
+    taken = {"taken_back": 3, "mid_answer": 2, "broken": 1, "first_broken": "j: why"}
+    arm = arm_summary(_load([None]), 0.01, _ENGINE, _CPU, fairq_preemptions=taken)
+    assert arm["status"] == "FAILED"
+    assert arm["failed"]["first_error"] == "a resumed answer was not whole: j: why"
+    fine = arm_summary(_load([None]), 0.01, _ENGINE, _CPU, fairq_preemptions=taken | {"broken": 0})
+    assert fine["status"] == "ok" and fine["fairq_preemptions"]["mid_answer"] == 2

@@ -28,7 +28,9 @@ from broker import (
     RequestKind,
     Settings,
     StreamMode,
+    TokenTrail,
     Unseen,
+    WrittenEntry,
     add_latency,
     keys,
     parse_wake,
@@ -121,7 +123,7 @@ async def test_start_and_complete_end_the_job_once_and_release_capacity(r: Redis
     await x.load_scripts()
     for _ in range(2):  # a retried write: the chunk is refused, the completion ignored
         pipe = x.pipeline()
-        x.add_chunk(pipe, MODEL, job_id, 1, b"data: {}\n\n")
+        x.add_chunk(pipe, MODEL, job_id, b"0-1", b"data: {}\n\n")
         x.add_complete(pipe, claimed, outcome)
         replies = await pipe.execute(raise_on_error=False)
     assert x.is_duplicate_write(replies[0]) and replies[1] == 0
@@ -557,12 +559,14 @@ async def test_park_takes_the_heaviest_users_newest_job_back_to_the_head_of_thei
     assert (await q.get(later, "alice")).state is JobState.QUEUED
 
 
-async def _sent_output(r: Redis, jobs: list[str]) -> ExecutionStore:
+async def _sent_output(
+    r: Redis, jobs: list[str], trail: TokenTrail | None = None
+) -> ExecutionStore:
     x = ExecutionStore(r, settings())
     await x.load_scripts()
     for job_id in jobs:
         pipe = x.pipeline()
-        x.add_chunk(pipe, MODEL, job_id, 1, b"data: {}\n\n")
+        x.add_chunk(pipe, MODEL, job_id, b"0-1", b"data: {}\n\n", trail=trail)
         x.add_first(pipe, MODEL, job_id)
         await pipe.execute()
     return x
@@ -586,20 +590,22 @@ async def test_a_streamed_job_with_output_is_taken_back_behind_a_fence_to_go_on_
     x = await _sent_output(r, jobs)
     parked = await d.park(MODEL, EP)
     assert parked is not None and parked.job_id == jobs[-1]
-    # A late write of the worker that ran it is refused: ids only grow past the fence.
+    # Late writes of the worker that ran it are refused, however many it still had on
+    # their way: the fence is 1-0 and their ids are 0-n (ids only grow).
     pipe = x.pipeline()
-    x.add_chunk(pipe, MODEL, parked.job_id, 2, b"data: {}\n\n")
-    (reply,) = await pipe.execute(raise_on_error=False)
-    assert x.is_duplicate_write(reply)
-    assert await r.hget(keys.job(MODEL, parked.job_id), "rsq") == b"3"
+    x.add_chunk(pipe, MODEL, parked.job_id, b"0-2", b"data: {}\n\n")
+    x.add_chunk(pipe, MODEL, parked.job_id, b"0-3", b"data: {}\n\n")
+    replies = await pipe.execute(raise_on_error=False)
+    assert all(x.is_duplicate_write(reply) for reply in replies)
+    assert await r.hget(keys.job(MODEL, parked.job_id), "rsq") == b"1"
     ids, _, _ = await d.dispatch(MODEL, EP, 10, [Pick("default", "alice", 9, 8.5)], 10)
     assert ids == [parked.job_id]
     (claimed,) = [
         c for c in await x.claim(r, [MODEL], "w2", count=10, block_ms=100)
         if c.job_id == parked.job_id
     ]  # fmt: skip
-    assert claimed.resume_seq == 3
-    assert await x.written_chunks(claimed) == [b"data: {}\n\n"]  # what its client has
+    assert claimed.resume_gen == 1 and x.entry_id(claimed, 1) == b"1-1"  # what it writes
+    assert await x.written(claimed) == [WrittenEntry(b"data: {}\n\n")]  # what its client has
 
 
 async def test_a_parked_job_can_be_cancelled_and_its_user_leaves_the_backlog(r: Redis) -> None:
@@ -632,7 +638,34 @@ async def test_the_worker_that_ran_a_parked_job_cannot_complete_it(r: Redis) -> 
     assert await r.hget(keys.job(MODEL, parked.job_id), "att") == b"0"
 
 
-async def test_without_resume_streams_a_streamed_job_with_output_stays(r: Redis) -> None:
-    jobs, d = await _in_engine(r, "alice", 2)  # resume_streams is off by default
-    await _sent_output(r, jobs)
+async def test_a_streamed_job_with_output_stays_unless_its_token_ids_were_recorded(
+    r: Redis,
+) -> None:
+    jobs, d = await _in_engine(r, "alice", 2)  # resume_streams "exact" by default
+    await _sent_output(r, jobs)  # the engine gave no token ids
     assert await d.park(MODEL, EP) is None
+    assert await r.hget(keys.job(MODEL, jobs[0]), "rsm") == b"1"
+
+
+async def test_a_streamed_job_whose_token_ids_were_recorded_goes_on_from_them(
+    r: Redis,
+) -> None:
+    jobs, d = await _in_engine(r, "alice", 2)
+    trail = TokenTrail(b"7;8,9", b"1,2,3")
+    x = await _sent_output(r, jobs, trail)
+    parked = await d.park(MODEL, EP)
+    assert parked is not None and parked.job_id == jobs[-1]
+    await d.dispatch(MODEL, EP, 10, [Pick("default", "alice", 9, 8.5)], 10)
+    claimed = await x.claim(r, [MODEL], "w2", count=10, block_ms=100)
+    assert all(job.track_tokens for job in claimed)  # the worker asks the engine for ids
+    (resumed,) = [job for job in claimed if job.job_id == parked.job_id]
+    assert await x.written(resumed) == [WrittenEntry(b"data: {}\n\n", trail)]
+
+
+async def test_with_resume_streams_off_a_streamed_job_with_output_stays(r: Redis) -> None:
+    off = settings(models=[{"name": MODEL, "endpoints": [EP], "resume_streams": "off"}])
+    jobs, d = await _in_engine(r, "alice", 2, s=off)
+    await _sent_output(r, jobs, TokenTrail(b"7", b"1"))
+    assert await d.park(MODEL, EP) is None
+    claimed = await ExecutionStore(r, off).claim(r, [MODEL], "w1", count=10, block_ms=100)
+    assert not any(job.track_tokens for job in claimed)

@@ -5,12 +5,14 @@ Redis and against fakeredis, like the broker contract suite."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from redis.asyncio import Redis
 
 from broker import (
     DispatchStore,
     ExecutionStore,
+    ExpressSend,
     Grant,
     JobQueue,
     JobState,
@@ -128,8 +130,9 @@ async def test_an_express_job_runs_and_ends_like_a_dispatched_one(r: Redis) -> N
     while message is None:
         message = await pubsub.get_message(timeout=1.0)
     await pubsub.aclose()
-    # It tells the dispatcher what was sent where: a streamed job, to EP.
-    assert express_send(message["data"]) == (EP, False)
+    # It tells the dispatcher what was sent where: a streamed job, to EP, of a user who
+    # had nothing in the engine (a newcomer: the next round may make room for it).
+    assert express_send(message["data"]) == (EP, False, True)
     (claimed,) = await x.claim(r, [MODEL], "w1", count=10, block_ms=100)
     assert claimed.job_id == job_id and claimed.endpoint == EP
     assert await x.start(claimed, "w1") == 1
@@ -167,6 +170,19 @@ async def test_express_gives_the_engine_priority_a_dispatch_would(r: Redis) -> N
     assert [c.engine_priority for c in claimed] == [1_000_000, 1]
 
 
+async def test_an_express_job_that_may_be_resumed_records_its_token_ids_like_a_dispatched_one(
+    r: Redis,
+) -> None:
+    s = settings()  # resume_streams "exact": the worker asks a vLLM for token ids
+    q, d, x = JobQueue(r, s), DispatchStore(r, s), ExecutionStore(r, s)
+    await x.ensure_groups([MODEL])
+    assert await _grant(d, ALL)
+    await q.submit(submission("alice"))
+    await q.submit(replace(submission("alice"), stream_flag="0"))  # not streamed: never
+    claimed = await x.claim(r, [MODEL], "w1", count=10, block_ms=100)
+    assert [c.track_tokens for c in claimed] == [True, False]
+
+
 async def test_with_no_free_batch_slot_only_a_user_with_nothing_in_the_engine_goes_express(
     r: Redis,
 ) -> None:
@@ -181,3 +197,32 @@ async def test_with_no_free_batch_slot_only_a_user_with_nothing_in_the_engine_go
     assert (await q.get(first, "alice")).state is JobState.DISPATCHED
     assert (await q.get(second, "alice")).state is JobState.QUEUED
     assert (await q.get(bob, "bob")).state is JobState.DISPATCHED
+
+
+async def test_a_newcomer_sent_express_beyond_a_full_batch_makes_the_next_round_take_room(
+    aredis: Redis,
+) -> None:
+    # Alice fills the batch of 2 and waits beyond it; bob goes express (nothing of his band
+    # is queued) into the engine's queue. The round his send wakes takes one of alice's
+    # back out of the engine, as it would had he been dispatched by the round itself.
+    from dispatcher.service import Dispatcher
+
+    config = {"name": MODEL, "endpoints": [EP], "batch_slots": 2, "reserved_slots": 0}
+    s = settings(models=[config])
+    q, d = JobQueue(aredis, s), DispatchStore(aredis, s)
+    await ExecutionStore(aredis, s).ensure_groups([MODEL])
+    alice = [await q.submit(submission("alice")) for _ in range(3)]
+    picks = [Pick("default", "alice", i + 1, i + 0.5) for i in range(3)]
+    await d.dispatch(MODEL, EP, 10, picks, 10)
+    dispatcher = Dispatcher(s, aredis)
+    await dispatcher.dispatch_model(s.models[0])
+
+    async def states() -> list[JobState]:
+        return [(await q.get(j, "alice")).state for j in alice]
+
+    assert await states() == [JobState.DISPATCHED] * 3  # no newcomer: nothing taken back
+    assert await _grant(d, ALL)
+    await q.submit(submission("bob", band="interactive"))  # express
+    dispatcher._express_sent(MODEL, ExpressSend(EP, plain=False, newcomer=True))
+    await dispatcher.dispatch_model(s.models[0])
+    assert JobState.QUEUED in await states()  # one of hers taken back for him

@@ -139,3 +139,14 @@ def test_nesting_is_counted_on_every_branch_without_recursion() -> None:
     assert not nests_deeper_than({"a": [1, {"b": []}], "c": {}}, 4)
     assert nests_deeper_than({"a": [1, {"b": []}], "c": {}}, 3)
     assert not nests_deeper_than("text", 0)
+
+
+def test_resume_streams_is_exact_by_default_and_its_old_true_and_false_still_read() -> None:
+    def mode(value: object) -> str:
+        config = {"name": "m", "endpoints": ["http://e:1"], "resume_streams": value}
+        return ModelConfig.model_validate(config).resume_streams
+
+    assert VLLM.resume_streams == "exact"
+    assert (mode(True), mode(False), mode("text")) == ("text", "off", "text")
+    with pytest.raises(ValueError):
+        mode("sometimes")

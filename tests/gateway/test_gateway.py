@@ -152,9 +152,9 @@ class StandIn:
         await self.execution.load_scripts()
         pipe = self.execution.pipeline()
         for seq, chunk in enumerate(chunks, start=1):
-            ExecutionStore.add_chunk(pipe, job.model, job.job_id, seq, chunk)
+            ExecutionStore.add_chunk(pipe, job.model, job.job_id, b"0-%d" % seq, chunk)
         if body is not None:
-            ExecutionStore.add_body(pipe, job.model, job.job_id, len(chunks) + 1, body)
+            ExecutionStore.add_body(pipe, job.model, job.job_id, b"0-%d" % (len(chunks) + 1), body)
         outcome = outcome or Outcome(JobState.COMPLETED, finish_reason="stop")
         self.execution.add_complete(pipe, job, outcome)
         await pipe.execute()

@@ -19,6 +19,7 @@ from fairq.stack import DEMO_MODELS
 from tests.support.eventually import eventually
 from tests.support.settings import make_settings
 from tests.support.stack import demo_stack, sim_port
+from workers.sim._wire import WORDS, output_text
 
 pytestmark = pytest.mark.integration
 
@@ -72,6 +73,18 @@ def assert_whole_once(client: Client, job_id: str, *, stream: bool) -> None:
     usage = [c["usage"] for c in chunks if c.get("usage")]
     assert len(tokens) == LONG_TOKENS and len(roles) == 1
     assert usage[-1]["completion_tokens"] == LONG_TOKENS
+    assert {(c["id"], c["created"], c["model"]) for c in chunks} == {
+        (chunks[0]["id"], chunks[0]["created"], chunks[0]["model"])
+    }
+    assert_one_walk("".join(c["choices"][0]["delta"]["content"] for c in tokens))
+
+
+def assert_one_walk(text: str) -> None:
+    """The simulator's answer is a walk through its word list from one start (its tokens
+    are a function of their positions, workers/sim/_tokens.py): a token repeated or lost
+    anywhere breaks the walk."""
+    starts = [seed for seed in range(len(WORDS)) if output_text(seed, LONG_TOKENS) == text]
+    assert starts, f"the answer is not one walk of the simulator's words: {text[:200]!r}..."
 
 
 def newcomer_during_long_flood(
@@ -82,12 +95,14 @@ def newcomer_during_long_flood(
     *,
     stream: bool = True,
     finish: bool = False,
+    engine: dict[str, Any] | None = None,
 ) -> tuple[float, dict[str, float]]:
     """Alice fills the batch with long answers; bob's TTFT once she has ``running`` of them
     in the engine, and the engine's gauges at that moment. With ``finish``, every one of
-    alice's requests must then complete whole (else they are cancelled)."""
+    alice's requests must then complete whole (else they are cancelled). ``engine``: the
+    simulator's profile keys that differ from ``ENGINE``."""
     profile = tmp_path / "engine.yaml"
-    profile.write_text(yaml.safe_dump(ENGINE))
+    profile.write_text(yaml.safe_dump(ENGINE | (engine or {})))
     with demo_stack(
         per_model={DEMO_MODELS[0]: model_overrides},
         profile=profile,
@@ -170,27 +185,42 @@ def test_preemption_clears_the_engine_queue_of_a_learned_batch(
 def test_preemption_takes_a_streamed_answer_back_and_it_goes_on_with_no_token_twice(
     redis_url: str, tmp_path: Path
 ) -> None:
-    # Alice's answers stream: one is taken back out of the engine mid-answer for bob,
-    # and goes on later from the text her client already has.
-    overrides = {
-        "batch_slots": BATCH,
-        "reserved_slots": 0,
-        "preemption": True,
-        "resume_streams": True,
-    }
+    # Alice's answers stream: one is taken back out of the engine mid-answer for bob, and
+    # goes on later, on any worker, from the token ids recorded beside her chunks
+    # (resume_streams "exact", the default).
+    overrides = {"batch_slots": BATCH, "reserved_slots": 0, "preemption": True}
     before = taken_back(redis_url)
     ttft, _ = newcomer_during_long_flood(
         redis_url, tmp_path, overrides, running=BATCH, stream=True, finish=True
     )
     assert ttft < 0.5, f"bob's first token took {ttft:.2f} s"
-    assert taken_back(redis_url) > before  # and every answer was whole, each token once
+    # And every answer was whole: each token once, in the order of an uncut answer.
+    assert taken_back(redis_url) > before
+    assert taken_back(redis_url, mid_answer=True) > 0
 
 
-def taken_back(redis_url: str) -> int:
-    """Jobs of the demo model taken back out of the engine so far (their 'pk' marks)."""
+def test_without_token_ids_from_the_engine_no_answer_is_taken_back_mid_way(
+    redis_url: str, tmp_path: Path
+) -> None:
+    # An engine that ignores return_token_ids: an answer could only go on from its text,
+    # which the engine tokenises anew; by default it stays, and bob waits for a slot.
+    overrides = {"batch_slots": BATCH, "reserved_slots": 0, "preemption": True}
+    ttft, _ = newcomer_during_long_flood(
+        redis_url, tmp_path, overrides, running=BATCH, stream=True, finish=True,
+        engine={"return_token_ids": False},
+    )  # fmt: skip
+    assert ttft > 1.0, f"bob's first token took only {ttft:.2f} s"
+    assert taken_back(redis_url, mid_answer=True) == 0  # (one waiting in the engine may be)
+
+
+def taken_back(redis_url: str, *, mid_answer: bool = False) -> int:
+    """Times jobs of the demo model were taken back out of the engine so far ('pk'); with
+    ``mid_answer``, the jobs taken back mid-answer at least once ('rsq')."""
     redis = Redis.from_url(redis_url)
     try:
-        pattern = keys.job(DEMO_MODELS[0], "*")
-        return sum(int(redis.hget(key, "pk") or 0) for key in redis.scan_iter(pattern))
+        found = redis.scan_iter(keys.job(DEMO_MODELS[0], "*"))
+        if mid_answer:
+            return sum(1 for key in found if redis.hexists(key, "rsq"))
+        return sum(int(redis.hget(key, "pk") or 0) for key in found)
     finally:
         redis.close()

@@ -306,7 +306,7 @@ async def test_a_workers_writes_for_a_job_redis_lost_leave_nothing_forever(
         "m", b"1-0", "bQ.lost", b"{}", RequestKind.CHAT, "1", "http://e:1", "default", "u"
     )
     pipe = store.pipeline()
-    store.add_chunk(pipe, "m", job.job_id, 1, b"data: {}\n\n")
+    store.add_chunk(pipe, "m", job.job_id, b"0-1", b"data: {}\n\n")
     store.add_first(pipe, "m", job.job_id)
     store.add_complete(pipe, job, Outcome(JobState.COMPLETED))
     replies = await pipe.execute()

@@ -76,7 +76,14 @@ def test_a_resumed_chat_stream_drops_only_its_opening_role_chunk() -> None:
     assert drops_role_chunk(chat_chunk(" more")) == chat_chunk(" more")
 
 
-def test_outputs_that_cannot_go_on_from_one_text_are_not_resumable() -> None:
+def test_outputs_that_cannot_go_on_where_they_were_cut_are_not_resumable() -> None:
     assert resumable(b'{"model":"m","messages":[],"stream":true}')
-    for field in (b'"n":2', b'"tools":[]', b'"response_format":{}', b'"prompt":["a"]'):
+    assert resumable(b'{"model":"m","logprobs":false,"stop":null,"top_p":1}')
+    for field in (
+        b'"n":2', b'"tools":[]', b'"response_format":{}', b'"prompt":["a"]',
+        b'"stop":"x"', b'"stop":["\\n"]',  # text held back: a continuation never sends it
+        b'"logprobs":true', b'"logprobs":2', b'"top_logprobs":3',
+        b'"return_token_ids":true',  # the client's own: the worker would take them out
+        b'"stream_options":{"continuous_usage_stats":true}',
+    ):  # fmt: skip
         assert not resumable(b'{"model":"m",' + field + b"}")

@@ -71,6 +71,15 @@ def shape(value: Any) -> Any:
     return type(value).__name__
 
 
+def lists_as_one(value: Any) -> Any:
+    """``shape`` with each list as its distinct items' shapes (token id lists of any length)."""
+    if isinstance(value, dict):
+        return [(key, lists_as_one(item)) for key, item in value.items()]
+    if isinstance(value, list):
+        return list(dict.fromkeys(repr(lists_as_one(item)) for item in value))
+    return type(value).__name__
+
+
 def chunk_kind(chunk: dict[str, Any]) -> str:
     if not chunk["choices"]:
         return "usage"
@@ -166,6 +175,52 @@ async def test_streamed_chunks_have_the_key_structure_of_the_vllm_capture(
     assert kinds == want_kinds
     assert shapes == want_shapes
     assert events[-1] == b"[DONE]"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "fixture"),
+    [
+        ("/v1/chat/completions", chat_body, "sse_sample_token_ids_chat.txt"),
+        ("/v1/completions", completion_body, "sse_sample_token_ids_completions.txt"),
+        ("/v1/completions", lambda **x: {"model": MODEL, "prompt": [321, 286, 13], **x},
+         "sse_sample_token_ids_prompt_ids.txt"),
+    ],
+)  # fmt: skip
+async def test_with_return_token_ids_every_chunk_has_the_shape_of_the_vllm_capture(
+    base_url: str, path: str, body: Any, fixture: str
+) -> None:
+    # The prompt's ids in the first chunk (chat: at its top; completion: in its choice),
+    # each token's id in its own chunk: the chunk shapes in order, not only by kind.
+    want = [lists_as_one(orjson.loads(e)) for e in fixture_events(fixture) if e != b"[DONE]"]
+    request = body(max_tokens=4, stream=True, stream_options={"include_usage": True},
+                   return_token_ids=True)  # fmt: skip
+    async with client_for(base_url) as client:
+        events = await stream_events(client, path, request)
+    assert [lists_as_one(orjson.loads(e)) for e in events if e != b"[DONE]"] == want
+
+
+async def test_a_prompt_of_an_answers_ids_gets_the_rest_of_that_answer(base_url: str) -> None:
+    # As greedy decoding on a real engine: the simulator's tokens follow from the prompt's
+    # ids and their positions (workers/sim/_tokens.py), which fairq's exact resume needs.
+    request = chat_body(max_tokens=6, stream=True, return_token_ids=True, request_id="r1")
+    async with client_for(base_url) as client:
+        first = [
+            orjson.loads(e)
+            for e in await stream_events(client, "/v1/chat/completions", request)
+            if e != b"[DONE]"
+        ]
+        ids = [i for c in first[1:] for i in c["choices"][0]["token_ids"]]
+        rest = completion_body(
+            prompt=first[0]["prompt_token_ids"] + ids[:2],
+            max_tokens=4,
+            stream=True,
+            return_token_ids=True,
+        )
+        then = [orjson.loads(e) for e in await stream_events(client, "/v1/completions", rest)
+                if e != b"[DONE]"]  # fmt: skip
+    assert [i for c in then for i in c["choices"][0]["token_ids"]] == ids[2:]
+    words = [c["choices"][0]["delta"]["content"] for c in first[1:]]
+    assert [c["choices"][0]["text"] for c in then] == words[2:]
 
 
 @pytest.mark.parametrize(

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 from redis.asyncio import Redis
 
-from broker import Claimed, ExecutionStore, Outcome, keys
+from broker import Claimed, ExecutionStore, Outcome, TokenTrail, WrittenEntry, keys
 from broker.jobs import JobState
 from broker.requests import RequestKind
 from tests.support.eventually import aeventually
@@ -98,3 +99,32 @@ async def test_an_end_is_written_at_once_after_its_jobs_last_chunks(
     assert ended is False
     assert writer.flushes == 2
     assert await _chunks(aredis, job) == [b"data: a\n\n", b"data: b\n\n"]
+
+
+async def test_the_token_ids_of_chunks_that_share_a_write_stay_in_their_order(
+    writer: ResultWriter, aredis: Redis
+) -> None:
+    first, second = await _two_streaming(writer)
+    writer.chunk(first, b"data: b\n\n", trail=TokenTrail(b"7"))
+    writer.chunk(first, b"data: u\n\n")  # the usage chunk: no ids
+    writer.chunk(first, b"data: c\n\n", trail=TokenTrail(b"8,9"))
+    writer.mark_started(second)
+    await _flushes_reach(writer, 2)
+    x = ExecutionStore(aredis, make_settings("redis://unused", models=[]))
+    resumed = replace(first, resume_gen=1)  # what a resumed attempt reads back
+    assert await x.written(resumed) == [
+        WrittenEntry(b"data: a\n\n"),
+        WrittenEntry(b"data: b\n\ndata: u\n\ndata: c\n\n", TokenTrail(b"7;8,9")),
+    ]
+
+
+async def test_a_resumed_attempt_writes_after_the_fence_of_its_generation(
+    writer: ResultWriter, aredis: Redis
+) -> None:
+    job = replace(_job(1), resume_gen=2)  # park.lua fenced everything before with 2-0
+    writer.chunk(job, b"data: a\n\n", first=True)
+    await _flushes_reach(writer, 1)
+    writer.chunk(job, b"data: b\n\n")
+    await _flushes_reach(writer, 2)
+    entries = await aredis.xrange(keys.results(MODEL, job.job_id))
+    assert [entry_id for entry_id, _ in entries] == [b"2-1", b"2-2"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -22,6 +21,7 @@ from workers.sim._metrics import CONTENT_TYPE_LATEST, SimMetrics
 from workers.sim._parsing import GenRequest, parse_request
 from workers.sim._profile import SimProfile
 from workers.sim._responses import JsonCompletionResponse, SseResponse
+from workers.sim._tokens import anchor_of, answer_seed, prompt_ids
 from workers.sim._wire import VLLM_VERSION, ResponseMeta, error_body, models_body
 
 
@@ -114,15 +114,26 @@ class _Routes:
         return JsonCompletionResponse(self.engine, seq, meta, chat=chat, fault=fault)
 
     def _meta(self, req: GenRequest) -> ResponseMeta:
-        return ResponseMeta(
-            id=req.id,
-            created=int(time.time()),
-            model=req.model,
-            seed=zlib.crc32(req.id.encode()),  # same id, same text
-            prompt_tokens=req.prompt_tokens,
-            finish_reason=req.finish_reason,
-            fingerprint=self.fingerprint,
-        )
+        return response_meta(req, int(time.time()), self.fingerprint)
+
+
+def response_meta(req: GenRequest, created: int, fingerprint: str) -> ResponseMeta:
+    """What the request's chunks repeat. Its answer follows from the prompt's token ids
+    (same id, same text; an answer's prompt plus its first tokens, its rest: ``_tokens``)."""
+    if req.prompt_ids is not None:
+        ids = list(req.prompt_ids)
+    else:
+        ids = prompt_ids(anchor_of(req.id), req.prompt_tokens)
+    return ResponseMeta(
+        id=req.id,
+        created=created,
+        model=req.model,
+        seed=answer_seed(ids[0], len(ids)),
+        prompt_tokens=req.prompt_tokens,
+        finish_reason=req.finish_reason,
+        fingerprint=fingerprint,
+        prompt_ids=ids if req.return_token_ids else None,
+    )
 
 
 def _error(status: int, error_type: str, message: str) -> Response:

@@ -37,6 +37,8 @@ class GenRequest:
     include_usage: bool
     priority: int
     fault: Fault | None = None
+    prompt_ids: tuple[int, ...] | None = None  # a completion's prompt given as token ids
+    return_token_ids: bool = False  # vLLM's: the prompt's and each token's ids in the answer
 
 
 def parse_request(raw: bytes, *, chat: bool, models: list[str], profile: SimProfile) -> GenRequest:
@@ -44,7 +46,11 @@ def parse_request(raw: bytes, *, chat: bool, models: list[str], profile: SimProf
     model = _model(body, models)
     if body.get("n") not in (None, 1):
         raise bad_request("The engine simulator supports only n=1.")
-    prompt_tokens = _chat_prompt_tokens(body) if chat else _completion_prompt_tokens(body)
+    prompt_ids = None if chat else _prompt_ids(body)
+    if prompt_ids is not None:
+        prompt_tokens = len(prompt_ids)
+    else:
+        prompt_tokens = _chat_prompt_tokens(body) if chat else _completion_prompt_tokens(body)
     requested = _max_tokens(body, chat=chat)
     max_tokens, finish_reason = _output_length(prompt_tokens, requested, profile)
     priority = _priority(body, profile)
@@ -62,6 +68,8 @@ def parse_request(raw: bytes, *, chat: bool, models: list[str], profile: SimProf
         include_usage=include_usage,
         priority=priority,
         fault=parse_fault(body, profile.fault),
+        prompt_ids=prompt_ids,
+        return_token_ids=profile.return_token_ids and body.get("return_token_ids") is True,
     )
 
 
@@ -104,14 +112,26 @@ def _content_chars(content: Any) -> int:
     return 0
 
 
+def _prompt_ids(body: dict[str, Any]) -> tuple[int, ...] | None:
+    """A completion's prompt given as token ids (one prompt), else None."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and prompt and all(_is_id(t) for t in prompt):
+        return tuple(prompt)
+    return None
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _completion_prompt_tokens(body: dict[str, Any]) -> int:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if isinstance(prompt, str) and prompt:
         return _tokens_of(len(prompt))
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return len(prompt)  # already token ids
     raise bad_request("'prompt' must be a non-empty string or list of token ids (one prompt).")
 
 

@@ -38,6 +38,8 @@ class SimProfile(BaseModel):
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     default_output_tokens: int = Field(default=64, ge=1)
     fault: Fault | None = None  # injected into every request that asks for none (_faults)
+    # False: the engine ignores vLLM's return_token_ids, as releases before it did.
+    return_token_ids: bool = True
 
     @property
     def num_kv_blocks(self) -> int:

@@ -13,10 +13,14 @@ from typing import Any
 
 import orjson
 
+from workers.sim._tokens import WORD_BASE, word_index
+
 VLLM_VERSION = "0.32.0"
 DONE = b"data: [DONE]\n\n"
 _SLOT = "\x00token\x00"  # orjson escapes the NULs, so no model name can forge it
 _SLOT_JSON = orjson.dumps(_SLOT)
+_IDS_SLOT = "\x00ids\x00"  # where a token's id list goes (vLLM's return_token_ids)
+_IDS_SLOT_JSON = orjson.dumps(_IDS_SLOT)
 
 # Short words with leading spaces look like a tokenizer's output pieces.
 _LOREM = (
@@ -28,15 +32,22 @@ _LOREM = (
 )
 WORDS = tuple(f" {word}" for word in _LOREM.split())
 _WORDS_JSON = tuple(orjson.dumps(word) for word in WORDS)
-_STRIDE = 7919  # a prime, so successive tokens walk the whole word list
 
 
 def token_json(seed: int, index: int) -> bytes:
-    return _WORDS_JSON[(seed + index * _STRIDE) % len(_WORDS_JSON)]
+    return _WORDS_JSON[word_index(seed, index, len(_WORDS_JSON))]
+
+
+def token_id(seed: int, index: int) -> int:
+    return WORD_BASE + word_index(seed, index, len(WORDS))
 
 
 def output_text(seed: int, count: int) -> str:
-    return "".join(WORDS[(seed + i * _STRIDE) % len(WORDS)] for i in range(count))
+    return "".join(WORDS[word_index(seed, i, len(WORDS))] for i in range(count))
+
+
+def output_ids(seed: int, count: int) -> list[int]:
+    return [token_id(seed, i) for i in range(count)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +57,12 @@ class ResponseMeta:
     id: str
     created: int
     model: str
-    seed: int
+    seed: int  # the answer's word walk (``_tokens.answer_seed``)
     prompt_tokens: int
     finish_reason: str
     fingerprint: str
+    # vLLM's return_token_ids: the prompt's ids (None: not asked for)
+    prompt_ids: list[int] | None = None
 
 
 def _sse(payload: dict[str, Any]) -> bytes:
@@ -62,29 +75,55 @@ def _split(payload: dict[str, Any]) -> tuple[bytes, bytes]:
 
 
 class StreamFrames:
-    """Pre-rendered SSE frames of one streamed request."""
+    """Pre-rendered SSE frames of one streamed request.
 
-    __slots__ = ("_head", "_last_suffix", "_meta", "_object", "_prefix", "_suffix")
+    A frame is its prefix, the token's text, then its suffix; with token ids asked for
+    (``ResponseMeta.prompt_ids``), the suffix is cut where the token's id list goes. A
+    completion's first frame carries the prompt's ids too: it is rendered whole.
+    """
+
+    __slots__ = ("_chat", "_head", "_ids", "_last", "_meta", "_object", "_prefix", "_suffix")
 
     def __init__(self, meta: ResponseMeta, *, chat: bool) -> None:
         self._meta = meta
+        self._chat = chat
+        self._ids = meta.prompt_ids is not None
         self._object = "chat.completion.chunk" if chat else "text_completion"
         choice = _chat_choice if chat else _completion_choice
-        self._prefix, self._suffix = _split(self._envelope([choice(None)]))
-        _, self._last_suffix = _split(self._envelope([choice(meta.finish_reason)]))
+        self._prefix, self._suffix = _split(self._envelope([choice(None, self._ids)]))
+        _, self._last = _split(self._envelope([choice(meta.finish_reason, self._ids)]))
         self._head = _sse(self._chat_head()) if chat else b""
 
     def tokens(self, start: int, stop: int, *, last: bool) -> bytes:
         """Frames for tokens [start, stop); the role chunk leads the first (chat)."""
-        seed, prefix, suffix = self._meta.seed, self._prefix, self._suffix
-        frames = [prefix + token_json(seed, i) + suffix for i in range(start, stop)]
+        if self._ids:
+            frames = [self._frame(i, last and i == stop - 1) for i in range(start, stop)]
+        else:
+            seed, prefix, suffix = self._meta.seed, self._prefix, self._suffix
+            frames = [prefix + token_json(seed, i) + suffix for i in range(start, stop)]
+            if frames and last:
+                frames[-1] = prefix + token_json(seed, stop - 1) + self._last
         if not frames:
             return b""
-        if last:
-            frames[-1] = prefix + token_json(seed, stop - 1) + self._last_suffix
         if start == 0:
             frames.insert(0, self._head)
         return b"".join(frames)
+
+    def _frame(self, index: int, last: bool) -> bytes:
+        """One token's frame with its id (vLLM's return_token_ids)."""
+        seed = self._meta.seed
+        if index == 0 and not self._chat:
+            return self._first_completion_frame(last)
+        before, after = (self._last if last else self._suffix).split(_IDS_SLOT_JSON)
+        token = token_json(seed, index)
+        return b"%s%s%s[%d]%s" % (self._prefix, token, before, token_id(seed, index), after)
+
+    def _first_completion_frame(self, last: bool) -> bytes:
+        choice = _completion_choice(self._meta.finish_reason if last else None, False)
+        choice["text"] = orjson.loads(token_json(self._meta.seed, 0))
+        choice["prompt_token_ids"] = self._meta.prompt_ids
+        choice["token_ids"] = [token_id(self._meta.seed, 0)]
+        return _sse(self._envelope([choice]))
 
     def tail(self, completion_tokens: int, *, include_usage: bool) -> bytes:
         if not include_usage:
@@ -112,12 +151,12 @@ class StreamFrames:
             "finish_reason": None,
         }
         payload = self._envelope([choice])
-        payload["prompt_token_ids"] = None
+        payload["prompt_token_ids"] = self._meta.prompt_ids
         payload["prompt_text"] = None
         return payload
 
 
-def _chat_choice(finish_reason: str | None) -> dict[str, Any]:
+def _chat_choice(finish_reason: str | None, ids: bool = False) -> dict[str, Any]:
     choice: dict[str, Any] = {
         "index": 0,
         "delta": {"content": _SLOT},
@@ -126,11 +165,11 @@ def _chat_choice(finish_reason: str | None) -> dict[str, Any]:
     }
     if finish_reason is not None:
         choice["stop_reason"] = None  # vLLM adds it to the final chunk only
-    choice["token_ids"] = None
+    choice["token_ids"] = _IDS_SLOT if ids else None
     return choice
 
 
-def _completion_choice(finish_reason: str | None) -> dict[str, Any]:
+def _completion_choice(finish_reason: str | None, ids: bool = False) -> dict[str, Any]:
     return {
         "index": 0,
         "text": _SLOT,
@@ -138,7 +177,7 @@ def _completion_choice(finish_reason: str | None) -> dict[str, Any]:
         "finish_reason": finish_reason,
         "stop_reason": None,
         "prompt_token_ids": None,
-        "token_ids": None,
+        "token_ids": _IDS_SLOT if ids else None,
     }
 
 
@@ -168,11 +207,11 @@ def chat_response(meta: ResponseMeta, completion_tokens: int) -> bytes:
         "logprobs": None,
         "finish_reason": meta.finish_reason,
         "stop_reason": None,
-        "token_ids": None,
+        "token_ids": _answer_ids(meta, completion_tokens),
     }
     body = _response(meta, "chat.completion", choice, completion_tokens)
     body["prompt_logprobs"] = None
-    body["prompt_token_ids"] = None
+    body["prompt_token_ids"] = meta.prompt_ids
     body["kv_transfer_params"] = None
     return orjson.dumps(body)
 
@@ -185,13 +224,17 @@ def completion_response(meta: ResponseMeta, completion_tokens: int) -> bytes:
         "logprobs": None,
         "finish_reason": meta.finish_reason,
         "stop_reason": None,
-        "token_ids": None,
+        "token_ids": _answer_ids(meta, completion_tokens),
         "prompt_logprobs": None,
-        "prompt_token_ids": None,
+        "prompt_token_ids": meta.prompt_ids,
     }
     body = _response(meta, "text_completion", choice, completion_tokens)
     body["kv_transfer_params"] = None
     return orjson.dumps(body)
+
+
+def _answer_ids(meta: ResponseMeta, completion_tokens: int) -> list[int] | None:
+    return None if meta.prompt_ids is None else output_ids(meta.seed, completion_tokens)
 
 
 def _response(
