@@ -82,7 +82,7 @@ if endpoint then  -- sent as dispatch.lua sends (prelude.lua's send and admit)
   -- as dispatch.lua reads a job: st, k, s, b, u, qe, rsq, rsm
   local resumable = ARGV[20 + 2 * bands] == '1' and 1 or nil
   local f = {'queued', ARGV[5], ARGV[6], ARGV[4], ARGV[2], nil, nil, resumable}
-  local entry = send(to, counts, endpoint, KEYS[1], ARGV[1], ARGV[7], f, band, now)
+  local entry, in_engine = send(to, counts, endpoint, KEYS[1], ARGV[1], ARGV[7], f, band, now)
   admit(counts, endpoint, 1)
   -- Every band's credits shrink: they all share the one endpoint's engine queue.
   if tonumber(redis.call('HGET', KEYS[4], 'xsv') or '-1') > 0 then

@@ -26,9 +26,10 @@ end
 -- from ('rq'). The job hash records the move ('nw' 1: its user had nothing in the engine, a
 -- newcomer) and the user's count rises; the endpoint's counts rise by `admit`, once per call.
 -- to: {ready = key, maxlen = n, priority = bool, now = ms}, the same for every job of a call
--- job, job_id: its hash and id; f: its fields 'st', 'k', 's', 'b', 'u', 'qe', 'rsq' in this
--- order (as dispatch.lua reads them; positions, not names: dispatch.lua sends up to 64 per
--- call); band_number: 1 = most urgent. Returns the ready entry id.
+-- job, job_id: its hash and id; f: its fields 'st', 'k', 's', 'b', 'u', 'qe', 'rsq', 'rsm'
+-- in this order (as dispatch.lua reads them; positions, not names: dispatch.lua sends up to
+-- 64 per call); band_number: 1 = most urgent. Returns the ready entry id, and the user's
+-- jobs in the engine before this one (0: a newcomer).
 local function send(to, counts, endpoint, job, job_id, payload, f, band_number, queued_ms)
   local in_engine = redis.call('HINCRBY', counts.users, f[5], 1) - 1
   local priority = ''
@@ -48,7 +49,7 @@ local function send(to, counts, endpoint, job, job_id, payload, f, band_number, 
   if in_engine == 0 then
     redis.call('HSET', job, 'nw', 1)
   end
-  return entry
+  return entry, in_engine
 end
 
 -- `n` jobs sent to `endpoint` (by `send`): in flight, without a first token, and on their

@@ -73,7 +73,7 @@ def test_every_field_of_a_ready_entry_is_named() -> None:
     table = prelude[prelude.index("local fields = {") :]
     entry = arguments(table, len("local fields = {"))[::2]
     appended = re.findall(r"fields\[#fields \+ 1\] = '(\w+)'", prelude)
-    assert len(entry) == 8 and appended == ["rq"]
+    assert len(entry) == 9 and appended == ["rq"]
     assert {field.strip("'") for field in entry} | set(appended) <= NAMES
 
 
