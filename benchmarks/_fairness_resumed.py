@@ -171,18 +171,23 @@ def _where(got: str, ids_text: str) -> str:
 
 def fairq_preemptions(redis_url: str, model: str, kind: str, decode: Decode) -> dict[str, Any]:
     """Times fairq took jobs back, the jobs taken back mid-answer, and what was wrong with
-    any of those answers."""
+    any answer taken back: those resumed mid-answer, and those started again from scratch
+    whose token ids were recorded (their client must see only the new attempt's)."""
     redis = Redis.from_url(redis_url)
     try:
-        taken, resumed = 0, []
+        taken, resumed, restarted = 0, [], []
         for key in redis.scan_iter(keys.job(model, "*"), count=1000):
             pk, rsq = redis.hmget(key, ["pk", "rsq"])
             taken += int(pk or 0)
+            job_id = key.decode().removeprefix(keys.job_prefix(model))
             if rsq is not None:
-                resumed.append(key.decode().removeprefix(keys.job_prefix(model)))
+                resumed.append(job_id)
+            elif pk is not None:
+                restarted.append(job_id)
         answers = [read_answer(redis, model, job_id) for job_id in resumed]
+        fresh = [read_answer(redis, model, job_id) for job_id in restarted]
     finally:
         redis.close()
-    broken = problems(answers, kind, decode)
+    broken = problems(answers + [a for a in fresh if a.ids], kind, decode)
     return {"taken_back": taken, "mid_answer": len(resumed), "broken": len(broken),
             "first_broken": broken[0] if broken else None}  # fmt: skip
