@@ -113,6 +113,7 @@ def sim_text_problem(answer: Answer) -> str | None:
 
 
 def _common(a: str, b: str) -> int:
+    """How many characters two texts share from their start."""
     return next(
         (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
     )
@@ -163,8 +164,7 @@ def problems(answers: Sequence[Answer], kind: str, decode: Decode) -> list[str]:
 
 def _where(got: str, ids_text: str) -> str:
     """Where two texts part: the first differing character and a little around it."""
-    at = next((i for i, (a, b) in enumerate(zip(got, ids_text, strict=False)) if a != b),
-              min(len(got), len(ids_text)))  # fmt: skip
+    at = _common(got, ids_text)
     start = max(0, at - 10)
     return f" (from character {at}: {got[start : at + 20]!r}, ids: {ids_text[start : at + 20]!r})"
 
