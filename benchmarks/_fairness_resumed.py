@@ -114,6 +114,7 @@ def sim_text_problem(answer: Answer) -> str | None:
 
 
 def _common(a: str, b: str) -> int:
+    """How many characters two texts share from their start."""
     return next(
         (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
     )
@@ -164,26 +165,30 @@ def problems(answers: Sequence[Answer], kind: str, decode: Decode) -> list[str]:
 
 def _where(got: str, ids_text: str) -> str:
     """Where two texts part: the first differing character and a little around it."""
-    at = next((i for i, (a, b) in enumerate(zip(got, ids_text, strict=False)) if a != b),
-              min(len(got), len(ids_text)))  # fmt: skip
+    at = _common(got, ids_text)
     start = max(0, at - 10)
     return f" (from character {at}: {got[start : at + 20]!r}, ids: {ids_text[start : at + 20]!r})"
 
 
 def fairq_preemptions(redis_url: str, model: str, kind: str, decode: Decode) -> dict[str, Any]:
     """Times fairq took jobs back, the jobs taken back mid-answer, and what was wrong with
-    any of those answers."""
+    any answer taken back: those resumed mid-answer, and those started again from scratch
+    whose token ids were recorded (their client must see only the new attempt's)."""
     redis = Redis.from_url(redis_url)
     try:
-        taken, resumed = 0, []
+        taken, resumed, restarted = 0, [], []
         for key in redis.scan_iter(keys.job(model, "*"), count=1000):
             pk, rsq = redis.hmget(key, ["pk", "rsq"])
             taken += int(pk or 0)
+            job_id = key.decode().removeprefix(keys.job_prefix(model))
             if rsq is not None:
-                resumed.append(key.decode().removeprefix(keys.job_prefix(model)))
+                resumed.append(job_id)
+            elif pk is not None:
+                restarted.append(job_id)
         answers = [read_answer(redis, model, job_id) for job_id in resumed]
+        fresh = [read_answer(redis, model, job_id) for job_id in restarted]
     finally:
         redis.close()
-    broken = problems(answers, kind, decode)
+    broken = problems(answers + [a for a in fresh if a.ids], kind, decode)
     return {"taken_back": taken, "mid_answer": len(resumed), "broken": len(broken),
             "first_broken": broken[0] if broken else None}  # fmt: skip

@@ -227,8 +227,9 @@ class DispatchStore:
     async def park(self, model: str, endpoint: str, *, min_jobs: int = 2) -> Parked | None:
         """Take the newest job without output of the user with the most jobs at ``endpoint``
         (at least ``min_jobs``) back out of the engine, to the head of that user's queue;
-        failing that, their newest streamed job that can go on where it is cut (the model's
-        ``resume_streams``). Its worker is told to drop it. None when no such job is there."""
+        failing that, their oldest streamed job that can go on where it is cut (the model's
+        ``resume_streams``; the oldest is nearest its end, so the pause makes no straggler).
+        Its worker is told to drop it. None when no such job is there."""
         config = self._settings.model(model)
         from_text = config is not None and config.resume_streams == "text"
         call = park_call(model, endpoint, scan=PARK_SCAN, min_jobs=min_jobs, from_text=from_text)

@@ -328,10 +328,11 @@ class Dispatcher:
     ) -> ModelSnapshot:
         """Preemption: while a newcomer (a user with nothing in the engine) was sent beyond an
         endpoint's batch, or is still queued, take the jobs beyond the batch back out of the
-        engine (``DispatchStore.park``: the heaviest user's newest without output; a user's
-        only job never), so the newcomer is first in the engine's queue and, when one of
-        those was running, gets its slot at the next step. Returns the snapshot to plan
-        from next (read again if anything was taken back)."""
+        engine (``DispatchStore.park``: the heaviest user's newest without output, else
+        their oldest that can be resumed mid-answer; a user's only job never), so the
+        newcomer is first in the engine's queue and, when one of those was running, gets
+        its slot at the next step. Returns the snapshot to plan from next (read again if
+        anything was taken back)."""
         top = snap.backlogs[0] if snap.backlogs else None
         queued = [u for u, _ in top.users if not snap.in_engine.get(u)] if top else []
         parked = 0

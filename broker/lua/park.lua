@@ -48,7 +48,10 @@ end
 
 local count = {}     -- user -> their jobs at the endpoint
 local candidate = {} -- user -> their newest job without output: {job id, entry, payload, band}
-local resumable = {} -- user -> their newest resumable streamed job with output (the same)
+-- user -> their oldest resumable streamed job with output (the same): the one nearest its
+-- end, so that the pause does not make it the flood's last answer (the newest would be,
+-- and after its resume it is the newest again: one answer would take every pause).
+local resumable = {}
 for _, e in ipairs(entries) do
   local f = {}
   for i = 1, #e[2], 2 do
@@ -63,7 +66,7 @@ for _, e in ipairs(entries) do
       if s[1] == 'dispatched' or s[1] == 'running' then
         if quiet then
           candidate[user] = {f['j'], e[1], f['p'], f['b']}
-        elseif s[2] and not resumable[user] and goes_on(f['j']) then
+        elseif s[2] and goes_on(f['j']) then  -- newest first: the last one seen stays
           resumable[user] = {f['j'], e[1], f['p'], f['b']}
         end
       end
