@@ -1,4 +1,6 @@
-"""Shared fixtures: one private Redis server per test session, flushed between tests."""
+"""Shared fixtures: one private Redis server per test session, flushed between tests; the
+process groups a test starts, and the net that kills what a test left running
+(tests/support/processes.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import redis
 from redis.asyncio import Redis
 
 from fairq.localredis import LocalRedis
+from tests.support.processes import no_process_left, processes  # noqa: F401 - fixtures
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from broker import keys
 from fairq.stack import DEMO_MODELS, Stack
 from tests.support.eventually import eventually
+from tests.support.processes import ProcessGroups
 from tests.support.stack import demo_stack, sim_port
 
 pytestmark = pytest.mark.integration
@@ -37,8 +38,12 @@ def stack(redis_url: str) -> Iterator[Stack]:
         yield running
 
 
-def start_batch_worker(stack: Stack) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "fairq", "batch-worker"], env=stack.env)
+def start_batch_worker(stack: Stack, processes: ProcessGroups) -> subprocess.Popen[bytes]:
+    """A batch worker in a process group of its own, killed whole when the test ends."""
+    worker: subprocess.Popen[bytes] = processes.start(
+        [sys.executable, "-m", "fairq", "batch-worker"], env=stack.env
+    )
+    return worker
 
 
 def kill(process: subprocess.Popen[bytes]) -> None:
@@ -88,7 +93,7 @@ def until_batch(r: redis.Redis, batch_id: str, done: Callable[[Any], object], wh
 
 
 def test_a_batch_worker_killed_in_ingest_and_in_finalize_loses_and_repeats_nothing(
-    stack: Stack, redis_url: str
+    stack: Stack, redis_url: str, processes: ProcessGroups
 ) -> None:
     client = OpenAI(base_url=f"{stack.gateway_url}/v1", api_key="fq-demo-alice", max_retries=0)
     r = redis.Redis.from_url(redis_url)
@@ -100,18 +105,18 @@ def test_a_batch_worker_killed_in_ingest_and_in_finalize_loses_and_repeats_nothi
         input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
     )
 
-    worker = start_batch_worker(stack)
+    worker = start_batch_worker(stack, processes)
     until_batch(r, batch.id, lambda h: int(h.get(b"line", 0)) >= 2_000, "2,000 lines read")
     kill(worker)
     status = r.hget(keys.batch(batch.id), "status")
     assert status == b"validating", "the kill was meant to land during ingest"
 
-    worker = start_batch_worker(stack)
+    worker = start_batch_worker(stack, processes)
     until_batch(r, batch.id, lambda h: h.get(b"status") == b"finalizing", "finalizing")
     kill(worker)
     assert r.hget(keys.batch(batch.id), "status") == b"finalizing", "meant to land in finalize"
 
-    worker = start_batch_worker(stack)
+    worker = start_batch_worker(stack, processes)
     try:
         until_batch(r, batch.id, lambda h: h.get(b"status") == b"completed", "completed")
     finally:

@@ -32,6 +32,7 @@ from fairq.localredis import free_port
 from fairq.stack import DEMO_MODELS, Stack, demo_config
 from gateway import create_app, gateway_config
 from tests.support.eventually import WAIT_S, eventually
+from tests.support.processes import ProcessGroups
 from tests.support.servers import free_socket, running, uvicorn_thread
 from tests.support.settings import MODEL
 from workers.service import Worker
@@ -142,6 +143,7 @@ class WorkerProcesses:
         self._env = {**os.environ, "FAIRQ_CONFIG": str(path), "FAIRQ_REDIS_URL": redis_url,
                      "FAIRQ_LOG_LEVEL": "WARNING", "FAIRQ_METRICS_PORT": "0"}  # fmt: skip
         self.procs: list[subprocess.Popen[bytes]] = []
+        self._groups = ProcessGroups()  # each its own process group, killed whole at close
 
     def spawn(self, metrics_port: int | None = None) -> subprocess.Popen[bytes]:
         env = dict(self._env)
@@ -157,15 +159,14 @@ class WorkerProcesses:
         return proc
 
     def run(self, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen([sys.executable, "-m", "fairq", *args], env=env)
+        proc: subprocess.Popen[bytes] = self._groups.start(
+            [sys.executable, "-m", "fairq", *args], env=env
+        )
         self.procs.append(proc)
         return proc
 
     def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(10)
+        self._groups.kill_all()
         self._dir.cleanup()
 
 
