@@ -68,6 +68,7 @@ from benchmarks._fairness_scenarios import FAMILIES, Scenario
 from benchmarks._fairness_stack import Setup, arm_env, fairq_priority_problem
 from benchmarks.stats import machine
 from broker import ModelConfig
+from fairq.runtime import environment
 
 IDLE_WAIT_S = 600.0
 PINNING = "engine on core 0; fairq's processes and the load client on core 1"
@@ -214,7 +215,10 @@ def main_run(options: Options, as_json: bool) -> None:
     finish(result, options, as_json)
 
 
-@click.command(name="fairness")
+@click.command(
+    name="fairness",
+    epilog=environment(("FAIRQ_VLLM_HOME", "as --vllm-home [.vllm at the repository root]")),
+)
 @click.option(
     "--scenario",
     "scenario_names",

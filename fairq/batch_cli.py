@@ -21,7 +21,14 @@ import httpx
 import orjson
 from tqdm import tqdm
 
+from fairq.runtime import environment
+
 _TERMINAL = ("completed", "failed", "expired", "cancelled")
+_ENV = environment(
+    ("FAIRQ_API_URL", "the fairq gateway, unless --api-url [http://127.0.0.1:8000]"),
+    ("FAIRQ_API_KEY", "the API key, unless --api-key [none]"),
+    ("OPENAI_API_KEY", "the API key when FAIRQ_API_KEY is not set [none]"),
+)
 _POLL_S = 1.0
 
 
@@ -62,7 +69,7 @@ def _gateway_options(command: Callable[..., Any]) -> Callable[..., Any]:
     )(command)
 
 
-@click.group()
+@click.group(epilog=_ENV)
 @click.option(
     "--api-url",
     envvar="FAIRQ_API_URL",
@@ -117,7 +124,7 @@ def _upload(client: httpx.Client, path: Path, name: str) -> str:
     return str(uploaded["id"])
 
 
-@batch.command()
+@batch.command(epilog=_ENV)
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--model", default=None, help="model for every request that names none")
 @click.option(
@@ -166,7 +173,7 @@ def _follow(client: httpx.Client, batch_id: str) -> dict[str, Any]:
             time.sleep(_POLL_S)
 
 
-@batch.command()
+@batch.command(epilog=_ENV)
 @click.argument("batch_id")
 @_gateway_options
 @click.pass_context
@@ -186,7 +193,7 @@ def _download(client: httpx.Client, file_id: str, path: Path) -> None:
             out.write(block)
 
 
-@batch.command()
+@batch.command(epilog=_ENV)
 @click.argument("batch_id")
 @click.option(
     "-o",
@@ -220,7 +227,7 @@ def results(ctx: click.Context, batch_id: str, output: Path, errors: Path | None
     click.echo(f"{output}: {counts['completed']} completed, {counts['failed']} failed")
 
 
-@batch.command(name="cancel")
+@batch.command(name="cancel", epilog=_ENV)
 @click.argument("batch_id")
 @_gateway_options
 @click.pass_context

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import signal
 import sys
-import time
 from typing import Any
 
 import click
@@ -18,10 +16,11 @@ import click
 from broker import hash_key
 from fairq import runtime
 from fairq.batch_cli import batch
+from fairq.config_cli import config
 from fairq.k8s_cli import k8s
-from fairq.localredis import free_port
-from fairq.stack import DEMO_BATCH_SLOTS, DEMO_KEYS, DEMO_MODELS, Stack, demo_config
+from fairq.stack import DEMO_MODELS
 from fairq.status_cli import job, jobs, status, top
+from fairq.up_cli import up
 
 
 class _Main(click.Group):
@@ -59,7 +58,7 @@ def main(debug: bool) -> None:
     """
 
 
-@main.command()
+@main.command(epilog=runtime.environment(*runtime.SERVICE))
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True)
 def api(host: str, port: int) -> None:
@@ -70,7 +69,7 @@ def api(host: str, port: int) -> None:
     run_gateway(runtime.settings_or_exit(), host, port)
 
 
-@main.command()
+@main.command(epilog=runtime.environment(*runtime.SERVICE, runtime.METRICS))
 def dispatcher() -> None:
     """Run a dispatcher for every configured model."""
     from fairq.services import run_dispatcher
@@ -80,7 +79,13 @@ def dispatcher() -> None:
     runtime.run_until_signalled(lambda stop: run_dispatcher(settings, stop))
 
 
-@main.command()
+@main.command(
+    epilog=runtime.environment(
+        *runtime.SERVICE,
+        runtime.METRICS,
+        ("FAIRQ_WORKER_CONCURRENCY", "jobs at once, unless --concurrency [64]"),
+    )
+)
 @click.option("--concurrency", type=int, default=None, help="jobs at once [settings: 64]")
 def worker(concurrency: int | None) -> None:
     """Run a worker that executes dispatched jobs against the engines."""
@@ -91,7 +96,7 @@ def worker(concurrency: int | None) -> None:
     runtime.run_until_signalled(lambda stop: run_worker(settings, stop, concurrency))
 
 
-@main.command(name="batch-worker")
+@main.command(name="batch-worker", epilog=runtime.environment(*runtime.SERVICE, runtime.METRICS))
 def batch_worker() -> None:
     """Run an RQ batch worker (queue fairq-batch): ingest, progress, finalize, expire."""
     from fairq.services import run_batch_worker
@@ -112,7 +117,7 @@ def batch_worker() -> None:
 main.add_command(batch)
 
 
-@main.command()
+@main.command(epilog=runtime.environment())
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8100, show_default=True)
 @click.option("--model", "models", multiple=True, required=True, help="served model name")
@@ -128,7 +133,7 @@ def sim(host: str, port: int, models: tuple[str, ...], profile: str | None) -> N
     serve(host, port, list(models), sim_profile)
 
 
-@main.command(name="hash-key")
+@main.command(name="hash-key", epilog=runtime.environment())
 @click.argument("key")
 def hash_key_cmd(key: str) -> None:
     """Print the sha256 to put in the config for an API key."""
@@ -153,22 +158,23 @@ class _Benchmarks(click.Group):
         return command
 
 
-@main.group(cls=_Benchmarks)
+@main.group(cls=_Benchmarks, epilog=runtime.environment())
 def bench() -> None:
     """Benchmarks: fairq against its baseline, side by side in one run."""
 
 
 main.add_command(k8s)
+main.add_command(config)
 for _command in (status, top, jobs, job):
     main.add_command(_command)
 
 
-@main.group()
+@main.group(epilog=runtime.environment())
 def demo() -> None:
     """Demos against a running `fairq up` (they need the openai client: `make install`)."""
 
 
-@demo.command()
+@demo.command(epilog=runtime.environment())
 @click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="the gateway")
 @click.option("--model", default=DEMO_MODELS[0], show_default=True)
 @click.option("--requests", default=100, show_default=True, help="alice's streamed requests")
@@ -194,58 +200,4 @@ def newcomer(
         sys.exit(1)
 
 
-@main.command()
-@click.option("--port", default=8000, show_default=True, help="gateway port on 127.0.0.1")
-@click.option("--sim-port", default=None, type=int, help="first simulator port [free ports]")
-@click.option(
-    "--redis-url",
-    envvar="FAIRQ_REDIS_URL",
-    default=None,
-    help="use this Redis instead of starting a private one",
-)
-@click.option("--workers", default=1, show_default=True)
-def up(port: int, sim_port: int | None, redis_url: str | None, workers: int) -> None:
-    """Run the whole stack locally: Redis, two simulated engines, dispatcher, worker, gateway."""
-    ports = [sim_port + i if sim_port else free_port() for i in range(len(DEMO_MODELS))]
-    stack = Stack(
-        # The simulator's default profile runs 32 at once: fairq is told, so kept slots
-        # work from the first request (learning it waits for the engine to be seen full).
-        config=demo_config(ports, batch_slots=DEMO_BATCH_SLOTS),
-        gateway_port=port,
-        sims=dict(zip(ports, DEMO_MODELS, strict=True)),
-        redis_url=redis_url,
-        workers=workers,
-    )
-    # Ctrl-C reaches the children too; the parent only has to wait for them and clean up.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    try:
-        stack.start()
-        _print_welcome(stack)
-        while (dead := stack.dead()) is None:
-            time.sleep(0.5)
-        click.echo(f"fairq: {dead} exited; stopping the stack", err=True)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        click.echo("\nfairq: stopping")
-    finally:
-        stack.stop()
-
-
-def _print_welcome(stack: Stack) -> None:
-    key = next(iter(DEMO_KEYS))
-    click.echo(f"fairq is up: {stack.gateway_url}/v1  (Redis: {stack.redis_url})")
-    click.echo(f"models: {', '.join(DEMO_MODELS)} (simulated engines; timings are estimates)")
-    for demo_key, (user, tenant) in DEMO_KEYS.items():
-        click.echo(f"API key {demo_key}  user={user} tenant={tenant}")
-    click.echo("try:")
-    click.echo(
-        f"  curl -N {stack.gateway_url}/v1/chat/completions -H 'Authorization: Bearer {key}' "
-        f'-H \'Content-Type: application/json\' -d \'{{"model": "{DEMO_MODELS[0]}", '
-        f'"stream": true, "messages": [{{"role": "user", "content": "Hello"}}]}}\''
-    )
-    click.echo(f"dashboard: {stack.gateway_url}/dashboard#key=fq-demo-admin  (`fairq status`)")
-    metrics = [f"{stack.gateway_url}/metrics"]
-    metrics += [stack.metrics_url(name) for name in stack.metrics_ports]
-    click.echo(f"metrics: {'  '.join(metrics)}")
-    click.echo("Ctrl-C stops everything.", nl=True)
-    sys.stdout.flush()
+main.add_command(up)

@@ -8,13 +8,15 @@ from pathlib import Path
 
 import click
 
+from fairq.runtime import CONFIG, REDIS, SETTING, environment
 
-@click.group()
+
+@click.group(epilog=environment())
 def k8s() -> None:
     """Kubernetes: the manifests under deploy/k8s, and the probe of pods without HTTP."""
 
 
-@k8s.command()
+@k8s.command(epilog=environment())
 @click.option(
     "--dir",
     "k8s_dir",
@@ -42,7 +44,7 @@ def render(k8s_dir: Path, check: bool) -> None:
         sys.exit(2)
 
 
-@k8s.command()
+@k8s.command(epilog=environment(CONFIG, REDIS, SETTING))
 @click.option("--timeout", "timeout_s", default=2.0, show_default=True, help="seconds")
 def probe(timeout_s: float) -> None:
     """Readiness of a dispatcher or worker pod: the configuration loads and Redis answers."""

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import redis
 
+from fairq.children import start_server
+
 
 class RedisServerError(RuntimeError):
     """The private Redis could not be found or started."""
@@ -60,6 +62,9 @@ class LocalRedis:
     ``password`` turns on ``requirepass`` (the URL then carries it); ``extra_args``
     are passed to the server as they are (e.g. ``["--maxmemory", "10mb"]``); ``env``
     is added to the server's environment (e.g. ``LD_PRELOAD`` of another allocator).
+    ``die_with_parent``: the server dies with the thread that starts it, and ignores
+    SIGINT (``fairq.children.start_server``): start it from a thread that lives as long
+    as it should, and stop it with ``stop``.
     """
 
     def __init__(
@@ -70,8 +75,10 @@ class LocalRedis:
         password: str | None = None,
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        die_with_parent: bool = False,
     ) -> None:
         self.port = port or free_port()
+        self._die_with_parent = die_with_parent
         self.password = password
         self._appendonly = appendonly
         self._extra_args = list(extra_args)
@@ -118,6 +125,8 @@ class LocalRedis:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env=self._env,
+            # ctypes calls only (fairq.children): no lock another thread could hold
+            preexec_fn=start_server if self._die_with_parent else None,  # noqa: PLW1509
         )
         self._wait_ready(timeout_s)
         return self

@@ -22,14 +22,71 @@ from pydantic import ValidationError
 
 from broker import Settings, load_settings
 
+# What each command reads from the environment, for its --help (``environment``).
+CONFIG = ("FAIRQ_CONFIG", "the YAML configuration: models, keys, bands [none: no models]")
+REDIS = ("FAIRQ_REDIS_URL", "the Redis every component shares [required]")
+SETTING = ("FAIRQ_<SETTING>", "any setting, over the file's (fairq.example.yaml)")
+LOG = ("FAIRQ_LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR [INFO]")
+METRICS = ("FAIRQ_METRICS_PORT", "its Prometheus /metrics port; 0: none [9464]")
+SERVICE = (CONFIG, REDIS, SETTING, LOG)
+
+
+def environment(*variables: tuple[str, str]) -> str:
+    """The ``Environment:`` section of a command's help: each variable it reads, what for,
+    and its default in brackets."""
+    if not variables:
+        return "Environment: none read."
+    width = max(len(name) for name, _ in variables) + 2
+    lines = [f"  {name:<{width}}{what}" for name, what in variables]
+    return "\b\nEnvironment:\n" + "\n".join(lines)
+
 
 def settings_or_exit() -> Settings:
-    """The settings, or exit 2 with the configuration error."""
+    """The settings, or exit 2 with the configuration error (a bad file's problems each
+    with its line: ``fairq.config_check``)."""
+    settings = _load_or_exit()
     try:
-        settings = load_settings()
         settings.require_redis_url()
-    except (ValidationError, ValueError, FileNotFoundError) as exc:
+    except ValueError as exc:
         fail_config(exc)
+    return settings
+
+
+def _load_or_exit() -> Settings:
+    try:
+        return load_settings()
+    except ValidationError as exc:
+        from fairq.config_check import explain
+
+        source, found = explain(exc, os.environ.get("FAIRQ_CONFIG"))
+        for problem in found:
+            click.echo(f"fairq: configuration error: {problem.render(source)}", err=True)
+        sys.exit(2)
+    except (ValueError, FileNotFoundError) as exc:
+        fail_config(exc)
+
+
+def stack_settings_or_exit(command: str) -> Settings:
+    """The settings of a command that reads a running stack (``fairq status``, ``top``,
+    ``jobs``, ``job``): without a Redis URL or a model there is nothing to show, so it
+    exits 2 saying which is missing, rather than showing an empty stack."""
+    config = os.environ.get("FAIRQ_CONFIG")
+    missing = []
+    if not config:
+        missing.append("FAIRQ_CONFIG (the configuration that names the models)")
+    settings = _load_or_exit()
+    if settings.redis_url is None:
+        missing.append("FAIRQ_REDIS_URL (the stack's Redis)")
+    if missing:
+        fail_config(
+            ValueError(
+                f"fairq {command} needs {' and '.join(missing)}: `fairq up` prints the "
+                "export lines for its stack; for your own, export FAIRQ_CONFIG=your.yaml "
+                "FAIRQ_REDIS_URL=redis://host:6379/0"
+            )
+        )
+    if not settings.models:
+        fail_config(ValueError(f"FAIRQ_CONFIG ({config}) lists no models: nothing to show"))
     return settings
 
 

@@ -5,30 +5,38 @@ dispatcher, workers, a batch worker (RQ) and the gateway, each a child process r
 ``fairq`` command a production pod runs. Children die with the parent (Linux
 PR_SET_PDEATHSIG), and ``stop`` ends them all, so nothing is left behind. The kernel
 sends that signal when the *thread* that started the child ends, so every child is
-started by one thread the stack owns until ``stop``: a child restarted from a
-short-lived thread (a test's ``asyncio.to_thread``) would otherwise be stopped with it.
+started by one thread the stack owns until ``stop`` (``fairq.children``): a child
+restarted from a short-lived thread (a test's ``asyncio.to_thread``) would otherwise be
+stopped with it. The private Redis is started by that thread too, and dies with the stack.
 Tests and benchmarks use the same class; a stack of simulators alone (no
 dispatcher, worker or gateway, as in a benchmark's direct arm) starts no Redis.
+
+Each child starts with SIGINT and SIGTERM at their defaults, whatever its parent
+ignores. A child's output goes to the parent's own (the default), to a file per
+child (``log_dir``), or line by line to ``on_output`` (``fairq up``'s console);
+``on_event`` hears each child's state changes.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import yaml
 
 from broker import hash_key
+from fairq.children import start_child
 from fairq.localredis import LocalRedis, free_port
 
 DEMO_MODELS = ("demo-chat", "demo-code")
@@ -37,6 +45,17 @@ DEMO_KEYS = {  # key -> (user, tenant): printed by `fairq up`, for local use onl
     "fq-demo-alice": ("alice", "team-a"),
     "fq-demo-bob": ("bob", "team-b"),
 }
+
+
+DEMO_ADMIN_KEY = "fq-demo-admin"
+
+
+def demo_api_keys() -> list[dict[str, Any]]:
+    """The demo keys' entries (``DEMO_KEYS`` and the admin key ``DEMO_ADMIN_KEY``)."""
+    return [
+        {"sha256": hash_key(key), "user": user, "tenant": tenant}
+        for key, (user, tenant) in DEMO_KEYS.items()
+    ] + [{"sha256": hash_key(DEMO_ADMIN_KEY), "user": "admin", "admin": True}]
 
 
 def demo_config(
@@ -50,19 +69,10 @@ def demo_config(
             {"name": name, "engine": "vllm", "endpoints": [f"http://127.0.0.1:{port}"], **batch}
             for name, port in zip(DEMO_MODELS, sim_ports, strict=True)
         ],
-        "api_keys": [
-            {"sha256": hash_key(key), "user": user, "tenant": tenant}
-            for key, (user, tenant) in DEMO_KEYS.items()
-        ]
-        + [{"sha256": hash_key("fq-demo-admin"), "user": "admin", "admin": True}],
+        "api_keys": demo_api_keys(),
     }
     config.update(overrides)
     return config
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 @dataclass
@@ -78,6 +88,9 @@ class Stack:
     gateway: bool = True
     env: dict[str, str] = field(default_factory=dict)  # extra, e.g. FAIRQ_WORKER_CONCURRENCY
     log_dir: Path | None = None  # each child's stdout and stderr to <log_dir>/<name>.log
+    config_file: Path | None = None  # run on this file instead of writing ``config``
+    on_output: Callable[[str, str], None] | None = None  # (child, line) of each child's output
+    on_event: Callable[[str, str], None] | None = None  # (component, what became of it)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     metrics_ports: dict[str, int] = field(default_factory=dict)  # process -> its /metrics port
     _redis: LocalRedis | None = None
@@ -101,20 +114,31 @@ class Stack:
     def runs_fairq(self) -> bool:
         return self.gateway or self.workers > 0 or self.dispatchers > 0
 
+    @property
+    def config_path(self) -> Path:
+        """The configuration file every child reads (``FAIRQ_CONFIG``), once started."""
+        if self.config_file is not None:
+            return self.config_file
+        assert self._dir is not None, "the stack has not started"
+        return Path(self._dir.name) / "fairq.yaml"
+
     def _start(self, timeout_s: float) -> None:
         if self.redis_url is None and self.runs_fairq:
-            self._redis = LocalRedis().start()
-            self.redis_url = self._redis.url
+            redis = self._redis = LocalRedis(die_with_parent=True)
+            self._spawner_thread().submit(redis.start).result()
+            self.redis_url = redis.url
+            self._event("redis", f"ready at {self.redis_url} (private: gone at exit)")
         self._dir = tempfile.TemporaryDirectory(prefix="fairq-up-")
-        config_path = Path(self._dir.name) / "fairq.yaml"
-        config_path.write_text(yaml.safe_dump(self.config))
-        self.env = {**os.environ, **self.env, "FAIRQ_CONFIG": str(config_path)}
+        if self.config_file is None:
+            self.config_path.write_text(yaml.safe_dump(self.config))
+        self.env = {**os.environ, **self.env, "FAIRQ_CONFIG": str(self.config_path)}
         if self.redis_url is not None:
             self.env["FAIRQ_REDIS_URL"] = self.redis_url
         for port, model in self.sims.items():
             self._spawn(f"sim-{model}", self._sim_args(port, model))
-        for port in self.sims:
+        for port, model in self.sims.items():
             self._wait_http(f"http://127.0.0.1:{port}/health", timeout_s)
+            self._event(f"sim-{model}", f"ready at http://127.0.0.1:{port}")
         for i in range(self.dispatchers):
             self._spawn(f"dispatcher-{i}", ["dispatcher"], self._metrics_env(f"dispatcher-{i}"))
         for i in range(self.workers):
@@ -125,6 +149,11 @@ class Stack:
         if self.gateway:
             self._spawn("api", ["api", "--host", "127.0.0.1", "--port", str(self.gateway_port)])
             self._wait_http(f"{self.gateway_url}/readyz", timeout_s)
+            self._event("api", f"ready at {self.gateway_url}")
+
+    def _event(self, name: str, what: str) -> None:
+        if self.on_event is not None:
+            self.on_event(name, what)
 
     def _sim_args(self, port: int, model: str) -> list[str]:
         args = ["sim", "--port", str(port)]
@@ -157,23 +186,37 @@ class Stack:
 
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
         self._commands[name] = (args, env)
-        log = None
+        log: IO[bytes] | int | None = None
         if self.log_dir is not None:
             log = (self.log_dir / f"{name.replace('/', '_')}.log").open("ab")
+        elif self.on_output is not None:
+            log = subprocess.PIPE
+        try:
+            process = self.processes[name] = (
+                self._spawner_thread()
+                .submit(
+                    subprocess.Popen,
+                    [sys.executable, "-m", "fairq", *args],
+                    env={**self.env, **(env or {})},
+                    stdout=log,
+                    stderr=subprocess.STDOUT if log is subprocess.PIPE else log,
+                    preexec_fn=start_child,
+                )
+                .result()
+            )
+        finally:
+            if log is not None and not isinstance(log, int):
+                log.close()  # the child has its own descriptor
+        self._event(name, f"started (pid {process.pid})")
+        if process.stdout is not None and self.on_output is not None:
+            threading.Thread(
+                target=_relay, args=(name, process.stdout, self.on_output), daemon=True
+            ).start()
+
+    def _spawner_thread(self) -> ThreadPoolExecutor:
         if self._spawner is None:
             self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fairq-spawn")
-        try:
-            self.processes[name] = self._spawner.submit(
-                subprocess.Popen,
-                [sys.executable, "-m", "fairq", *args],
-                env={**self.env, **(env or {})},
-                stdout=log,
-                stderr=log,
-                preexec_fn=_die_with_parent,  # only ctypes prctl: no locks taken after the fork
-            ).result()
-        finally:
-            if log is not None:
-                log.close()  # the child has its own descriptor
+        return self._spawner
 
     def _wait_http(self, url: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -219,3 +262,10 @@ class Stack:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _relay(name: str, stream: IO[bytes], on_output: Callable[[str, str], None]) -> None:
+    """Hands each line a child writes to ``on_output`` until the child closes its output."""
+    with stream:
+        for raw in iter(stream.readline, b""):
+            on_output(name, raw.decode(errors="replace").rstrip())

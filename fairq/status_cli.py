@@ -28,7 +28,9 @@ from rich.text import Text
 
 from broker import FairqError, JobQueue, JobRecord, JobState, Settings, connect, keys, read_status
 from broker import job_fields as jf
-from fairq.runtime import settings_or_exit
+from fairq.runtime import CONFIG, REDIS, SETTING, environment, stack_settings_or_exit
+
+_ENV = environment(CONFIG, REDIS, SETTING)
 
 T = TypeVar("T")
 
@@ -165,11 +167,11 @@ def render_status(status: dict[str, Any]) -> RenderableType:
 # -- commands -------------------------------------------------------------------------
 
 
-@click.command()
+@click.command(epilog=_ENV)
 @click.option("--json", "as_json", is_flag=True, help="print the status as JSON")
 def status(as_json: bool) -> None:
     """Show each model's endpoints, admission state, backlog and top users."""
-    settings = settings_or_exit()
+    settings = stack_settings_or_exit("status")
     body = _run(settings, lambda redis: _status(redis, settings))
     if as_json:
         click.echo(_dumps(body))
@@ -177,11 +179,11 @@ def status(as_json: bool) -> None:
         _console().print(render_status(body))
 
 
-@click.command()
+@click.command(epilog=_ENV)
 @click.option("--interval", default=1.0, show_default=True, help="seconds between refreshes")
 def top(interval: float) -> None:
     """The status, live: redrawn every --interval seconds until Ctrl-C."""
-    settings = settings_or_exit()
+    settings = stack_settings_or_exit("top")
 
     async def watch(redis: Redis) -> None:
         with Live(Text("loading…"), auto_refresh=False, screen=False) as live:
@@ -215,7 +217,7 @@ def _job_row(job: JobRecord) -> dict[str, Any]:
     return {**job.public(), "user": job.user, "tenant": job.tenant, "endpoint": job.endpoint}
 
 
-@click.command()
+@click.command(epilog=_ENV)
 @click.option("--model", "model_names", multiple=True, help="only these models [all]")
 @click.option("--state", type=click.Choice([s.value for s in JobState]), default=None)
 @click.option("--user", default=None, help="only this user's jobs")
@@ -232,7 +234,7 @@ def jobs(
     as_json: bool,
 ) -> None:
     """List jobs, newest first (queued, running and those ended within result_ttl_s)."""
-    settings = settings_or_exit()
+    settings = stack_settings_or_exit("jobs")
     names = model_names or tuple(m.name for m in settings.models)
 
     async def collect(redis: Redis) -> list[JobRecord]:
@@ -271,11 +273,11 @@ def _jobs_table(rows: list[dict[str, Any]], total: int) -> Table:
     return table
 
 
-@click.command()
+@click.command(epilog=_ENV)
 @click.argument("job_id")
 def job(job_id: str) -> None:
     """Show one job's record (any user's) as JSON."""
-    settings = settings_or_exit()
+    settings = stack_settings_or_exit("job")
 
     async def read(redis: Redis) -> dict[str, Any]:
         queue = JobQueue(redis, settings)

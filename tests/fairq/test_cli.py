@@ -10,25 +10,16 @@ import sys
 import time
 from pathlib import Path
 
+import click
 import pytest
 import yaml
+from click.testing import CliRunner
 
+from fairq.cli import main
 from fairq.localredis import free_port
+from tests.support.cli import RUN_S, fairq
+from tests.support.processes import ProcessGroups
 from tests.support.settings import make_config
-
-RUN_S = 60
-
-
-def fairq(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("FAIRQ_", "OPENAI_"))}
-    return subprocess.run(
-        [sys.executable, "-m", "fairq", *args],
-        env=clean | (env or {}),
-        capture_output=True,
-        text=True,
-        timeout=RUN_S,
-        check=False,
-    )
 
 
 @pytest.fixture
@@ -91,23 +82,83 @@ def test_batch_without_any_key_says_how_to_give_one(tmp_path: Path) -> None:
 
 
 def test_the_batch_worker_console_shows_fairq_lines_not_rqs_maintenance(
-    config: Path, redis_url: str
+    config: Path, redis_url: str, processes: ProcessGroups
 ) -> None:
     env = os.environ | {"FAIRQ_CONFIG": str(config), "FAIRQ_REDIS_URL": redis_url}
     env |= {"FAIRQ_METRICS_PORT": "0", "FAIRQ_LOG_LEVEL": "INFO"}
-    worker = subprocess.Popen(
+    worker = processes.start(
         [sys.executable, "-m", "fairq", "batch-worker"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        start_new_session=True,
     )
-    try:
-        time.sleep(4)  # several maintenance rounds (batch.sweep_interval_s is 1 s)
-    finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        output, _ = worker.communicate(timeout=RUN_S)
+    time.sleep(4)  # several maintenance rounds (batch.sweep_interval_s is 1 s)
+    os.killpg(worker.pid, signal.SIGTERM)
+    output, _ = worker.communicate(timeout=RUN_S)
     assert "batch worker" in output and "fairq-batch" in output  # fairq's own start line
     assert "cleaning registries" not in output
     assert "Acquired scheduler lock" not in output
+
+
+def _commands(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    found = []
+    ctx = click.Context(group)
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        assert command is not None
+        found.append((*path, name))
+        if isinstance(command, click.Group):
+            found += _commands(command, (*path, name))
+    return found
+
+
+# What each command reads, beyond "none": the help must name it.
+READS = {
+    ("api",): ("FAIRQ_CONFIG", "FAIRQ_REDIS_URL", "FAIRQ_LOG_LEVEL", "[INFO]"),
+    ("dispatcher",): ("FAIRQ_CONFIG", "FAIRQ_REDIS_URL", "FAIRQ_METRICS_PORT", "[9464]"),
+    ("worker",): ("FAIRQ_REDIS_URL", "FAIRQ_WORKER_CONCURRENCY", "[64]"),
+    ("batch-worker",): ("FAIRQ_CONFIG", "FAIRQ_REDIS_URL", "FAIRQ_METRICS_PORT"),
+    ("status",): ("FAIRQ_CONFIG", "FAIRQ_REDIS_URL"),
+    ("top",): ("FAIRQ_CONFIG", "FAIRQ_REDIS_URL"),
+    ("jobs",): ("FAIRQ_CONFIG", "FAIRQ_REDIS_URL"),
+    ("job",): ("FAIRQ_CONFIG", "FAIRQ_REDIS_URL"),
+    ("up",): ("FAIRQ_CONFIG", "FAIRQ_REDIS_URL", "FAIRQ_LOG_LEVEL", "private Redis"),
+    ("k8s", "probe"): ("FAIRQ_CONFIG", "FAIRQ_REDIS_URL"),
+    ("config",): ("FAIRQ_<SETTING>",),
+    ("config", "check"): ("FAIRQ_<SETTING>",),
+    ("bench", "fairness"): ("FAIRQ_VLLM_HOME",),
+}  # fmt: skip
+BATCH = ("FAIRQ_API_URL", "[http://127.0.0.1:8000]", "FAIRQ_API_KEY", "OPENAI_API_KEY")
+READS |= {("batch", *sub): BATCH for sub in ((), ("submit",), ("status",), ("results",),
+                                             ("cancel",))}  # fmt: skip
+
+
+def test_every_commands_help_names_the_environment_it_reads_and_its_defaults() -> None:
+    runner = CliRunner()
+    commands = _commands(main)
+    assert set(READS) <= set(commands)
+    for path in commands:
+        done = runner.invoke(main, [*path, "--help"], env={"COLUMNS": "200"})
+        assert done.exit_code == 0, (path, done.output)
+        assert "Environment:" in done.output, path
+        for name in READS.get(path, ()):
+            assert name in done.output, (path, name)
+        if path not in READS:
+            assert "Environment: none read" in done.output, path
+
+
+@pytest.mark.parametrize("command", ["status", "top", "jobs"])
+def test_the_stack_views_say_what_is_missing_instead_of_an_empty_stack(command: str) -> None:
+    redis = f"redis://127.0.0.1:{free_port()}/0"
+    done = fairq(command, env={"FAIRQ_REDIS_URL": redis})
+    assert done.returncode == 2
+    assert f"fairq {command} needs FAIRQ_CONFIG" in done.stderr
+    assert "`fairq up` prints the export lines" in done.stderr
+    assert "0 of 0 jobs" not in done.stdout and "Traceback" not in done.stderr
+
+
+def test_the_stack_views_name_a_missing_redis_url(config: Path) -> None:
+    done = fairq("jobs", env={"FAIRQ_CONFIG": str(config)})
+    assert done.returncode == 2
+    assert "fairq jobs needs FAIRQ_REDIS_URL" in done.stderr

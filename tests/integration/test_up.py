@@ -1,89 +1,294 @@
 """``fairq up`` as a user runs it: one command, the official openai client, Ctrl-C.
 
-The stack runs as real processes with its own private Redis; the test talks to
-it only over HTTP on 127.0.0.1, then interrupts it and checks that no process
-is left behind.
+The stack runs as real processes with its own private Redis; the test talks to it only
+over HTTP on 127.0.0.1 and through the commands the banner tells a user to run, then
+interrupts it and checks that no process is left behind. Every ``fairq up`` runs in a
+process group of its own that the ``processes`` fixture kills whole when the test ends,
+passed or failed (tests/support/processes.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
 import psutil
 import pytest
+import yaml
 
+from fairq.console import rows
 from fairq.localredis import free_port
 from fairq.stack import Stack
 from tests.support.eventually import eventually
+from tests.support.processes import ProcessGroups
+from tests.support.settings import ALICE_KEY, MODEL, make_config
+from tests.support.stack import sim
 
 pytestmark = pytest.mark.integration
 
-
-def _wait_for_banner(process: subprocess.Popen[str], timeout_s: float) -> list[str]:
-    """The lines ``fairq up`` prints up to its banner's last, read one by one."""
-    lines: list[str] = []
-    stdout = process.stdout
-    assert stdout is not None
-
-    def read() -> list[str]:
-        line = stdout.readline()
-        assert line, f"fairq up exited early: {''.join(lines)}"
-        lines.append(line)
-        return lines
-
-    return eventually(
-        read,
-        "fairq up's banner",
-        timeout_s,
-        until=lambda seen: seen[-1].startswith("Ctrl-C stops everything"),
-        interval_s=0,
-    )
+REPO = Path(__file__).resolve().parents[2]
+START_S = 60.0
+# A user's environment: nothing of fairq's set, the log at its default level.
+USER_ENV = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
 
 
-def test_fairq_up_serves_the_openai_client_and_ctrl_c_leaves_no_process() -> None:
-    port = free_port()
-    up = subprocess.Popen(
-        [sys.executable, "-m", "fairq", "up", "--port", str(port)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={"PATH": "/usr/bin:/bin", "FAIRQ_LOG_LEVEL": "WARNING"},
-    )
-    try:
-        banner = "".join(_wait_for_banner(up, timeout_s=60))
-        assert f"http://127.0.0.1:{port}/v1" in banner and "fq-demo-alice" in banner
-        assert "curl" in banner
-        children = psutil.Process(up.pid).children(recursive=True)
-        assert len(children) >= 6  # redis, 2 simulators, dispatcher, worker, gateway
+class Up:
+    """A running ``fairq up``: its output, line by line as a terminal would show it."""
 
-        base_url = f"http://127.0.0.1:{port}/v1"
-        with openai.OpenAI(base_url=base_url, api_key="fq-demo-alice") as client:
-            stream = client.chat.completions.create(
-                model="demo-chat",
-                messages=[{"role": "user", "content": "Hello"}],
-                stream=True,
-                max_tokens=6,
-            )
-            pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
-            assert len([p for p in pieces if p]) == 6
-            completion = client.completions.create(
-                model="demo-code", prompt="def f():", max_tokens=4
-            )
-            assert completion.choices[0].text and completion.usage is not None
-            assert completion.usage.completion_tokens == 4
-            models = {m.id for m in client.models.list()}
-            assert models == {"demo-chat", "demo-code"}
-    finally:
-        up.send_signal(signal.SIGINT)
-        up.communicate(timeout=30)
-    gone, alive = psutil.wait_procs(children, timeout=10)
+    def __init__(self, processes: ProcessGroups, *args: str, env: dict[str, str]) -> None:
+        self.port = free_port()
+        self.process = processes.start(
+            [sys.executable, "-m", "fairq", "up", "--port", str(self.port), *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=USER_ENV | env,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        with contextlib.suppress(ValueError):  # closed by the fixture as the test ends
+            for line in self.process.stdout:
+                self.lines.append(line.rstrip("\n"))
+
+    def banner(self, timeout_s: float = START_S) -> list[str]:
+        """The banner's lines (the first time it is printed), once they all are."""
+
+        def printed() -> list[str]:
+            assert self.process.poll() is None, "fairq up exited:\n" + "\n".join(self.lines)
+            lines = list(self.lines)
+            start = next((i for i, x in enumerate(lines) if x.startswith("fairq is up")), None)
+            if start is None:
+                return []
+            end = next((i for i in range(start, len(lines)) if "FAIRQ_REDIS_URL" in lines[i]), 0)
+            return lines[start : end + 1] if end else []
+
+        return eventually(printed, "the banner", timeout_s, interval_s=0.1)
+
+    def exports(self) -> dict[str, str]:
+        """The environment the banner's export lines give another shell."""
+        found = {}
+        for line in self.banner():
+            if line.strip().startswith("export FAIRQ_"):
+                name, _, value = line.strip().removeprefix("export ").partition("=")
+                found[name] = value
+        return found
+
+    def fairq(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """A ``fairq`` command run in another shell after the banner's export lines."""
+        return subprocess.run(
+            [sys.executable, "-m", "fairq", *args],
+            env=USER_ENV | self.exports(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    def interrupt(self) -> int:
+        """Ctrl-C, as the terminal sends it to the foreground process group."""
+        os.killpg(self.process.pid, signal.SIGINT)
+        return self.process.wait(timeout=30)
+
+
+def test_fairq_up_serves_the_openai_client_and_ctrl_c_leaves_no_process(
+    processes: ProcessGroups,
+) -> None:
+    up = Up(processes, env={})
+    banner = "\n".join(up.banner())
+    assert f"http://127.0.0.1:{up.port}/v1" in banner and "fq-demo-alice" in banner
+    assert "curl" in banner
+    children = psutil.Process(up.process.pid).children(recursive=True)
+    assert len(children) >= 6  # redis, 2 simulators, dispatcher, worker, gateway
+
+    base_url = f"http://127.0.0.1:{up.port}/v1"
+    with openai.OpenAI(base_url=base_url, api_key="fq-demo-alice") as client:
+        stream = client.chat.completions.create(
+            model="demo-chat",
+            messages=[{"role": "user", "content": "Hello"}],
+            stream=True,
+            max_tokens=6,
+        )
+        pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+        assert len([p for p in pieces if p]) == 6
+        completion = client.completions.create(model="demo-code", prompt="def f():", max_tokens=4)
+        assert completion.choices[0].text and completion.usage is not None
+        assert completion.usage.completion_tokens == 4
+        assert {m.id for m in client.models.list()} == {"demo-chat", "demo-code"}
+
+    assert up.interrupt() == 0
+    _, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, f"left behind: {[p.pid for p in alive]}"
-    assert len(gone) == len(children)
+    assert "fairq up: stopped" in up.lines
+
+
+def test_each_component_gets_one_line_per_state_change_before_the_banner(
+    processes: ProcessGroups,
+) -> None:
+    up = Up(processes, env={})
+    up.banner()
+    start = up.lines[: up.lines.index(next(x for x in up.lines if "fairq is up" in x))]
+    for name in ("sim-demo-chat", "sim-demo-code", "api"):
+        assert len([x for x in start if f" {name} " in x and "ready at" in x]) == 1, start
+    for name in ("dispatcher-0", "worker-0", "batch-worker-0", "api"):
+        assert len([x for x in start if f" {name} " in x and "started (pid" in x]) == 1, start
+    assert len([x for x in start if " redis " in x and "ready at redis://" in x]) == 1
+
+
+def test_the_banner_is_still_on_the_first_screen_after_60_idle_seconds(
+    processes: ProcessGroups,
+) -> None:
+    # `make run` in an 80x24 terminal: what the screen shows is the last 24 rows printed.
+    up = Up(processes, env={})
+    banner = up.banner()
+    assert rows(banner, 80) <= 22, "the banner does not fit one screen"
+    time.sleep(60)
+    screen = _last_rows(up.lines, columns=80, height=24)
+    assert any(line.startswith("fairq is up") for line in screen), "\n".join(screen)
+    for line in banner:
+        assert line in screen
+    assert up.process.poll() is None
+
+
+def _last_rows(lines: list[str], *, columns: int, height: int) -> list[str]:
+    shown: list[str] = []
+    for line in reversed(lines):
+        if rows([*shown, line], columns) > height:
+            break
+        shown.insert(0, line)
+    return shown
+
+
+def test_fairq_up_runs_the_configuration_fairq_config_names(
+    processes: ProcessGroups, tmp_path: Path
+) -> None:
+    with sim() as engine:
+        config = tmp_path / "mine.yaml"
+        config.write_text(yaml.safe_dump(make_config([engine])))
+        up = Up(processes, env={"FAIRQ_CONFIG": str(config)})
+        banner = "\n".join(up.banner())
+        assert f"config: {config}" in banner
+        assert f"{MODEL}  vllm" in banner and engine in banner
+        assert "fq-demo" not in banner  # the user's keys, not the demo's
+        assert up.exports()["FAIRQ_CONFIG"] == str(config)
+
+        url = f"http://127.0.0.1:{up.port}/v1"
+        with openai.OpenAI(base_url=url, api_key=ALICE_KEY) as client:
+            answer = client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3
+            )
+            assert answer.usage is not None and answer.usage.completion_tokens == 3
+        status = up.fairq("status", "--json")
+        assert status.returncode == 0, status.stderr
+        assert [m["model"] for m in json.loads(status.stdout)["models"]] == [MODEL]
+        assert up.interrupt() == 0
+
+
+def test_engine_url_puts_the_demo_keys_in_front_of_the_engine_and_scrapes_it(
+    processes: ProcessGroups,
+) -> None:
+    with sim() as engine:
+        up = Up(processes, "--engine-url", f"{engine}/v1", env={})  # no --model: asked
+        banner = "\n".join(up.banner())
+        assert f"{MODEL}  vllm engine at {engine}" in banner
+        with openai.OpenAI(base_url=f"http://127.0.0.1:{up.port}/v1", api_key="fq-demo-bob") as c:
+            stream = c.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                stream=True,
+            )  # fmt: skip
+            assert len([x for x in stream if x.choices and x.choices[0].delta.content]) == 4
+
+        def scraped() -> dict[str, object]:
+            status = up.fairq("status", "--json")
+            assert status.returncode == 0, status.stderr
+            (endpoint,) = json.loads(status.stdout)["models"][0]["endpoints"]
+            return dict(endpoint)
+
+        endpoint = eventually(scraped, "the engine's metrics in the status", 20,
+                              until=lambda ep: ep.get("fresh") and ep.get("healthy"))  # fmt: skip
+        assert endpoint["url"] == engine
+        assert up.interrupt() == 0
+
+
+def test_fairq_up_started_with_sigint_ignored_still_stops_on_ctrl_c(
+    processes: ProcessGroups,
+) -> None:
+    # A shell's background job (and a test session started from one) ignores SIGINT,
+    # and an ignored signal stays ignored across exec: fairq up takes it back.
+    up_args = ["--port", str(free_port())]
+    shell = 'trap \'\' INT; exec "$0" -m fairq up "$@"'
+    process = processes.start(
+        ["sh", "-c", shell, sys.executable, *up_args],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, env=USER_ENV,
+    )  # fmt: skip
+    assert process.stdout is not None
+    eventually(lambda: "fairq is up" in process.stdout.readline(), "the banner", START_S,
+               interval_s=0)  # fmt: skip
+    children = psutil.Process(process.pid).children(recursive=True)
+    os.killpg(process.pid, signal.SIGINT)
+    assert process.wait(timeout=30) == 0
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive
+
+
+def test_a_failing_test_leaves_no_process_of_fairq_up(tmp_path: Path) -> None:
+    # A test session of its own whose one test starts fairq up and fails: the finalizer
+    # kills fairq up's whole process group.
+    pids = tmp_path / "pids.json"
+    (tmp_path / "test_failing.py").write_text(
+        textwrap.dedent(f"""
+        import json, subprocess, sys
+
+        import psutil
+
+        from fairq.localredis import free_port
+        from tests.support.processes import processes  # noqa: F401
+
+        def test_fails(processes):
+            port = str(free_port())
+            up = processes.start([sys.executable, "-m", "fairq", "up", "--port", port],
+                                 stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+            for line in up.stdout:
+                if line.startswith("fairq is up"):
+                    break
+            tree = [up.pid] + [p.pid for p in psutil.Process(up.pid).children(recursive=True)]
+            open({str(pids)!r}, "w").write(json.dumps(tree))
+            assert False, "this test fails on purpose"
+        """)
+    )
+    pytest_args = ["-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "-c", os.devnull]
+    inner = subprocess.run(
+        [sys.executable, "-m", "pytest", *pytest_args, str(tmp_path / "test_failing.py")],
+        cwd=tmp_path, env=os.environ | {"PYTHONPATH": str(REPO)}, capture_output=True,
+        text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert inner.returncode == 1 and "this test fails on purpose" in inner.stdout, inner.stdout
+    tree = json.loads(pids.read_text())
+    assert len(tree) >= 7  # fairq up, redis, 2 simulators, dispatcher, worker, batch worker, api
+    alive = eventually(lambda: [p for p in tree if _running(p)], "the tree gone", 10,
+                       until=lambda left: not left)  # fmt: skip
+    assert not alive
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_a_child_restarted_from_a_short_lived_thread_outlives_the_thread() -> None:

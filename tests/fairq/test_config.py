@@ -1,0 +1,157 @@
+"""A user's own configuration: the commented example covers every setting and loads;
+``fairq config check``, every service and ``fairq up`` name each problem of a bad file
+by its line and the setting's path; ``fairq up`` never ignores FAIRQ_CONFIG."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from broker import Settings, load_settings
+from broker.settings import ApiKeyConfig, BatchSettings, HttpSettings, ModelConfig
+from fairq.localredis import free_port
+from tests.support.cli import fairq
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "fairq.example.yaml"
+
+BAD = """\
+models:
+  - name: chat
+    endpoints: ["localhost:8000"]
+    polcy: token_fair
+result_ttl_s: soon
+api_keys:
+  - {sha256: "12", user: bob}
+"""
+
+
+def test_the_example_configuration_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAIRQ_CONFIG", str(EXAMPLE))
+    settings = load_settings()
+    assert [m.name for m in settings.models] == ["my-model"]
+    assert [k.user for k in settings.api_keys] == ["alice", "assistant-app", "admin"]
+
+
+@pytest.mark.parametrize(
+    ("section", "fields"),
+    [
+        ((), Settings),
+        (("models", 0), ModelConfig),
+        (("api_keys", 0), ApiKeyConfig),
+        (("http",), HttpSettings),
+        (("batch",), BatchSettings),
+    ],
+)
+def test_the_example_names_every_setting(
+    section: tuple[str | int, ...], fields: type[BaseModel]
+) -> None:
+    part: Any = yaml.safe_load(EXAMPLE.read_text())
+    for step in section:
+        part = part[step]
+    missing = set(fields.model_fields) - set(part)
+    assert not missing, f"fairq.example.yaml lacks {sorted(missing)} under {section}"
+
+
+def test_the_examples_values_are_the_defaults_where_it_says_so() -> None:
+    example: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    defaults = Settings.model_construct()
+    for name, field in Settings.model_fields.items():
+        if name in ("models", "api_keys", "http", "batch"):
+            continue
+        default = field.get_default(call_default_factory=True)
+        value = getattr(defaults, name) if default is None else default
+        shown = example[name]
+        assert shown == (list(value) if isinstance(value, tuple) else value), name
+
+
+def test_config_check_names_the_line_and_path_of_each_problem(tmp_path: Path) -> None:
+    path = tmp_path / "fairq.yaml"
+    path.write_text(BAD)
+    done = fairq("config", "check", str(path))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"{path}:3: models[0].endpoints: endpoint 'localhost:8000' must be an http:// or "
+        "https:// base URL",
+        f"{path}:4: models[0].polcy: not a setting of fairq (a typo? every setting is in "
+        "fairq.example.yaml)",
+        f"{path}:5: result_ttl_s: Input should be a valid integer, unable to parse string "
+        "as an integer (got 'soon')",
+        f"{path}:7: api_keys[0].sha256: sha256 must be 64 lowercase hex digits (see "
+        "`fairq hash-key`)",
+    ]
+
+
+def test_config_check_names_the_line_of_a_yaml_error(tmp_path: Path) -> None:
+    path = tmp_path / "fairq.yaml"
+    path.write_text("models:\n  - name: a\n   endpoints: [x]\n")
+    done = fairq("config", "check", str(path))
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"{path}:3: not valid YAML")
+
+
+def test_config_check_blames_the_environment_for_its_own_problem() -> None:
+    done = fairq("config", "check", str(EXAMPLE), env={"FAIRQ_RESULT_TTL_S": "soon"})
+    assert done.returncode == 2
+    assert "result_ttl_s:" in done.stderr
+    assert "(set by the environment: FAIRQ_RESULT_TTL_S)" in done.stderr
+    assert not re.search(rf"{EXAMPLE}:\d", done.stderr)  # no line of the file is blamed
+
+
+def test_config_check_summarises_a_valid_file_and_what_it_lacks(tmp_path: Path) -> None:
+    done = fairq("config", "check", str(EXAMPLE))
+    assert done.returncode == 0, done.stderr
+    assert "valid: 1 model(s): my-model (vllm, 1 endpoint); 3 API key(s)" in done.stdout
+    assert "no redis_url" in done.stdout
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("models: []\n")
+    done = fairq("config", "check", str(bare), env={"FAIRQ_REDIS_URL": "redis://r:6379/0"})
+    assert done.returncode == 0
+    assert "no models" in done.stdout and "no api_keys" in done.stdout
+    assert "no redis_url" not in done.stdout
+
+
+def test_a_service_on_a_bad_file_names_each_problems_line(tmp_path: Path) -> None:
+    path = tmp_path / "fairq.yaml"
+    path.write_text(BAD)
+    env = {"FAIRQ_CONFIG": str(path), "FAIRQ_REDIS_URL": "redis://127.0.0.1:1/0"}
+    done = fairq("dispatcher", env=env)
+    assert done.returncode == 2
+    lines = done.stderr.splitlines()
+    assert len(lines) == 4 and "Traceback" not in done.stderr
+    assert lines[0].startswith(f"fairq: configuration error: {path}:3: models[0].endpoints")
+
+
+def test_fairq_up_refuses_a_bad_file_naming_its_lines(tmp_path: Path) -> None:
+    path = tmp_path / "fairq.yaml"
+    path.write_text(BAD)
+    for args, env in ((["--config", str(path)], {}), ([], {"FAIRQ_CONFIG": str(path)})):
+        done = fairq("up", "--port", str(free_port()), *args, env=env)
+        assert done.returncode == 2
+        assert f"fairq up: {path}:4: models[0].polcy" in done.stderr
+
+
+def test_fairq_up_says_when_fairq_config_names_no_file(tmp_path: Path) -> None:
+    gone = tmp_path / "gone.yaml"
+    done = fairq("up", env={"FAIRQ_CONFIG": str(gone)})
+    assert done.returncode == 2
+    assert f"FAIRQ_CONFIG names {gone}, which is not a file" in done.stderr
+    assert "unset FAIRQ_CONFIG to run the demo" in done.stderr
+
+
+def test_fairq_up_engine_url_without_an_engine_says_what_to_check() -> None:
+    engine = f"http://127.0.0.1:{free_port()}"
+    done = fairq("up", "--engine-url", engine)
+    assert done.returncode == 2
+    assert f"cannot ask {engine}/v1/models which model it serves" in done.stderr
+    assert "is the engine running? (--model NAME starts without asking)" in done.stderr
+
+
+def test_fairq_up_takes_config_or_engine_url_not_both() -> None:
+    done = fairq("up", "--config", str(EXAMPLE), "--engine-url", "http://127.0.0.1:1")
+    assert done.returncode == 2
+    assert "--config and --engine-url: one or the other" in done.stderr
