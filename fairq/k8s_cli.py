@@ -16,32 +16,104 @@ def k8s() -> None:
     """Kubernetes: the manifests under deploy/k8s, and the probe of pods without HTTP."""
 
 
+_DIR_HELP = "deploy/k8s [that of the checkout the current folder is in, else of this install]"
+
+
+def _k8s_dir(given: Path | None) -> Path:
+    from fairq import k8s as generator
+
+    found = given or generator.find_dir(Path.cwd())
+    if found is None or not (found / "fairq.yaml").is_file():
+        where = found or Path.cwd()
+        raise click.UsageError(f"no fairq.yaml in {where}: pass --dir path/to/deploy/k8s")
+    return found
+
+
+def _shown(path: Path) -> str:
+    """A path as the user can use it: relative to the current folder where it is inside."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 @k8s.command(epilog=environment())
 @click.option(
     "--dir",
     "k8s_dir",
-    default="deploy/k8s",
-    show_default=True,
+    default=None,
     type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help=_DIR_HELP,
 )
 @click.option("--check", is_flag=True, help="only compare; exit 1 if a generated file is stale")
-def render(k8s_dir: Path, check: bool) -> None:
-    """Write base/fairq.yaml, engines/ and the KEDA triggers from DIR/fairq.yaml."""
+def render(k8s_dir: Path | None, check: bool) -> None:
+    """Write base/fairq.yaml, base/api-keys.yaml (the Secret of the API keys, their hashes
+    only), engines/ and the KEDA triggers from DIR/fairq.yaml; files that would not change
+    are left as they are and reported unchanged."""
     from pydantic import ValidationError
 
     from fairq import k8s as generator
 
+    directory = _k8s_dir(k8s_dir)
+    shown = Path(_shown(directory))
     try:
         if check:
-            stale = generator.stale(k8s_dir)
+            stale = generator.stale(directory)
             for path in stale:
-                click.echo(f"stale: {k8s_dir / path} (run `fairq k8s render`)", err=True)
+                click.echo(f"stale: {shown / path} (run `fairq k8s render`)", err=True)
             sys.exit(1 if stale else 0)
-        for path in generator.write(k8s_dir):
-            click.echo(f"wrote {k8s_dir / path}")
+        for path, what in generator.write(directory).items():
+            click.echo(f"{what:<9} {shown / path}")
     except (ValidationError, ValueError, KeyError) as exc:
-        click.echo(f"fairq: {k8s_dir / 'fairq.yaml'}: {exc}", err=True)
+        click.echo(f"fairq k8s render: {shown / 'fairq.yaml'}: {exc}", err=True)
         sys.exit(2)
+    _warn_of_demo_keys(directory)
+
+
+def _warn_of_demo_keys(directory: Path) -> None:
+    import yaml
+
+    from broker import hash_key
+    from fairq.stack import DEMO_ADMIN_KEY, DEMO_KEYS
+
+    demo = {hash_key(key): key for key in (*DEMO_KEYS, DEMO_ADMIN_KEY)}
+    entries = (yaml.safe_load((directory / "fairq.yaml").read_text()) or {}).get("api_keys")
+    known = [demo[e["sha256"]] for e in entries or [] if e.get("sha256") in demo]
+    if known:
+        click.echo(
+            f"fairq k8s render: warning: api_keys holds the public demo keys "
+            f"({', '.join(known)}): anyone can use them. Before a real deployment, make your "
+            f"own (`fairq k8s add-key USER`) and delete the demo entries.",
+            err=True,
+        )
+
+
+@k8s.command(name="add-key", epilog=environment())
+@click.argument("user")
+@click.option("--tenant", default=None, help="the user's tenant [the user is its own]")
+@click.option("--admin", is_flag=True, help="may read /v1/admin and the dashboard")
+@click.option(
+    "--dir",
+    "k8s_dir",
+    default=None,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help=_DIR_HELP,
+)
+def add_key(user: str, tenant: str | None, admin: bool, k8s_dir: Path | None) -> None:
+    """Make a random API key for USER: print it once, and add its SHA-256 (never the key)
+    to the api_keys of DIR/fairq.yaml. Then `fairq k8s render` puts it in the Secret."""
+    from fairq import k8s_keys
+
+    directory = _k8s_dir(k8s_dir)
+    key = k8s_keys.new_key()
+    entry = k8s_keys.key_entry(user, key, tenant=tenant, admin=admin)
+    try:
+        k8s_keys.add_key(directory / "fairq.yaml", entry)
+    except k8s_keys.KeysError as exc:
+        click.echo(f"fairq k8s add-key: {exc}", err=True)
+        sys.exit(2)
+    click.echo(f"API key of {user} (shown once; keep it, fairq stores only its hash): {key}")
+    click.echo(f"added to {_shown(directory / 'fairq.yaml')}; now run `fairq k8s render`")
 
 
 @k8s.command(epilog=environment(CONFIG, REDIS, SETTING))

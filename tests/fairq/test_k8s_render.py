@@ -1,0 +1,127 @@
+"""``fairq k8s render`` and ``fairq k8s add-key`` as an operator runs them: the API-key
+Secret rendered from the configuration (hashes only) or refused with the command that
+makes a key, from any directory, and unchanged files reported as unchanged."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from broker import Settings, hash_key
+from tests.support.cli import fairq
+from tests.support.kustomize import K8S_DIR, kustomize
+
+SOURCE = K8S_DIR / "fairq.yaml"
+
+
+def _source_without_keys() -> str:
+    """deploy/k8s/fairq.yaml with its comments and without its api_keys block."""
+    text = SOURCE.read_text()
+    return text[: text.index("# API keys, each only as its SHA-256")]
+
+
+def _secret_entries(k8s_dir: Path) -> list[dict[str, Any]]:
+    secret = yaml.safe_load((k8s_dir / "base" / "api-keys.yaml").read_text())
+    assert (secret["kind"], secret["metadata"]["name"]) == ("Secret", "fairq-api-keys")
+    entries: list[dict[str, Any]] = json.loads(secret["stringData"]["api_keys.json"])
+    return entries
+
+
+def test_the_secret_a_first_apply_deploys_accepts_the_configured_keys() -> None:
+    objects = kustomize(K8S_DIR / "overlays" / "simulator")
+    (secret,) = [
+        o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == "fairq-api-keys"
+    ]
+    entries = json.loads(secret["stringData"]["api_keys.json"])
+    assert entries == yaml.safe_load(SOURCE.read_text())["api_keys"]
+    settings = Settings(api_keys=entries)  # as the gateway reads FAIRQ_API_KEYS
+    assert hash_key("fq-demo-alice") in {k.sha256 for k in settings.api_keys}
+    assert all(set(entry) <= {"sha256", "user", "tenant", "admin"} for entry in entries)
+
+
+def test_render_refuses_a_configuration_without_keys_naming_the_command(tmp_path: Path) -> None:
+    (tmp_path / "fairq.yaml").write_text(_source_without_keys())
+    done = fairq("k8s", "render", "--dir", str(tmp_path))
+    assert done.returncode == 2
+    assert "lists no api_keys, so no request would be accepted after deploying" in done.stderr
+    assert f"fairq k8s add-key USER --dir {tmp_path}" in done.stderr
+    assert not (tmp_path / "base").exists()
+
+
+def test_render_refuses_a_key_in_the_clear(tmp_path: Path) -> None:
+    source = yaml.safe_load(SOURCE.read_text())
+    source["api_keys"] = [{"key": "fq-secret", "user": "eve"}]
+    (tmp_path / "fairq.yaml").write_text(yaml.safe_dump(source))
+    done = fairq("k8s", "render", "--dir", str(tmp_path))
+    assert done.returncode == 2
+    assert "api_keys[0] holds a key in the clear" in done.stderr
+    assert "fq-secret" not in done.stderr + done.stdout
+
+
+def test_add_key_prints_the_key_once_and_render_puts_only_its_hash_in_the_secret(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "fairq.yaml").write_text(_source_without_keys())
+    done = fairq("k8s", "add-key", "bob", "--tenant", "team-b", "--dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    key = done.stdout.splitlines()[0].rsplit(" ", 1)[-1]
+    assert key.startswith("fq-") and len(key) > 30
+    text = (tmp_path / "fairq.yaml").read_text()
+    assert key not in text and hash_key(key) in text
+    assert text.startswith(_source_without_keys())  # the comments are kept
+
+    rendered = fairq("k8s", "render", "--dir", str(tmp_path))
+    assert rendered.returncode == 0, rendered.stderr
+    assert _secret_entries(tmp_path) == [
+        {"sha256": hash_key(key), "user": "bob", "tenant": "team-b"}
+    ]
+    assert key not in (tmp_path / "base" / "api-keys.yaml").read_text()
+    assert "public demo keys" not in rendered.stderr
+
+
+def test_add_key_appends_to_a_list_of_keys_and_keeps_the_file_as_written(tmp_path: Path) -> None:
+    shutil.copy(SOURCE, tmp_path / "fairq.yaml")
+    done = fairq("k8s", "add-key", "ops", "--admin", "--dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    key = done.stdout.splitlines()[0].rsplit(" ", 1)[-1]
+    before = yaml.safe_load(SOURCE.read_text())["api_keys"]
+    after = yaml.safe_load((tmp_path / "fairq.yaml").read_text())["api_keys"]
+    assert after == [*before, {"sha256": hash_key(key), "user": "ops", "admin": True}]
+    assert (tmp_path / "fairq.yaml").read_text().startswith(SOURCE.read_text())
+
+
+def test_render_runs_from_any_directory(tmp_path: Path) -> None:
+    for cwd in (tmp_path, K8S_DIR / "engines" / "vllm", K8S_DIR.parent.parent / "docs"):
+        done = fairq("k8s", "render", "--check", cwd=cwd)
+        assert done.returncode == 0, (cwd, done.stderr)
+
+
+def test_render_reports_unchanged_files_as_unchanged(tmp_path: Path) -> None:
+    k8s_dir = tmp_path / "k8s"
+    shutil.copytree(K8S_DIR, k8s_dir)
+    done = fairq("k8s", "render", "--dir", str(k8s_dir))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines and all(line.startswith("unchanged ") for line in lines), lines
+    assert "public demo keys" in done.stderr  # the shipped keys are the demo's
+
+    source = yaml.safe_load((k8s_dir / "fairq.yaml").read_text())
+    source["models"][1]["k8s"]["pods"] = 2
+    (k8s_dir / "fairq.yaml").write_text(yaml.safe_dump(source, sort_keys=False))
+    stamp = (k8s_dir / "base" / "api-keys.yaml").stat().st_mtime_ns
+    done = fairq("k8s", "render", "--dir", str(k8s_dir))
+    lines = done.stdout.splitlines()
+    wrote = sorted(line.split()[-1] for line in lines if line.startswith("wrote"))
+    assert wrote == sorted(
+        str(k8s_dir / p)
+        for p in (
+            "base/fairq.yaml",
+            "engines/sim/qwen2-5-coder-7b.yaml",
+            "engines/vllm/qwen2-5-coder-7b.yaml",
+        )
+    )
+    assert (k8s_dir / "base" / "api-keys.yaml").stat().st_mtime_ns == stamp
