@@ -278,7 +278,6 @@ def test_at_every_cut_the_client_gets_the_uncut_stream_byte_for_byte(kind: Reque
 
 async def test_the_context_length_comes_from_the_engines_model_list_once() -> None:
     from tests.support.servers import uvicorn_thread
-
     from workers.engine_info import ContextLengths
     from workers.sim import SimProfile, create_app
 
