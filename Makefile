@@ -8,9 +8,7 @@ BIN    := $(VENV)/bin
 
 # Three installs, each with its own stamp: `make run` installs only what running needs;
 # `make test` and `make lint` add the test and dev extras; `make bench` the bench extras too.
-# editable_mode=compat: a .pth file naming this checkout. setuptools' default for a layout of
-# several top-level packages (an import hook) prints a notice at every install.
-PIP_INSTALL := $(BIN)/pip install --quiet --config-settings editable_mode=compat
+PIP_INSTALL := $(BIN)/pip install --quiet
 
 install: install-bench
 install-run: $(VENV)/.installed-run
