@@ -4,16 +4,16 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install install-run install-test install-bench run test lint bench bench-vllm-setup clean browser
+.PHONY: install install-run install-dev run test lint bench bench-vllm-setup clean browser
 
-# Three installs, each with its own stamp: `make run` installs only what running needs;
-# `make test` and `make lint` add the test and dev extras; `make bench` the bench extras too.
+# Two installs, each with its own stamp: `make run` installs only what running needs;
+# `make test`, `make lint` and `make bench` add the test, dev and bench extras (the tests
+# run the benchmarks too, plots included).
 PIP_INSTALL := $(BIN)/pip install --quiet
 
-install: install-bench
+install: install-dev
 install-run: $(VENV)/.installed-run
-install-test: $(VENV)/.installed-test
-install-bench: $(VENV)/.installed-bench
+install-dev: $(VENV)/.installed-dev
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,20 +24,15 @@ $(VENV)/.installed-run: pyproject.toml | $(BIN)/python
 	$(PIP_INSTALL) -e .
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	@echo "make: installing fairq with the test and dev extras into $(VENV) (pytest, openai, ruff, mypy, ...)"
-	$(PIP_INSTALL) -e '.[test,dev]'
-	touch $@ $(VENV)/.installed-run
-
-$(VENV)/.installed-bench: pyproject.toml | $(BIN)/python
-	@echo "make: installing fairq with the test, dev and bench extras into $(VENV) (matplotlib, py-spy)"
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	@echo "make: installing fairq with its test, dev and bench extras into $(VENV) (pytest, openai, ruff, mypy, matplotlib, ...)"
 	$(PIP_INSTALL) -e '.[test,dev,bench]'
-	touch $@ $(VENV)/.installed-test $(VENV)/.installed-run
+	touch $@ $(VENV)/.installed-run
 
 run: install-run
 	$(BIN)/fairq up
 
-test: install-test browser
+test: install-dev browser
 	$(BIN)/pytest
 
 # tests/integration/test_dashboard.py drives Debian's chromium (no browser download of its own).
@@ -53,20 +48,20 @@ browser:
 	  || echo "make: chromium not installed: tests/integration/test_dashboard.py will be skipped"
 
 # The formatter wins; mypy --strict over every package (pyproject.toml, [tool.mypy]).
-lint: install-test
+lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 # The throughput-and-scale suite (one table: every figure next to its target), then the
 # fairness scenario. `python -m benchmarks.suite --quick` checks the suite runs, fast.
-bench: install-bench
+bench: install-dev
 	$(BIN)/python -m benchmarks.suite
 	$(BIN)/fairq bench fairness
 
 # A real vLLM (CPU build, ~2.5 GB) and a tiny model in .vllm/, for benchmarks against a
 # real engine; not part of `make test`. Then: python -m benchmarks.vllm_engine serve ...
-bench-vllm-setup: install-bench
+bench-vllm-setup: install-dev
 	$(BIN)/python -m benchmarks.vllm_engine setup
 
 clean:
