@@ -190,7 +190,11 @@ def newcomer(
         from fairq.demo import Flood
         from fairq.demo import newcomer as run_demo
     except ImportError as exc:  # openai is a test extra, not a runtime dependency
-        click.echo(f"fairq demo: {exc} (pip install openai)", err=True)
+        click.echo(
+            f"fairq demo: {exc}: the demo needs the openai client, which `make run` does not "
+            "install: `make install`, or `.venv/bin/pip install openai`",
+            err=True,
+        )
         sys.exit(2)
     flood = Flood(model=model, requests=requests, max_tokens=max_tokens)
     try:

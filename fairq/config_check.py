@@ -181,8 +181,9 @@ def explain(exc: ValidationError, config_path: str | None) -> tuple[str, list[Pr
     return f"the environment ({_env_names()})", problems(exc, None)
 
 
-def notes(settings: Settings) -> list[str]:
-    """What a valid configuration still lacks for a working stack."""
+def notes(settings: Settings, *, redis: bool = True) -> list[str]:
+    """What a valid configuration still lacks for a working stack (``redis``: a Redis URL
+    too; ``fairq up`` starts its own)."""
     found = []
     if not settings.models:
         found.append("no models: every request would answer 404 (model_not_found)")
@@ -191,7 +192,7 @@ def notes(settings: Settings) -> list[str]:
             "no api_keys: every request would answer 401; add one: `fairq hash-key KEY`, "
             "then an entry {sha256: <its output>, user: NAME} under api_keys"
         )
-    if settings.redis_url is None:
+    if redis and settings.redis_url is None:
         found.append(
             "no redis_url (nor FAIRQ_REDIS_URL): `fairq up` starts a private Redis; "
             "every other command needs one"

@@ -100,7 +100,7 @@ def file_plan(path: Path) -> Plan:
         models=tuple(_model_line(settings, i) for i in range(len(settings.models))),
         keys=_file_keys(settings),
         try_model=settings.models[0].name,
-        notes=tuple(n for n in notes(settings) if not n.startswith("no redis_url")),
+        notes=tuple(notes(settings, redis=False)),
     )
 
 
