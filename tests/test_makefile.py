@@ -4,6 +4,7 @@ run): ``make run`` installs what running needs and nothing else, ``make test`` a
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,10 +20,18 @@ def dry_run(target: str, tmp_path: Path) -> list[str]:
     """The commands ``make TARGET`` would run on a fresh clone (no virtual environment)."""
     for name in ("Makefile", "pyproject.toml"):
         shutil.copy(ROOT / name, tmp_path / name)
+    # Run under `make test` (CI), the outer make's variables would make this one a sub-make
+    # that prints "make[1]: Entering directory" around its commands.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     done = subprocess.run(
-        ["make", "-n", target, "BROWSER=yes"], cwd=tmp_path, capture_output=True, text=True,
-        timeout=30, check=True,
-    )  # fmt: skip
+        ["make", "--no-print-directory", "-n", target, "BROWSER=yes"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     return done.stdout.splitlines()
 
 
