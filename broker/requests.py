@@ -10,7 +10,6 @@ cannot be serialised again would fail downstream, after it was accepted.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -65,16 +64,21 @@ def _describe(exc: ValidationError) -> str:
 # most 254, and fairq serialises every body again (engine_payload, estimate_cost); real
 # OpenAI bodies (tool schemas included) nest a few tens of levels at most.
 MAX_DEPTH = 128
+_Container = dict[Any, Any] | list[Any]  # what nests
 
 
 def parse_json(raw: bytes, what: str = "request body") -> object:
     """A JSON document that fairq can serialise again; InvalidRequest otherwise."""
-    try:
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"{what} is not valid JSON: {exc}") from exc
+    value = _loads(raw, what)
     check_depth(value, what)
     return value
+
+
+def _loads(raw: bytes, what: str) -> object:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"{what} is not valid JSON: {exc}") from exc
 
 
 def check_depth(value: object, what: str = "request body") -> None:
@@ -89,20 +93,20 @@ def check_depth(value: object, what: str = "request body") -> None:
 def nests_deeper_than(value: object, limit: int) -> bool:
     """Whether ``value`` has more than ``limit`` levels of dicts and lists (iterative:
     no recursion limit of its own)."""
-    stack: list[tuple[object, int]] = [(value, 1)] if isinstance(value, dict | list) else []
+    stack: list[tuple[_Container, int]] = [(value, 1)] if isinstance(value, dict | list) else []
     while stack:
         item, depth = stack.pop()
         if depth > limit:
             return True
         children = item.values() if isinstance(item, dict) else item
-        if isinstance(children, Iterable):
-            stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
     return False
 
 
 def parse_body(kind: RequestKind, raw: bytes) -> dict[str, Any]:
-    """Parse and check a request body; raises InvalidRequest with a readable reason."""
-    return check_body(kind, parse_json(raw))
+    """Parse and check a request body (its depth once, in ``check_body``); raises
+    InvalidRequest with a readable reason."""
+    return check_body(kind, _loads(raw, "request body"))
 
 
 def check_body(kind: RequestKind, body: object) -> dict[str, Any]:
