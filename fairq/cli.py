@@ -30,10 +30,8 @@ class _Main(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (click.ClickException, click.exceptions.Exit, click.Abort, SystemExit):
-            raise
-        except KeyboardInterrupt:
-            raise
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise  # click reports these itself (SystemExit and Ctrl-C are no Exception)
         except Exception as exc:
             if ctx.params.get("debug"):
                 raise

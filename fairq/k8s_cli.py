@@ -16,7 +16,13 @@ def k8s() -> None:
     """Kubernetes: the manifests under deploy/k8s, and the probe of pods without HTTP."""
 
 
-_DIR_HELP = "deploy/k8s [that of the checkout the current folder is in, else of this install]"
+_DIR_OPTION = click.option(
+    "--dir",
+    "k8s_dir",
+    default=None,
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    help="deploy/k8s [that of the checkout the current folder is in, else of this install]",
+)
 
 
 def _k8s_dir(given: Path | None) -> Path:
@@ -38,13 +44,7 @@ def _shown(path: Path) -> str:
 
 
 @k8s.command(epilog=environment())
-@click.option(
-    "--dir",
-    "k8s_dir",
-    default=None,
-    type=click.Path(file_okay=False, exists=True, path_type=Path),
-    help=_DIR_HELP,
-)
+@_DIR_OPTION
 @click.option("--check", is_flag=True, help="only compare; exit 1 if a generated file is stale")
 def render(k8s_dir: Path | None, check: bool) -> None:
     """Write base/fairq.yaml, base/api-keys.yaml (the Secret of the API keys, their hashes
@@ -92,13 +92,7 @@ def _warn_of_demo_keys(directory: Path) -> None:
 @click.argument("user")
 @click.option("--tenant", default=None, help="the user's tenant [the user is its own]")
 @click.option("--admin", is_flag=True, help="may read /v1/admin and the dashboard")
-@click.option(
-    "--dir",
-    "k8s_dir",
-    default=None,
-    type=click.Path(file_okay=False, exists=True, path_type=Path),
-    help=_DIR_HELP,
-)
+@_DIR_OPTION
 def add_key(user: str, tenant: str | None, admin: bool, k8s_dir: Path | None) -> None:
     """Make a random API key for USER: print it once, and add its SHA-256 (never the key)
     to the api_keys of DIR/fairq.yaml. Then `fairq k8s render` puts it in the Secret."""
