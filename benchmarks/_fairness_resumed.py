@@ -1,7 +1,7 @@
 """fairq's own preemptions in an arm, and whether every answer it resumed came out whole.
 
 After the flood, the arm's Redis still holds every job and its result stream. Jobs taken
-back out of the engine carry 'pk' (times); those taken back mid-answer also 'rsq'. Each
+back out of the engine carry 'pk' (times); those taken back mid-answer also 'pkm'. Each
 of those answers is read back as its client got it, with the token ids its workers
 recorded (``workers.resume_exact``), and checked:
 
@@ -178,10 +178,10 @@ def fairq_preemptions(redis_url: str, model: str, kind: str, decode: Decode) -> 
     try:
         taken, resumed, restarted = 0, [], []
         for key in redis.scan_iter(keys.job(model, "*"), count=1000):
-            pk, rsq = redis.hmget(key, ["pk", "rsq"])
+            pk, mid_answer = redis.hmget(key, ["pk", "pkm"])
             taken += int(pk or 0)
             job_id = key.decode().removeprefix(keys.job_prefix(model))
-            if rsq is not None:
+            if mid_answer is not None:
                 resumed.append(job_id)
             elif pk is not None:
                 restarted.append(job_id)

@@ -30,6 +30,7 @@ COST_PER_TOKEN = b"cw"  # the token-fair charge per token, corrected to the usag
 # Taken back out of the engine (park.lua): queued again
 PAYLOAD = b"p"  # the payload, while it is back in the queue
 PARKED = b"pk"  # times taken back
+PARKED_MID_ANSWER = b"pkm"  # of those, times taken back with output sent: it went on
 RESUME_SEQ = b"rsq"  # the generation of the result entry ids its next attempt writes
 # Running (start.lua, reclaim.lua, first.lua)
 STARTED_MS = b"tr"

@@ -51,8 +51,8 @@ The payload rides in the queue entry and moves to the ready entry at dispatch, w
 also records 'tq', 'td', 'ep', 're' (and 'nw' 1 when the user had nothing in the engine:
 a newcomer); the later states add their fields (every one named in ``broker.job_fields``).
 A job taken back out of the engine (``park.lua``) is queued again with its payload in the
-hash ('p'), 'pk' times taken back, in the list ``fq:{m}:qf:{band}:{user}`` that its user's
-next pick takes first.
+hash ('p'), 'pk' times taken back ('pkm' of those mid-answer), in the list
+``fq:{m}:qf:{band}:{user}`` that its user's next pick takes first.
 
 The Batch API (``broker/batch``); a file's and a batch's keys share its id as hash tag:
 

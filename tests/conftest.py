@@ -12,13 +12,19 @@ import redis
 from redis.asyncio import Redis
 
 from fairq.localredis import LocalRedis
-from tests.support.processes import no_process_left, processes  # noqa: F401 - fixtures
+from tests.support.processes import (  # noqa: F401 - fixtures
+    for_the_session,
+    no_process_left,
+    processes,
+)
 
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[LocalRedis]:
     """A real redis/valkey server on a free loopback port, torn down after the session."""
     with LocalRedis() as server:
+        assert server.process is not None
+        for_the_session(server.process.pid)
         yield server
 
 

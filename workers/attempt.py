@@ -3,6 +3,8 @@ events become on their way to the client.
 
 - A fresh attempt sends the job's payload. One that may be resumed (``Claimed``'s
   ``track_tokens``) also asks for token ids and records them (``workers.token_ids``).
+- A job taken back before any output reached its client starts afresh (its attempt
+  still writes after the fence, ``Claimed.resume_gen``).
 - A resumed attempt goes on exactly, from token ids, when the earlier attempts recorded
   them (``workers.resume_exact``); failing that, from the text its client has
   (``workers.resume``: vLLM's ``continue_final_message``, or the extended prompt), and a
@@ -50,6 +52,8 @@ def resumed(
     job: Claimed, written: Sequence[WrittenEntry], seam: Seam | None, context_len: int | None
 ) -> Attempt | Whole:
     """The attempt after ``written``; ``seam``: from ``resume_exact.seam_of``."""
+    if not written:  # taken back before its first output: nothing to go on from
+        return fresh(job)
     earlier = earlier_output(job.kind, [entry.chunk for entry in written])
     if earlier.finish_reason is not None:
         return Whole(earlier)

@@ -1,15 +1,17 @@
 -- park.lua: take one job of the heaviest user at an endpoint back out of the engine and
 -- put it at the head of its user's queue, so that a newcomer gets that batch slot.
--- A job with nothing in its result stream yet (streamed and waiting for its first token,
+-- A job with no output in its result stream yet (streamed and waiting for its first token,
 -- or not streamed and not answered: a worker writes an answer before it completes the
 -- job) starts again later from scratch; its client sees nothing twice. Failing that, a
 -- streamed job marked resumable ('rsm', enqueue.lua) goes on later where it was cut, if
--- its worker recorded the prompt's token ids (field 'pt' of its first result entry; the
+-- its worker recorded the prompt's token ids (field 'pt' of its first output entry; the
 -- answer's are in field 't' of each entry: workers.resume_exact), or, where ARGV[11]
--- allows it, from the text it has sent: a fence entry ('pk') is added to its result
--- stream, so that no late write of the worker that ran it can land (result entry ids only
--- grow), and 'rsq' tells the next attempt the generation of the entry ids it writes (the
--- worker builds the continuation).
+-- allows it, from the text it has sent.
+-- Either way a fence entry ('pk') is added to its result stream, so that no late write of
+-- the worker that ran it can land (result entry ids only grow: an output already on its
+-- way when the job is taken back, even its first, is refused), and 'rsq' tells the next
+-- attempt the generation of the entry ids it writes (the worker builds the continuation,
+-- or starts afresh when nothing was written before the fence).
 -- The worker running it is told on the cancel channel, drops it (closing the engine
 -- request, which aborts it there) and writes nothing more for it.
 -- The job leaves its endpoint as an ended one does (prelude.lua's release) and joins its
@@ -32,12 +34,12 @@
 -- Returns {job id, user} of the job parked, or {} when no job may be taken.
 local entries = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', tonumber(ARGV[6]))
 
--- Whether a resumable job with output can go on where it was cut (see the header).
-local function goes_on(job_id)
+-- Whether a resumable job whose first output entry is `first` can go on where it was cut
+-- (see the header).
+local function goes_on(first)
   if ARGV[11] == '1' then
     return true
   end
-  local first = redis.call('XRANGE', ARGV[10] .. job_id, '-', '+', 'COUNT', 1)[1]
   for i = 1, #first[2], 2 do
     if first[2][i] == 'pt' then
       return true
@@ -61,12 +63,12 @@ for _, e in ipairs(entries) do
     local user = f['u']
     count[user] = (count[user] or 0) + 1
     if not candidate[user] then
-      local s = redis.call('HMGET', ARGV[2] .. f['j'], 'st', 'rsm')
-      local quiet = redis.call('XLEN', ARGV[10] .. f['j']) == 0
+      local s = redis.call('HMGET', ARGV[2] .. f['j'], 'st', 'rsm', 'pk')
       if s[1] == 'dispatched' or s[1] == 'running' then
-        if quiet then
+        local first = first_output(ARGV[10] .. f['j'], s[3])
+        if not first then
           candidate[user] = {f['j'], e[1], f['p'], f['b']}
-        elseif s[2] and goes_on(f['j']) then  -- newest first: the last one seen stays
+        elseif s[2] and goes_on(first) then  -- newest first: the last one seen stays
           resumable[user] = {f['j'], e[1], f['p'], f['b']}
         end
       end
@@ -96,14 +98,15 @@ redis.call('HDEL', job, 'ft')  -- it starts again: unstarted until its next firs
 -- the start it lost is not counted against job_max_attempts.
 redis.call('HSET', job, 'st', 'queued', 'p', payload, 'wk', '-')
 redis.call('HDEL', job, 'ep', 're')
+-- Fence off the old writer. Entry ids are <generation>-<n>: the first attempt writes 0-1,
+-- 0-2...; the fence is <g>-0 for the g-th time the job is taken back, and the next attempt
+-- writes <g>-1... Every write of an earlier attempt, however many are still on their way,
+-- has a smaller id than the fence, so Redis refuses it.
 local taken = redis.call('HINCRBY', job, 'pk', 1)
-if not candidate[victim] then  -- it goes on where it was cut: fence off the old writer
-  -- Entry ids are <generation>-<n>: the first attempt writes 0-1, 0-2...; the fence is
-  -- <g>-0 for the g-th time the job is taken back, and the next attempt writes <g>-1...
-  -- Every write of an earlier attempt, however many are still on their way, has a
-  -- smaller id than the fence, so Redis refuses it.
-  redis.call('XADD', ARGV[10] .. job_id, taken .. '-0', 'pk', 1)
-  redis.call('HSET', job, 'rsq', taken)
+redis.call('XADD', ARGV[10] .. job_id, taken .. '-0', 'pk', 1)
+redis.call('HSET', job, 'rsq', taken)
+if not candidate[victim] then  -- mid-answer: it goes on where it was cut
+  redis.call('HINCRBY', job, 'pkm', 1)
 end
 if st == 'running' then
   redis.call('HINCRBY', job, 'att', -1)

@@ -77,6 +77,20 @@ local function release(counts, job, st, endpoint, user)
   end
 end
 
+-- The first output entry of a job's result stream (`results`), or nil when it holds none.
+-- park.lua adds a fence entry ('pk') each time it takes the job back, `taken` times at most
+-- ('pk' of the job hash), and every other entry is output; so if any entry is output, one
+-- of the first `taken` + 1 is.
+local function first_output(results, taken)
+  local first = redis.call('XRANGE', results, '-', '+', 'COUNT', (tonumber(taken) or 0) + 1)
+  for _, e in ipairs(first) do
+    if e[2][1] ~= 'pk' then
+      return e
+    end
+  end
+  return nil
+end
+
 -- The job ends as `state` (the caller checked it had not ended): its times, its end entry
 -- (`err`: the error JSON, or ''), and the expiry of its record and results after `ttl`
 -- seconds; a batch line ('kt') is kept until its batch has collected the result. A payload

@@ -9,8 +9,9 @@
 -- ARGV[6] result key prefix (fq:{m}:out:)   ARGV[7] attempts allowed per job
 -- Per entry taken (it is now pending under this worker, whose lease renewals cover it):
 --   the job ended already, or is gone: the entry is acknowledged and deleted; not returned
---   'fail'  output reached its result stream already: a retry would repeat text, so this
---           worker must end it failed (the job is marked running under this worker)
+--   'fail'  output reached its result stream already (a fence park.lua added is none): a
+--           retry would repeat text, so this worker must end it failed (the job is marked
+--           running under this worker)
 --   'dead'  it was started the allowed number of times: this worker must end it as a dead
 --           letter (marked running under this worker)
 --   'retry' it is dispatched again, for this worker to run after a backoff (start.lua
@@ -28,16 +29,16 @@ for _, e in ipairs(claimed[2]) do
       if fields[i] == 'j' then job_id = fields[i + 1] end
     end
   end
-  local f = {false, '0', false, false}
+  local f = {false, '0', false, false, false}
   if job_id then
-    f = redis.call('HMGET', ARGV[5] .. job_id, 'st', 'att', 'ft', 'ep')
+    f = redis.call('HMGET', ARGV[5] .. job_id, 'st', 'att', 'ft', 'ep', 'pk')
   end
   local st, attempts = f[1], tonumber(f[2] or '0')
   local job = job_id and ARGV[5] .. job_id
   local decision = 'retry'
   if st ~= 'dispatched' and st ~= 'running' then
     decision = nil
-  elseif redis.call('XLEN', ARGV[6] .. job_id) > 0 then
+  elseif first_output(ARGV[6] .. job_id, f[5]) then
     decision = 'fail'
   elseif attempts >= tonumber(ARGV[7]) then
     decision = 'dead'

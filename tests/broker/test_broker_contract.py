@@ -14,6 +14,7 @@ import pytest
 from redis.asyncio import Redis
 
 from broker import (
+    Claimed,
     DispatchStore,
     ExecutionStore,
     JobQueue,
@@ -607,6 +608,59 @@ async def test_a_streamed_job_with_output_is_taken_back_behind_a_fence_to_go_on_
     ]  # fmt: skip
     assert claimed.resume_gen == 1 and x.entry_id(claimed, 1) == b"1-1"  # what it writes
     assert await x.written(claimed) == [WrittenEntry(b"data: {}\n\n")]  # what its client has
+
+
+async def test_a_job_taken_back_before_its_first_output_is_fenced_and_starts_afresh(
+    r: Redis,
+) -> None:
+    quick = settings(lease_ms=100, lease_renew_ms=50)
+    jobs, d = await _in_engine(r, "alice", 2, s=quick)
+    x = ExecutionStore(r, quick)
+    await x.load_scripts()
+    parked = await d.park(MODEL, EP)
+    assert parked is not None and parked.job_id == jobs[-1]
+    # The first chunk of the worker that ran it, on its way as it was taken back, is
+    # refused: its client never sees another attempt's opening.
+    pipe = x.pipeline()
+    x.add_chunk(pipe, MODEL, parked.job_id, b"0-1", b"data: {}\n\n")
+    (reply,) = await pipe.execute(raise_on_error=False)
+    assert x.is_duplicate_write(reply)
+
+    async def next_attempt(worker: str) -> Claimed:
+        await d.dispatch(MODEL, EP, 10, [Pick("default", "alice", 9, 8.5)], 10)
+        claimed = await x.claim(r, [MODEL], worker, count=10, block_ms=100)
+        return next(c for c in claimed if c.job_id == parked.job_id)
+
+    again = await next_attempt("w2")
+    assert again.resume_gen == 1 and await x.written(again) == []  # it starts afresh
+    # A fence is no output: taken back again from scratch, and once more fenced...
+    assert await d.park(MODEL, EP) == parked
+    assert await r.hget(keys.job(MODEL, parked.job_id), "rsq") == b"2"
+    # ...and retried, not failed, when the worker that ran it dies before its first output.
+    assert await x.start(await next_attempt("w3"), "w3") == 1
+    await asyncio.sleep(0.2)
+    taken = await x.reclaim(MODEL, "w4", 10)
+    assert (parked.job_id, Reclaim.RETRY) in [(t.job.job_id, t.decision) for t in taken]
+
+
+async def test_an_answer_begun_after_a_fence_goes_on_from_its_token_ids(r: Redis) -> None:
+    jobs, d = await _in_engine(r, "alice", 2)  # resume_streams "exact": ids needed
+    parked = await d.park(MODEL, EP)
+    assert parked is not None
+    await d.dispatch(MODEL, EP, 10, [Pick("default", "alice", 9, 8.5)], 10)
+    x = ExecutionStore(r, settings())
+    await x.load_scripts()
+    for job_id in jobs:  # the parked job's attempt writes after the fence 1-0
+        again = job_id == parked.job_id
+        trail = TokenTrail(b"7", b"1") if again else None  # the other's engine gave no ids
+        pipe = x.pipeline()
+        x.add_chunk(pipe, MODEL, job_id, b"1-1" if again else b"0-1", b"data: {}\n\n", trail=trail)
+        x.add_first(pipe, MODEL, job_id)
+        await pipe.execute()
+    # Its first output entry, not the fence before it, holds the prompt's ids: it goes on.
+    assert await d.park(MODEL, EP) == parked
+    fences = [i for i, f in await r.xrange(keys.results(MODEL, parked.job_id)) if b"pk" in f]
+    assert fences == [b"1-0", b"2-0"]
 
 
 async def test_a_parked_job_can_be_cancelled_and_its_user_leaves_the_backlog(r: Redis) -> None:

@@ -215,12 +215,12 @@ def test_without_token_ids_from_the_engine_no_answer_is_taken_back_mid_way(
 
 def taken_back(redis_url: str, *, mid_answer: bool = False) -> int:
     """Times jobs of the demo model were taken back out of the engine so far ('pk'); with
-    ``mid_answer``, the jobs taken back mid-answer at least once ('rsq')."""
+    ``mid_answer``, the jobs taken back mid-answer at least once ('pkm')."""
     redis = Redis.from_url(redis_url)
     try:
         found = redis.scan_iter(keys.job(DEMO_MODELS[0], "*"))
         if mid_answer:
-            return sum(1 for key in found if redis.hexists(key, "rsq"))
+            return sum(1 for key in found if redis.hexists(key, "pkm"))
         return sum(int(redis.hget(key, "pk") or 0) for key in found)
     finally:
         redis.close()

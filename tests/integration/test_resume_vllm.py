@@ -94,7 +94,7 @@ def test_an_answer_taken_back_mid_way_goes_on_token_for_token(
 def _resumed(redis_url: str, jobs: list[str]) -> list[str]:
     """The jobs taken back mid-answer so far."""
     with Redis.from_url(redis_url) as redis:
-        return [j for j in jobs if redis.hexists(keys.job(MODEL, j), "rsq")]
+        return [j for j in jobs if redis.hexists(keys.job(MODEL, j), "pkm")]
 
 
 def _wait_for_output(redis_url: str, jobs: list[str]) -> bool:

@@ -7,7 +7,8 @@ defaults (a test session started from a shell's background job runs with SIGINT
 ignored, and the child would inherit that). The fixture's finalizer sends SIGKILL to
 every group a test started. ``no_process_left`` (autouse, tests/conftest.py) is the net
 under every other test: a descendant of this test process started during a test and
-still alive after it is killed, and the test fails naming it.
+still alive after it is killed, and the test fails naming it; a session fixture's process
+(``for_the_session``), which may start during whichever test first asks for it, is not.
 """
 
 from __future__ import annotations
@@ -25,6 +26,13 @@ import pytest
 from fairq.children import default_signals
 
 _GRACE_S = 5.0  # a process being stopped as the test ends gets this long to exit
+_SESSION_PIDS: set[int] = set()  # processes session fixtures started: they outlive tests
+
+
+def for_the_session(pid: int) -> None:
+    """``pid`` belongs to a session fixture (e.g. the session's Redis): it outlives the
+    test that first asked for it, and the net lets it be."""
+    _SESSION_PIDS.add(pid)
 
 
 class ProcessGroups:
@@ -74,7 +82,7 @@ def descendants() -> set[psutil.Process]:
 def no_process_left() -> Iterator[None]:
     before = descendants()
     yield
-    left = [p for p in descendants() - before if _alive(p)]
+    left = [p for p in descendants() - before if p.pid not in _SESSION_PIDS and _alive(p)]
     if not left:
         return
     _, alive = psutil.wait_procs(left, timeout=_GRACE_S)

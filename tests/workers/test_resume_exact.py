@@ -232,6 +232,16 @@ def test_a_resumed_attempt_goes_on_from_token_ids_when_it_can_else_from_text() -
     assert isinstance(attempt.resumed(claimed, ended, None, None), attempt.Whole)
 
 
+def test_a_job_taken_back_before_its_first_output_starts_afresh_with_its_role_chunk() -> None:
+    claimed = job({"model": "tiny", "messages": [], "max_tokens": 10, "stream": True})
+    again = attempt.resumed(claimed, [], None, None)
+    assert again == attempt.fresh(claimed)  # no continuation of an empty answer
+    assert isinstance(again, attempt.Attempt) and again.earlier is None
+    assert again.shape is not None
+    events, trail = again.shape(HEAD_IDS)  # its client gets the opening role chunk
+    assert b'"role":"assistant"' in events and trail is not None and trail.prompt_tokens
+
+
 # --- every cut, end to end on the simulator's engine model -------------------------------
 
 
