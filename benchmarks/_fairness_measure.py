@@ -27,6 +27,7 @@ from benchmarks._fairness_resumed import fairq_preemptions, tokenizer_decode
 from benchmarks._fairness_scenarios import LIGHT_PROMPT_TOKENS, context_problem, plan
 from benchmarks._fairness_shares import shares
 from benchmarks._fairness_stack import IDLE_USER, ArmEnv, Setup
+from benchmarks._fairness_stages import light_stages
 from benchmarks.stats import median
 from benchmarks.vllm_engine import resolve_home
 
@@ -73,10 +74,18 @@ async def measure_arm(
     until = load.heavy_done_s if load.heavy_done_s is not None else load.wall_s
     engine = engine_summary(samples, until, tpot_ceiling_ms, failures)
     taken = await asyncio.to_thread(_fairq_preemptions, env, setup)
-    summary = arm_summary(
-        load, path_idle_s, engine, cpu, _shares(load, setup), fairq_preemptions=taken
-    )
+    stages = await asyncio.to_thread(_light_stages, env, setup)
+    summary = arm_summary(load, path_idle_s, engine, cpu, _shares(load, setup),
+                          fairq_preemptions=taken, light_stages=stages)  # fmt: skip
     return summary, idle_s
+
+
+def _light_stages(env: ArmEnv, setup: Setup) -> list[dict[str, int]] | None:
+    """Each light job's stages inside fairq (None: the arm does not run fairq)."""
+    if not env.stacks or env.stacks[0].redis_url is None:
+        return None
+    users = setup.scenario.light_user_names()
+    return light_stages(env.stacks[0].redis_url, setup.model, users)
 
 
 def _fairq_preemptions(env: ArmEnv, setup: Setup) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from benchmarks import _fairness_stages as stages
 from benchmarks._fairness_checks import FAILED, OK, verdict
 from benchmarks._fairness_engine import Sample, preemptions, step_ms, tpot_ms
 from benchmarks._fairness_load import LoadResult, RequestResult
@@ -129,9 +130,11 @@ def arm_summary(
     heavy_shares: Mapping[str, Any] | None = None,
     *,
     fairq_preemptions: Mapping[str, Any] | None = None,
+    light_stages: Sequence[dict[str, int]] | None = None,
 ) -> dict[str, Any]:
     """``fairq_preemptions``: ``_fairness_resumed.fairq_preemptions`` (fairq arms); an
-    answer it resumed that did not come out whole fails the arm."""
+    answer it resumed that did not come out whole fails the arm. ``light_stages``: each
+    light job's stages inside fairq (``_fairness_stages``; fairq arms)."""
     step = engine["step_ms"]
     light = light_summary(load)
     fairq_s = cpu.get("fairq_s")
@@ -153,6 +156,9 @@ def arm_summary(
         "output_tok_s": load.output_tok_s,
         "preemptions": engine["preemptions"],
         "fairq_preemptions": dict(fairq_preemptions) if fairq_preemptions else None,
+        "light_stages": (
+            stages.summary(light_stages, _ttfts_ms(load.light)) if light_stages else None
+        ),
         "cpu": dict(cpu),
         "fairq_cpu_ms_per_1k_tokens": (
             fairq_s * 1e6 / load.output_tokens if fairq_s and load.output_tokens else None
@@ -284,7 +290,25 @@ def _section(name: str, section: Mapping[str, Any]) -> list[str]:
         users = {user_name(i): w for i, w in enumerate(s["heavy_weights"])}
         lines += ["Heavy users' share of output tokens while all are backlogged:", "",
                   _shares_table(arms, users), ""]  # fmt: skip
-    return lines + _criteria_lines(section["criteria"])
+    return lines + _stage_lines(arms) + _criteria_lines(section["criteria"])
+
+
+def _stage_lines(arms: Mapping[str, Any]) -> list[str]:
+    """Where fairq arms' light requests spent their TTFT (``_fairness_stages``)."""
+    rows = []
+    for key, arm in arms.items():
+        found = arm.get("light_stages") if arm["status"] == OK else None
+        if found:
+            cells = [f"{_cell(found[s]['p50'], '.1f')} / {_cell(found[s]['max'], '.1f')}"
+                     for s in stages.STAGES]  # fmt: skip
+            rows.append([f"({key}) {arm['title']}", *cells,
+                         _cell(found["gateway"]["p50"], ".1f")])  # fmt: skip
+    if not rows:
+        return []
+    header = ["arm", "in fairq's queue p50 / max ms", "to a worker", "at the engine",
+              "gateway and client (p50)"]  # fmt: skip
+    return ["Where a light request's TTFT goes (fairq arms):", "",
+            markdown_table(header, rows), ""]  # fmt: skip
 
 
 def _criteria_lines(checks: Mapping[str, Any]) -> list[str]:
