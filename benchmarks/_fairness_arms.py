@@ -17,7 +17,9 @@ the engine schedules by priority:
 (i) as (c) with answers resumed mid-way from token ids (``resume_streams`` exact, now
     also the default: named so that the arm keeps its meaning);
 (j) as (c) without mid-answer resume (``resume_streams`` off: preemption takes back only
-    jobs that have sent nothing, the default before exact resume).
+    jobs that have sent nothing, the default before exact resume);
+(k) as (a), each request asking for its token ids (``return_token_ids``) as fairq's
+    workers ask for a stream that may be resumed: what that costs the engine alone.
 
 An arm whose fairq feature is missing (fairq rejects its model setting) or whose
 engine runs the other scheduling policy is reported "not available: <reason>",
@@ -44,6 +46,7 @@ class ArmSpec:
     engine_priority: bool = False  # the engine runs --scheduling-policy priority
     backpressure: bool = True  # False: fairq holds nothing back
     model_overrides: Mapping[str, Any] = field(default_factory=dict)  # fairq's model config
+    token_ids: bool = False  # direct: each request asks for its token ids
 
     @property
     def client_priorities(self) -> bool:
@@ -95,6 +98,7 @@ ARMS: dict[str, ArmSpec] = {
             via_fairq=True,
             model_overrides={"resume_streams": "off"},
         ),
+        ArmSpec("k", "engine FIFO (direct), token ids asked", via_fairq=False, token_ids=True),
     )
 }
 ENGINE_POLICIES = ("fcfs", "priority")

@@ -42,6 +42,7 @@ class Target:
     model: str
     keys: Mapping[str, str] | None = None  # user -> API key (fairq); None: direct
     priorities: bool = False  # set vLLM's `priority`: 0 for light users, 1 for heavy ones
+    token_ids: bool = False  # ask for the token ids (vLLM's `return_token_ids`)
 
     def headers(self, user: str) -> dict[str, str]:
         return {} if self.keys is None else {"Authorization": f"Bearer {self.keys[user]}"}
@@ -58,6 +59,8 @@ class Target:
             body["stream_options"] = {"include_usage": True}
         if self.priorities:
             body["priority"] = 1 if heavy else 0
+        if self.token_ids:
+            body["return_token_ids"] = True
         return body
 
 

@@ -159,7 +159,7 @@ def _target(spec: ArmSpec, setup: Setup, engine_url: str, stacks: tuple[Stack, .
         url = f"{stacks[0].gateway_url}/v1/chat/completions"
         return Target(url, setup.model, keys=user_keys(setup.scenario))
     url = f"{engine_url}/v1/chat/completions"
-    return Target(url, setup.model, priorities=spec.client_priorities)
+    return Target(url, setup.model, priorities=spec.client_priorities, token_ids=spec.token_ids)
 
 
 def fairq_priority_problem() -> str | None:

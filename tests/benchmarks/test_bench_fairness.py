@@ -411,3 +411,12 @@ def test_an_arm_whose_resumed_answer_was_not_whole_fails() -> None:
     assert arm["failed"]["first_error"] == "a resumed answer was not whole: j: why"
     fine = arm_summary(_load([None]), 0.01, _ENGINE, _CPU, fairq_preemptions=taken | {"broken": 0})
     assert fine["status"] == "ok" and fine["fairq_preemptions"]["mid_answer"] == 2
+
+
+def test_arm_k_asks_the_engine_for_token_ids_as_fairqs_workers_do() -> None:
+    from benchmarks._fairness_load import Target
+
+    assert ARMS["k"].token_ids and not ARMS["k"].via_fairq and not ARMS["a"].token_ids
+    asking = Target("u", "m", token_ids=True).body("hi", 5, stream=True, heavy=True)
+    assert asking["return_token_ids"] is True
+    assert "return_token_ids" not in Target("u", "m").body("hi", 5, stream=True, heavy=True)
