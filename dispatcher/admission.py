@@ -24,9 +24,11 @@ hold a band back, so the dispatcher scrapes again soon rather than on the next t
 The engine's batch (``batch_slots``: configured, or learned as the most requests the
 engine ran while others waited) bounds users who already have a job in the engine: they
 are admitted only into free batch slots, less the slots kept for users with none
-(``reserved_slots``). While the last scrape saw requests wait with the batch not full
-(the KV cache is full: long answers fill it before the slots), the engine takes only
-what it runs (``room_in``). So the engine's own queue never holds a heavy user's jobs, a freed
+(``reserved_slots``); where slots are kept they also leave one place of the queue target
+to newcomers (their refills wait a step for prefill, and would hold a newcomer back).
+While the last scrape saw requests wait with the batch not full (the KV cache is full:
+long answers fill it before the slots), the engine takes only what it runs
+(``room_in``). So the engine's own queue never holds a heavy user's jobs, a freed
 slot is refilled as soon as fairq sees the job end (no scrape lag: fairq counts its jobs in
 flight itself), and a newcomer -- a user with nothing in the engine -- finds a kept slot
 free, or else waits at the head of the engine's queue for the next slot, never behind
@@ -223,8 +225,12 @@ class MetricsAdmission:
         ahead = config.refill_ahead if kept == 0 else 0
         free = batch + ahead - kept - state.inflight
         # Users in the engine keep the scrape's caution: a non-streamed job they sent may
-        # still wait for its prefill budget, unseen until the next scrape.
-        targeted = int(config.targets[band] - state.queue_estimate)
+        # still wait for its prefill budget, unseen until the next scrape. Where slots are
+        # kept, they also leave one place of the queue target to newcomers: else their
+        # refills, each waiting a step for its prefill, fill the target and hold a
+        # newcomer back that step although a kept slot is free.
+        place = 1 if kept and target > 1 else 0
+        targeted = int(target - place - state.queue_estimate)
         served = max(0, min(room, targeted, free))
         limit = Limit.BATCH_SLOTS if room > 0 and served == 0 else Limit.QUEUE_TARGET
         return Decision(state.endpoint, room, limit, estimate, state.running, served)

@@ -253,8 +253,27 @@ def test_newcomers_are_still_bounded_by_the_engine_queue_target() -> None:
 
 
 def test_free_slots_never_exceed_the_queue_target_room() -> None:
-    decision = METRICS.decide(fresh(running=0, inflight=0, unstarted=2), "default", BATCH8)
-    assert decision.room == 1 and decision.served_room == 1
+    decision = METRICS.decide(fresh(running=0, inflight=0, unstarted=1), "default", BATCH8)
+    assert decision.room == 2 and decision.served_room == 1
+
+
+def test_users_in_the_engine_leave_a_place_of_the_queue_target_to_newcomers() -> None:
+    # Two refills of the flood wait for their prefill: a third would fill the target and
+    # hold a newcomer back a step, although a kept slot is free for it.
+    refilled = fresh(running=4, inflight=6, unstarted=2)  # a slot free beside the kept one
+    decision = METRICS.decide(refilled, "default", BATCH8)
+    assert decision.room == 1 and decision.served_room == 0
+    # Without kept slots (a small batch) the flood may fill the target: newcomers get the
+    # head of the engine's queue by preemption instead.
+    none_kept = AdmissionConfig(
+        targets={"default": 3}, tpot_ceiling_s=1, inflight_cap=8, batch_slots=8,
+        reserved_slots=0,
+    )  # fmt: skip
+    assert METRICS.decide(refilled, "default", none_kept).served_room == 1
+    # A target of one (the batch band) is all the flood's: no place is left to split.
+    one = AdmissionConfig(targets={"batch": 1}, tpot_ceiling_s=1, inflight_cap=8,
+                          batch_slots=8, reserved_slots=1)  # fmt: skip
+    assert METRICS.decide(fresh(running=5, inflight=5), "batch", one).served_room == 1
 
 
 @pytest.mark.parametrize(
