@@ -270,6 +270,10 @@ def test_users_in_the_engine_leave_a_place_of_the_queue_target_to_newcomers() ->
         reserved_slots=0,
     )  # fmt: skip
     assert METRICS.decide(refilled, "default", none_kept).served_room == 1
+    # The place is counted lag-free: non-streamed jobs sent since the scrape (the scrape's
+    # caution) hold the flood back only as far as they did, so it still fills its batch.
+    plain = fresh(running=4, inflight=5, admitted_since_scrape=1, plain_since_scrape=1)
+    assert METRICS.decide(plain, "default", BATCH8).served_room == 2
     # A target of one (the batch band) is all the flood's: no place is left to split.
     one = AdmissionConfig(targets={"batch": 1}, tpot_ceiling_s=1, inflight_cap=8,
                           batch_slots=8, reserved_slots=1)  # fmt: skip
