@@ -4,7 +4,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install install-run install-dev run test lint bench bench-vllm-setup clean browser
+.PHONY: install install-run install-dev run test lint bench bench-vllm-setup clean browser \
+        image image-test
 
 # Two installs, each with its own stamp: `make run` installs only what running needs;
 # `make test`, `make lint` and `make bench` add the test, dev and bench extras (the tests
@@ -46,6 +47,19 @@ browser:
 	       && apt-get update -q >/dev/null \
 	       && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } \
 	  || echo "make: chromium not installed: tests/integration/test_dashboard.py will be skipped"
+
+# The image of every Kubernetes manifest (fairq:0.1.0), built from the Dockerfile with
+# buildah: no Docker daemon. deploy/image/build.sh installs Debian's buildah when missing
+# (apt-get, as root; said first); where python:3.11-slim cannot be pulled it builds on a
+# Debian base made with debootstrap (installed likewise), kept for the next build.
+# image-test then runs the image's gateway, dispatcher, worker and simulator and asks them
+# for a chat completion through the openai client (tests/integration/test_image.py).
+IMAGE ?= fairq:0.1.0
+image:
+	IMAGE=$(IMAGE) PYTHON=$(PYTHON) deploy/image/build.sh
+
+image-test: image install-dev
+	FAIRQ_IMAGE=$(IMAGE) $(BIN)/pytest tests/integration/test_image.py
 
 # The formatter wins; mypy --strict over every package (pyproject.toml, [tool.mypy]).
 lint: install-dev
