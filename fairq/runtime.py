@@ -9,7 +9,6 @@ signal exits at once. Only the CLI decides exit codes: 0 done, 1 failed at run t
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import signal
 import sys
@@ -21,14 +20,27 @@ import httpx
 from pydantic import ValidationError
 
 from broker import Settings, load_settings
+from broker.telemetry import METRICS_PORTS
+from fairq import logs
 
 # What each command reads from the environment, for its --help (``environment``).
 CONFIG = ("FAIRQ_CONFIG", "the YAML configuration: models, keys, bands [none: no models]")
 REDIS = ("FAIRQ_REDIS_URL", "the Redis every component shares [required]")
 SETTING = ("FAIRQ_<SETTING>", "any setting, over the file's (fairq.example.yaml)")
 LOG = ("FAIRQ_LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR [INFO]")
-METRICS = ("FAIRQ_METRICS_PORT", "its Prometheus /metrics port; 0: none [9464]")
 SERVICE = (CONFIG, REDIS, SETTING, LOG)
+
+
+def metrics(component: str) -> tuple[tuple[str, str], ...]:
+    """The variables of a component's /metrics server (``broker.telemetry.serve_metrics``)."""
+    port = METRICS_PORTS[component]
+    return (
+        (
+            "FAIRQ_METRICS_PORT",
+            f"its Prometheus /metrics port, 0: none [{port}; a free one if taken]",
+        ),
+        ("FAIRQ_METRICS_HOST", "the address it listens on; 0.0.0.0: every one [127.0.0.1]"),
+    )
 
 
 def environment(*variables: tuple[str, str]) -> str:
@@ -98,7 +110,7 @@ def one_line(exc: BaseException) -> str:
     if isinstance(exc, RedisConnectionError | RedisTimeoutError):
         return (
             f"cannot reach Redis ({exc}); is it running, and is FAIRQ_REDIS_URL right? "
-            "(`fairq up` starts a private one)"
+            "(`fairq redis` starts a private one)"
         )
     if isinstance(exc, httpx.TransportError):
         try:
@@ -115,12 +127,13 @@ def fail_config(exc: Exception) -> NoReturn:
 
 
 def setup_logging() -> None:
-    logging.basicConfig(
-        level=os.environ.get("FAIRQ_LOG_LEVEL", "INFO").upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    # httpx logs every engine request at INFO: too much for a worker's default level.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    """Log at ``FAIRQ_LOG_LEVEL`` (``fairq.logs``: the libraries at WARNING or above);
+    an unknown level is a configuration error (exit 2)."""
+    try:
+        level = logs.parse_level(os.environ.get("FAIRQ_LOG_LEVEL", "INFO"))
+    except ValueError as exc:
+        fail_config(exc)
+    logs.setup(level)
 
 
 def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:

@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 from broker import Settings, connect, connect_blocking, keys, telemetry
 from broker.lua import load_scripts
 from broker.process import gc_tuning
+from fairq import logs
 
 log = logging.getLogger("fairq")
 
@@ -35,19 +36,14 @@ def run_batch_worker(settings: Settings) -> None:
 
     from batch import BatchWorker
 
-    telemetry.serve_metrics(settings)  # batch lines and batches ended, on metrics_port
+    telemetry.serve_metrics(settings, "batch worker")  # batch lines and batches ended
     worker = BatchWorker(settings, SyncRedis.from_url(settings.require_redis_url()))
     log.info("batch worker %s on queue %s", worker.name, keys.BATCH_QUEUE)
-    worker.work(logging_level=_rq_log_level())
-
-
-def _rq_log_level() -> str:
-    """RQ's own lines (its registry cleaning twice a second, its scheduler lock) are
-    chatter at fairq's INFO: they show only when fairq logs at DEBUG. fairq's batch
-    worker logs its own events."""
-    level = "DEBUG" if logging.getLogger().level <= logging.DEBUG else "WARNING"
-    logging.getLogger("rq.scheduler").setLevel(level)
-    return level
+    # RQ's own lines (its registry cleaning twice a second, its scheduler lock) are a
+    # library's chatter (fairq.logs); RQ sets its loggers' levels from this argument, and
+    # its scheduler, built with the worker, set its own to INFO.
+    logs.hold_libraries()
+    worker.work(logging_level=logging.getLevelName(logs.library_level(log.getEffectiveLevel())))
 
 
 async def run_dispatcher(settings: Settings, stop: asyncio.Event) -> None:
@@ -60,7 +56,7 @@ async def run_dispatcher(settings: Settings, stop: asyncio.Event) -> None:
         dispatcher = Dispatcher(settings, redis)
         publisher = StatusPublisher(settings, redis, dispatcher)
         REGISTRY.register(DispatcherCollector(publisher))
-        telemetry.serve_metrics(settings)
+        telemetry.serve_metrics(settings, "dispatcher")
         log.info(
             "dispatcher %s sharing models: %s",
             dispatcher.name,
@@ -86,7 +82,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event, concurrency: int |
         models = [m.name for m in settings.models]
         running = concurrency or settings.worker_concurrency
         REGISTRY.register(WorkerCollector(models, lambda: worker.running, running))
-        telemetry.serve_metrics(settings)
+        telemetry.serve_metrics(settings, "worker")
         log.info("worker %s serving models: %s", worker.name, ", ".join(models))
         gc_tuning.settle(settings)
         timings = asyncio.create_task(worker.telemetry.loop(redis))

@@ -116,9 +116,10 @@ def _commands(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[str,
 # What each command reads, beyond "none": the help must name it.
 READS = {
     ("api",): ("FAIRQ_CONFIG", "FAIRQ_REDIS_URL", "FAIRQ_LOG_LEVEL", "[INFO]"),
-    ("dispatcher",): ("FAIRQ_CONFIG", "FAIRQ_REDIS_URL", "FAIRQ_METRICS_PORT", "[9464]"),
-    ("worker",): ("FAIRQ_REDIS_URL", "FAIRQ_WORKER_CONCURRENCY", "[64]"),
-    ("batch-worker",): ("FAIRQ_CONFIG", "FAIRQ_REDIS_URL", "FAIRQ_METRICS_PORT"),
+    ("dispatcher",): ("FAIRQ_CONFIG", "FAIRQ_REDIS_URL", "FAIRQ_METRICS_PORT", "[9464;",
+                      "FAIRQ_METRICS_HOST", "[127.0.0.1]"),
+    ("worker",): ("FAIRQ_REDIS_URL", "FAIRQ_WORKER_CONCURRENCY", "[64]", "[9465;"),
+    ("batch-worker",): ("FAIRQ_CONFIG", "FAIRQ_REDIS_URL", "FAIRQ_METRICS_PORT", "[9466;"),
     ("status",): ("FAIRQ_CONFIG", "FAIRQ_REDIS_URL"),
     ("top",): ("FAIRQ_CONFIG", "FAIRQ_REDIS_URL"),
     ("jobs",): ("FAIRQ_CONFIG", "FAIRQ_REDIS_URL"),
@@ -128,6 +129,7 @@ READS = {
     ("config",): ("FAIRQ_<SETTING>",),
     ("config", "check"): ("FAIRQ_<SETTING>",),
     ("bench", "fairness"): ("FAIRQ_VLLM_HOME",),
+    ("sim",): ("FAIRQ_LOG_LEVEL", "[INFO]"),
 }  # fmt: skip
 BATCH = ("FAIRQ_API_URL", "[http://127.0.0.1:8000]", "FAIRQ_API_KEY", "OPENAI_API_KEY")
 READS |= {("batch", *sub): BATCH for sub in ((), ("submit",), ("status",), ("results",),

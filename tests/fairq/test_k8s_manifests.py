@@ -302,6 +302,29 @@ def test_each_fairq_container_loads_valid_settings_from_its_manifests(
         assert settings.require_redis_url().startswith(("redis://", "rediss://"))
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_a_pod_that_exposes_metrics_serves_them_on_every_address_at_that_port(
+    overlay: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A fairq process serves /metrics on loopback unless told otherwise: Prometheus
+    # reaches a pod only if the manifest says 0.0.0.0 and the port it declares.
+    objects = rendered(overlay)
+    exposed = 0
+    for i, (workload, pod, container) in enumerate(fairq_containers(objects)):
+        ports = {p.get("name"): p["containerPort"] for p in container.get("ports", [])}
+        if "metrics" not in ports:
+            continue
+        for name in [n for n in os.environ if n.startswith("FAIRQ_")]:
+            monkeypatch.delenv(name)
+        for name, value in _container_env(objects, pod, container, tmp_path / str(i)).items():
+            monkeypatch.setenv(name, value)
+        settings = load_settings()
+        served = (settings.metrics_host, settings.metrics_port)
+        assert served == ("0.0.0.0", ports["metrics"]), workload["metadata"]["name"]
+        exposed += 1
+    assert exposed >= 2  # dispatchers and workers
+
+
 # -- engines: one Deployment and Service per model and pod ------------------------------
 
 
