@@ -23,10 +23,13 @@ the engine schedules by priority:
 
 An arm whose fairq feature is missing (fairq rejects its model setting) or whose
 engine runs the other scheduling policy is reported "not available: <reason>",
-never run half-way. A fresh engine per arm (simulator or vLLM) is started with
-the policy the arm needs; an engine at ``--engine-url`` runs the policy its
-owner states with ``--engine-policy``: a request's ``priority`` proves nothing,
-as vLLM without the priority policy accepts it and ignores it.
+never run half-way. Each arm's title says the policy its engine ran and how that is
+known (``KnownPolicy``): a fresh engine per arm (simulator or vLLM) is started with
+the policy the arm needs; an engine at ``--engine-url`` runs the policy its owner
+states with ``--engine-policy``, or the one it says on vLLM's ``/server_info`` (served
+only with ``VLLM_SERVER_DEV_MODE=1``; vLLM 0.32 says it nowhere else), else it is
+unknown and the arms that send priorities do not run. An error never tells: vLLM 0.32
+without the priority policy takes a request's ``priority`` and ignores it.
 """
 
 from __future__ import annotations
@@ -153,28 +156,46 @@ def policy(spec: ArmSpec) -> str:
     return "priority" if spec.engine_priority else "fcfs"
 
 
-def policy_problem(spec: ArmSpec, engine_url: str | None, stated: str | None) -> str | None:
+@dataclass(frozen=True)
+class KnownPolicy:
+    """The scheduling policy an arm's engine runs (None: not known), and how it is known."""
+
+    name: str | None
+    how: str
+
+    @property
+    def label(self) -> str:
+        if self.name is None:
+            return "engine policy unknown, no priorities sent"
+        return f"engine {self.name}, {self.how}"
+
+
+STARTED = "as started"  # the benchmark started the engine with it
+STATED = "per --engine-policy"
+REPORTED = "per its /server_info"
+UNKNOWN = KnownPolicy(None, "not stated, and the engine does not say")
+_SAY = "say --engine-policy priority if it runs vLLM's --scheduling-policy priority"
+
+
+def policy_problem(spec: ArmSpec, engine_url: str | None, known: KnownPolicy) -> str | None:
     """Why the engine at ``engine_url`` cannot serve the arm (None: it can, or the arm
-    gets a fresh engine of its own: ``engine_url`` None). ``stated``: the policy its
-    owner says it runs; unstated, it is taken for vLLM's default, fcfs."""
+    gets a fresh engine of its own: ``engine_url`` None). An engine of unknown policy
+    serves only the arms that send no priority: any policy serves those in arrival order."""
     if engine_url is None:
         return None
-    if stated is None:
+    if known.name is None:
         if spec.engine_priority:
             return (
-                f"say --engine-policy priority if the engine at {engine_url} runs vLLM's "
-                "--scheduling-policy priority"
+                f"the scheduling policy of the engine at {engine_url} is unknown (vLLM says "
+                f"it only on /server_info, with VLLM_SERVER_DEV_MODE=1): {_SAY}"
             )
         return None
-    if stated != policy(spec):
-        return f"the engine at {engine_url} runs {stated}"
+    if known.name != policy(spec):
+        return f"the engine at {engine_url} runs {known.name} ({known.how})"
     return None
 
 
-def arm_title(spec: ArmSpec, engine_policy: str | None, *, runs: bool = True) -> str:
-    """The arm's title with the policy its engine ran (None: not stated, fcfs assumed);
-    an arm that does not run has no engine to name."""
-    if not runs:
-        return spec.title
-    ran = "engine fcfs, assumed" if engine_policy is None else f"engine {engine_policy}"
-    return f"{spec.title} [{ran}]"
+def arm_title(spec: ArmSpec, known: KnownPolicy, *, runs: bool = True) -> str:
+    """The arm's title with the policy its engine ran and how that is known; an arm that
+    does not run has no engine to name."""
+    return f"{spec.title} [{known.label}]" if runs else spec.title

@@ -6,7 +6,9 @@ and inter-token-latency histogram, from which the recent time per output token
 follows (the figure fairq's TPOT ceiling looks at), and the engine's preemptions.
 ``step_ms`` is the benchmark's unit of time: the engine's own mean time per
 output token over a window, from the same histogram. Works against the
-simulator and a real vLLM alike: both use vLLM's metric names.
+simulator and a real vLLM alike: both use vLLM's metric names. Before any arm,
+``served_models`` reads what the engine serves and ``reported_policy`` the
+scheduling policy it says it runs, if it says one.
 """
 
 from __future__ import annotations
@@ -146,3 +148,17 @@ def served_models(base_url: str) -> dict[str, int | None]:
 
 def _int_or_none(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def reported_policy(base_url: str) -> str | None:
+    """The scheduling policy the engine says it runs: vLLM's GET /server_info (served only
+    with VLLM_SERVER_DEV_MODE=1; the simulator's in its profile's dev_mode), its
+    ``vllm_config.scheduler_config.policy``. None: it does not say."""
+    try:
+        # A real vLLM gathers its system information for this once: seconds, not a hang.
+        response = httpx.get(f"{base_url}/server_info?config_format=json", timeout=60.0)
+        response.raise_for_status()
+        policy = response.json()["vllm_config"]["scheduler_config"]["policy"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
+    return policy if policy in ("fcfs", "priority") else None

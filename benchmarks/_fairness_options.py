@@ -2,7 +2,8 @@
 
 Resolved here, once: which engine every arm gets (and the context its model
 serves: the simulator's profile, the tiny vLLM's 512 tokens, or the user's
-engine's GET /v1/models), the size presets (``h100`` with the simulator,
+engine's GET /v1/models, and its scheduling policy: stated, or said on its
+/server_info, or unknown), the size presets (``h100`` with the simulator,
 ``tiny`` with vLLM, with ``--engine-url`` the first that fits), each scenario's
 sizes with the flags given, and whether the cores can be pinned. A scenario that
 does not fit the context, an engine that cannot be reached, or a flag that does
@@ -18,9 +19,16 @@ from typing import Any
 import click
 import httpx
 
-from benchmarks._fairness_arms import ArmSpec, parse_arms
+from benchmarks._fairness_arms import (
+    REPORTED,
+    STATED,
+    UNKNOWN,
+    ArmSpec,
+    KnownPolicy,
+    parse_arms,
+)
 from benchmarks._fairness_cpu import ENGINE_CPUS, FAIRQ_CPUS, pinning_problem
-from benchmarks._fairness_engine import served_models
+from benchmarks._fairness_engine import reported_policy, served_models
 from benchmarks._fairness_provision import (
     SIM_MODEL,
     VLLM_CONTEXT,
@@ -97,7 +105,22 @@ def _url_choice(flags: EngineFlags, pinning: bool) -> EngineChoice:
     model = flags.model or next(iter(models))
     if model not in models:
         raise click.UsageError(f"the engine at {url} serves {sorted(models)}, not {model!r}")
-    return EngineChoice("url", model, models[model], url=url, policy=flags.policy, pinning=pinning)
+    policy = _known_policy(url, flags.policy)
+    return EngineChoice("url", model, models[model], url=url, policy=policy, pinning=pinning)
+
+
+def _known_policy(url: str, stated: str | None) -> KnownPolicy:
+    """The policy of the user's engine: as stated, else as the engine says it; an engine
+    that says another than the one stated is a usage error."""
+    said = reported_policy(url)
+    if stated is not None and said is not None and said != stated:
+        raise click.UsageError(
+            f"--engine-policy {stated}, but the engine at {url} says on its /server_info "
+            f"that it runs {said}"
+        )
+    if stated is not None:
+        return KnownPolicy(stated, STATED)
+    return UNKNOWN if said is None else KnownPolicy(said, REPORTED)
 
 
 def scenarios(names: tuple[str, ...], family: str | None, engine: EngineChoice,

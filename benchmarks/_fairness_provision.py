@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from benchmarks._fairness_arms import STARTED, UNKNOWN, KnownPolicy
 from benchmarks._fairness_cpu import ENGINE_CPUS
 from fairq.localredis import free_port
 from fairq.stack import Stack
@@ -42,7 +43,7 @@ class EngineChoice:
     max_model_len: int | None  # the served model's context (None: not said)
     profile: str = "h100-8b"  # the simulator's
     url: str | None = None  # kind "url"
-    policy: str | None = None  # kind "url": the policy its owner stated
+    policy: KnownPolicy = UNKNOWN  # kind "url": stated, or said by the engine
     pinning: bool = False  # the engine on ENGINE_CPUS, everything else on FAIRQ_CPUS
     vllm_home: Path | None = None
 
@@ -72,8 +73,19 @@ class EngineChoice:
             )
         if self.kind == "vllm":
             return "A real vLLM (CPU build, tiny model) per arm; figures as measured."
-        stated = self.policy or "not stated (fcfs assumed)"
-        return f"The engine at --engine-url, as its owner started it; its policy: {stated}."
+        policy = self.policy
+        if policy.name is not None:
+            return (
+                "The engine at --engine-url, as its owner started it; its scheduling policy: "
+                f"{policy.name}, {policy.how}."
+            )
+        return (
+            "The engine at --engine-url, as its owner started it. Its scheduling policy is "
+            "unknown: --engine-policy does not say it, and neither does the engine (vLLM says "
+            "it only on /server_info, with VLLM_SERVER_DEV_MODE=1). The arms that send "
+            "priorities did not run; the others send none, which any policy serves in "
+            "arrival order."
+        )
 
     @property
     def batch_slots(self) -> int | None:
@@ -85,9 +97,10 @@ class EngineChoice:
             return load_profile(self.profile).max_num_seqs
         return VLLM_SLOTS if self.kind == "vllm" else None
 
-    def ran(self, needs: str) -> str | None:
-        """The policy the arm's engine runs (None: the user's engine, not stated)."""
-        return self.policy if self.kind == "url" else needs
+    def ran(self, needs: str) -> KnownPolicy:
+        """The policy the arm's engine runs: the one it was started with (a fresh engine
+        per arm), or the user's engine's as far as it is known."""
+        return self.policy if self.kind == "url" else KnownPolicy(needs, STARTED)
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from benchmarks._fairness_arms import ARMS, ArmSpec, model_config, policy
+from benchmarks._fairness_arms import ArmSpec, model_config, policy
 from benchmarks._fairness_cpu import (
     ENGINE_CPUS,
     FAIRQ_CPUS,
@@ -34,7 +32,7 @@ from benchmarks._fairness_cpu import (
     pinned,
 )
 from benchmarks._fairness_load import Target
-from benchmarks._fairness_provision import SIM_MODEL, EngineChoice, engine_for
+from benchmarks._fairness_provision import EngineChoice, engine_for
 from benchmarks._fairness_scenarios import Scenario, plan
 from broker import hash_key
 from fairq.localredis import free_port
@@ -45,7 +43,6 @@ WORKERS = 2
 MIN_WORKER_SLOTS = 300
 START_TIMEOUT_S = 60.0
 _QUIET = {"FAIRQ_LOG_LEVEL": "WARNING"}
-_NO_PRIORITY_SCHEDULING = "Priority scheduling is not enabled"  # vLLM's own words
 
 
 @dataclass(frozen=True)
@@ -160,31 +157,3 @@ def _target(spec: ArmSpec, setup: Setup, engine_url: str, stacks: tuple[Stack, .
         return Target(url, setup.model, keys=user_keys(setup.scenario))
     url = f"{engine_url}/v1/chat/completions"
     return Target(url, setup.model, priorities=spec.client_priorities, token_ids=spec.token_ids)
-
-
-def fairq_priority_problem() -> str | None:
-    """Why fairq does not pass priorities to the engine (None: it does).
-
-    Probe: fairq with ``engine_priority`` in front of a small FCFS simulator. The
-    simulator, like vLLM 0.32 in its own words, refuses a nonzero priority when it
-    runs fcfs, so a refusal proves fairq sent one; a batch-band job must get a
-    nonzero priority.
-    """
-    port = free_port()
-    scenario = Scenario("seed", 1, 8, (1, 1), power_stream=False, light_users=1)
-    setup = Setup(scenario, EngineChoice("sim", SIM_MODEL, None, profile="default"))
-    config = fairq_config(ARMS["f"], setup, f"http://127.0.0.1:{port}")
-    stack = Stack(config, gateway_port=free_port(), sims={port: SIM_MODEL}, workers=1, env=_QUIET)
-    key = user_keys(scenario)[IDLE_USER]
-    body = {"model": SIM_MODEL, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
-    try:
-        with _running(stack):
-            for band in ("batch", "default", "interactive"):
-                headers = {"Authorization": f"Bearer {key}", "X-Fairq-Band": band}
-                url = f"{stack.gateway_url}/v1/chat/completions"
-                response = httpx.post(url, json=body, headers=headers, timeout=30.0)
-                if _NO_PRIORITY_SCHEDULING in response.text:
-                    return None
-    except (RuntimeError, TimeoutError, httpx.HTTPError) as exc:
-        return f"the engine-priority probe failed: {exc}"
-    return "fairq passed no priority to the engine (a probe in every band reached it without one)"

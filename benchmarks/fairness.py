@@ -22,7 +22,8 @@ not fit the engine's context (its GET /v1/models) is refused before any arm runs
 Run it as ``fairq bench fairness`` or ``python -m benchmarks.fairness``. Engines:
 ``--engine sim`` (default; profile ``h100-8b``: its figures are estimates),
 ``--engine vllm`` (a real vLLM per arm, the tiny model; pinned to core 0 with
-fairq and the client on core 1), or ``--engine-url`` with ``--engine-policy``.
+fairq and the client on core 1), or ``--engine-url`` (its scheduling policy from
+``--engine-policy`` or from the engine, else unknown: ``_fairness_arms``).
 
 The harness: ``_fairness_scenarios`` and ``_fairness_load`` (the requests),
 ``_fairness_sse`` (reading streams), ``_fairness_engine`` (/metrics over time),
@@ -65,7 +66,7 @@ from benchmarks._fairness_plot import plot
 from benchmarks._fairness_provision import EngineChoice, prepare_vllm
 from benchmarks._fairness_report import compare, render
 from benchmarks._fairness_scenarios import FAMILIES, Scenario
-from benchmarks._fairness_stack import Setup, arm_env, fairq_priority_problem
+from benchmarks._fairness_stack import Setup, arm_env
 from benchmarks.stats import machine
 from broker import ModelConfig
 from fairq.runtime import environment
@@ -174,9 +175,7 @@ def _problem(spec: ArmSpec, engine: EngineChoice) -> str | None:
     """Why the arm cannot run here: fairq lacks its feature, or the engine its policy."""
     problem = config_problem(spec, engine.model, engine.url or "http://127.0.0.1:1")
     if problem is None:
-        problem = policy_problem(spec, engine.url, engine.policy)
-    if problem is None and spec.engine_priority and spec.via_fairq:
-        problem = fairq_priority_problem()
+        problem = policy_problem(spec, engine.url, engine.ran(policy(spec)))
     return problem
 
 
@@ -264,7 +263,8 @@ def main_run(options: Options, as_json: bool) -> None:
     "--engine-policy",
     type=click.Choice(ENGINE_POLICIES),
     default=None,
-    help="with --engine-url: the scheduling policy that engine runs",
+    help="with --engine-url: the scheduling policy that engine runs [what it says on "
+    "/server_info; else unknown, and the arms that send priorities do not run]",
 )
 @click.option("--model", default=None, help="with --engine-url [the engine's first model]")
 @click.option(

@@ -18,7 +18,18 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from benchmarks._fairness_arms import ARMS, arm_title, config_problem, parse_arms, policy_problem
+from benchmarks._fairness_arms import (
+    ARMS,
+    REPORTED,
+    STARTED,
+    STATED,
+    UNKNOWN,
+    KnownPolicy,
+    arm_title,
+    config_problem,
+    parse_arms,
+    policy_problem,
+)
 from benchmarks._fairness_checks import criteria
 from benchmarks._fairness_cpu import ProcessGroups, cpu_split
 from benchmarks._fairness_engine import Sample, parse_sample, preemptions, step_ms
@@ -61,7 +72,8 @@ def test_a_small_run_writes_table_json_and_plots_with_every_request_measured(
     for name in ("seed", "mixed"):
         assert (tmp_path / f"fairness-{name}.png").read_bytes().startswith(b"\x89PNG")
     markdown = (tmp_path / "fairness.md").read_text()
-    assert "| (c) fairq defaults [engine fcfs] |" in markdown and "estimates" in markdown
+    assert "| (c) fairq defaults [engine fcfs, as started] |" in markdown
+    assert "estimates" in markdown
     assert figures["failed_arms"] == [] and figures["machine"]["cores"]
     seed = figures["scenarios"]["seed"]
     assert seed["idle_ttft_ms"] > 0 and set(seed["criteria"]) == {
@@ -301,21 +313,34 @@ def _result(sections: dict[str, dict[str, Any]]) -> dict[str, Any]:
 # --- arms and engine policies -------------------------------------------------------------
 
 
-def test_an_external_engine_serves_only_the_arms_of_the_policy_its_owner_states() -> None:
+def test_an_external_engine_serves_only_the_arms_of_the_policy_known() -> None:
     url = "http://e:8000"
-    assert policy_problem(ARMS["e"], None, None) is None  # a fresh engine per arm
-    assert policy_problem(ARMS["a"], url, None) is None  # fcfs assumed
-    assert "say --engine-policy priority" in str(policy_problem(ARMS["e"], url, None))
-    assert policy_problem(ARMS["e"], url, "priority") is None
-    assert policy_problem(ARMS["f"], url, "fcfs") == f"the engine at {url} runs fcfs"
-    assert policy_problem(ARMS["c"], url, "priority") == f"the engine at {url} runs priority"
+    fcfs, priority = KnownPolicy("fcfs", STATED), KnownPolicy("priority", REPORTED)
+    assert policy_problem(ARMS["e"], None, KnownPolicy("priority", STARTED)) is None
+    assert policy_problem(ARMS["a"], url, UNKNOWN) is None  # sends no priority
+    assert policy_problem(ARMS["c"], url, UNKNOWN) is None
+    for key in ("e", "f"):  # they send priorities: not against an engine of unknown policy
+        assert "say --engine-policy priority" in str(policy_problem(ARMS[key], url, UNKNOWN))
+    assert policy_problem(ARMS["e"], url, priority) is None
+    assert policy_problem(ARMS["f"], url, fcfs) == f"the engine at {url} runs fcfs ({STATED})"
+    assert policy_problem(ARMS["c"], url, priority) == (
+        f"the engine at {url} runs priority ({REPORTED})"
+    )
 
 
-def test_arm_titles_name_the_policy_the_engine_ran() -> None:
-    assert arm_title(ARMS["c"], "fcfs") == "fairq defaults [engine fcfs]"
-    assert arm_title(ARMS["e"], "priority") == "engine priority (direct) [engine priority]"
-    assert arm_title(ARMS["a"], None) == "engine FIFO (direct) [engine fcfs, assumed]"
-    assert arm_title(ARMS["e"], None, runs=False) == "engine priority (direct)"
+def test_arm_titles_name_the_policy_the_engine_ran_and_how_it_is_known() -> None:
+    started = KnownPolicy("fcfs", STARTED)
+    assert arm_title(ARMS["c"], started) == "fairq defaults [engine fcfs, as started]"
+    assert arm_title(ARMS["e"], KnownPolicy("priority", STATED)) == (
+        "engine priority (direct) [engine priority, per --engine-policy]"
+    )
+    assert arm_title(ARMS["a"], KnownPolicy("fcfs", REPORTED)) == (
+        "engine FIFO (direct) [engine fcfs, per its /server_info]"
+    )
+    assert arm_title(ARMS["a"], UNKNOWN) == (
+        "engine FIFO (direct) [engine policy unknown, no priorities sent]"
+    )
+    assert arm_title(ARMS["e"], UNKNOWN, runs=False) == "engine priority (direct)"
 
 
 def test_the_new_arms_carry_the_new_admission_settings() -> None:
