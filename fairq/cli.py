@@ -52,7 +52,7 @@ def main(debug: bool) -> None:
       FAIRQ_CONFIG      the YAML configuration file (models, endpoints, keys, bands)
       FAIRQ_REDIS_URL   the Redis every component shares (redis:// or rediss://)
       FAIRQ_<SETTING>   any setting of the file, e.g. FAIRQ_METRICS_PORT=0
-      FAIRQ_LOG_LEVEL   INFO by default
+      FAIRQ_LOG_LEVEL   INFO by default (libraries' lines from WARNING)
     `fairq batch` talks to a gateway: FAIRQ_API_URL, FAIRQ_API_KEY (or OPENAI_API_KEY).
     """
 

@@ -27,7 +27,7 @@ from fairq import logs
 CONFIG = ("FAIRQ_CONFIG", "the YAML configuration: models, keys, bands [none: no models]")
 REDIS = ("FAIRQ_REDIS_URL", "the Redis every component shares [required]")
 SETTING = ("FAIRQ_<SETTING>", "any setting, over the file's (fairq.example.yaml)")
-LOG = ("FAIRQ_LOG_LEVEL", "DEBUG, INFO, WARNING or ERROR [INFO]")
+LOG = ("FAIRQ_LOG_LEVEL", "DEBUG, INFO, WARNING, ERROR or CRITICAL [INFO]")
 SERVICE = (CONFIG, REDIS, SETTING, LOG)
 
 
