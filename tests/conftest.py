@@ -22,7 +22,8 @@ from tests.support.processes import (  # noqa: F401 - fixtures
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[LocalRedis]:
     """A real redis/valkey server on a free loopback port, torn down after the session."""
-    with LocalRedis() as server:
+    # It dies with the test process, even one killed (a timeout) before its teardown.
+    with LocalRedis(die_with_parent=True) as server:
         assert server.process is not None
         for_the_session(server.process.pid)
         yield server
