@@ -11,8 +11,13 @@ parser, and series are matched by exact sample name, so look-alikes such as
 
 A dispatcher reads every endpoint several times a second, and a vLLM page has hundreds
 of lines, nearly all of them buckets and series admission never reads. Before the
-parser sees the text, one regular expression (C speed) keeps only the sample lines of
-the names below (``_WANTED``); comments go too, so each sample keeps its own name.
+parser sees the page, one regular expression (C speed, on the page's bytes) keeps only
+the sample lines of the names below (``wanted_lines``); comments go too, so each sample
+keeps its own name. Lines admission does not read are not read at all: a page that is
+not exposition (an HTML error page, a wrong URL) has none of the queue gauges and is
+refused for that, and the scraper refuses a response whose content type is not
+Prometheus text. ``parse_wanted`` parses what is kept, so a caller that sees the same
+wanted lines as last time (an idle engine) may keep the sample it got from them.
 
 Names, and where they were checked:
 
@@ -26,6 +31,14 @@ Names, and where they were checked:
   same queue gauges, ``vllm:gpu_cache_usage_perc`` and histogram
   ``vllm:time_per_output_token_seconds``, both observed once per output token.
   Where a release exposes both names the current one wins.
+- SGLang (sgl-project/sglang ``python/sglang/srt/metrics/collector.py`` at commit
+  00ae9c1590d2d0bb6c0bfff39e312c34ae3dd538, label ``model_name`` and more):
+  ``sglang:num_queue_reqs``, ``sglang:num_running_reqs``, ``sglang:token_usage`` (the
+  KV pool's use, 0..1), histograms ``sglang:inter_token_latency_seconds`` (its _sum
+  grows by each output interval and its _count by the tokens in it; older releases:
+  ``sglang:time_per_output_token_seconds``) and ``sglang:e2e_request_latency_seconds``.
+  Its ``sglang:generation_tokens_total`` moves only when a request ends, so it says
+  nothing about engine steps between two scrapes and is not read.
 - TGI (huggingface/text-generation-inference ``docs/source/reference/metrics.md``
   at commit 53fdbe617d4f3cc358842ad96914393ad6b6e4ca, and ``router/src/server.rs``,
   which gives every ``*duration`` metric histogram buckets): ``tgi_queue_size``,
@@ -90,6 +103,14 @@ _DIALECTS = (
         e2e=("vllm:e2e_request_latency_seconds",),
     ),
     _Dialect(
+        engine="sglang",
+        waiting="sglang:num_queue_reqs",
+        running="sglang:num_running_reqs",
+        kv_usage=("sglang:token_usage",),
+        tpot=("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
+        e2e=("sglang:e2e_request_latency_seconds",),
+    ),
+    _Dialect(
         engine="tgi",
         waiting="tgi_queue_size",
         running="tgi_batch_current_size",
@@ -110,43 +131,54 @@ def _sample_names(dialect: _Dialect) -> tuple[str, ...]:
     return tuple(names)
 
 
-# A sample line of a wanted name: the name, then its labels or the value.
-_WANTED = re.compile(
-    "^(?:"
-    + "|".join(re.escape(name) for d in _DIALECTS for name in _sample_names(d))
-    + r")[{ \t].*$",
-    re.MULTILINE,
-)
+def _wanted_pattern() -> re.Pattern[bytes]:
+    """A line that starts with a wanted name, then its labels or its value. The names are
+    grouped by their engine's prefix (``vllm:``, ``tgi_``), so that a line of another
+    metric is dismissed after a few bytes; and each match begins with the newline before
+    it, a literal the regular expression engine searches for at memchr speed (``^`` in
+    MULTILINE mode would be tried at every byte)."""
+    groups: dict[str, list[str]] = {}
+    for dialect in _DIALECTS:
+        for name in _sample_names(dialect):
+            cut = name.find(":") + 1 or name.find("_") + 1
+            groups.setdefault(name[:cut], []).append(name[cut:])
+    alternatives = "|".join(
+        re.escape(prefix) + "(?:" + "|".join(map(re.escape, sorted(set(rest)))) + ")"
+        for prefix, rest in groups.items()
+    )
+    return re.compile(f"\n((?:{alternatives})[{{ \t][^\n]*)".encode())
 
 
-# A line that is none of: a comment, a sample (name, optional labels, a number, an
-# optional timestamp), blank. Its presence means the page is not exposition at all.
-_NOT_EXPOSITION = re.compile(
-    r"^(?!#|[ \t]*$|[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^\n]*\})?[ \t]+"
-    r"[-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|Inf|NaN)(?:[ \t]+-?[0-9]+)?[ \t]*$).+$",
-    re.MULTILINE,
-)
+_WANTED = _wanted_pattern()
 
 
-def wanted_lines(text: str) -> str:
-    """The sample lines of ``text`` that ``parse_metrics`` reads, nothing else; raises
-    ``MetricsError`` if a line of ``text`` is not Prometheus text exposition."""
-    stray = _NOT_EXPOSITION.search(text)
-    if stray is not None:
-        raise MetricsError(f"not Prometheus text exposition: {stray.group()[:80]!r}")
-    return "\n".join(_WANTED.findall(text)) + "\n"
+def wanted_lines(page: bytes) -> bytes:
+    """The sample lines of ``page`` that ``parse_wanted`` reads, nothing else, in order."""
+    return b"\n".join(_WANTED.findall(b"\n" + page)) + b"\n"
 
 
-def parse_metrics(text: str, model_name: str | None = None) -> EngineSample:
+def parse_metrics(page: bytes | str, model_name: str | None = None) -> EngineSample:
     """The engine's state in one scrape, summed over its series (data-parallel engines).
 
     With ``model_name``, only series whose ``model_name`` label equals it count
     (vLLM labels every series; TGI labels none, so pass None for TGI). Raises
-    ``MetricsError`` when the text does not parse, names no known engine, or
-    has no queue series for ``model_name``: a scrape that cannot say how long
+    ``MetricsError`` when the wanted lines do not parse, name no known engine, or
+    have no queue series for ``model_name``: a scrape that cannot say how long
     the queue is must never read as an empty queue.
     """
-    series: _Series = _parse(wanted_lines(text))
+    if isinstance(page, str):
+        page = page.encode()
+    return parse_wanted(wanted_lines(page), model_name)
+
+
+def parse_wanted(lines: bytes, model_name: str | None = None) -> EngineSample:
+    """``parse_metrics`` of lines ``wanted_lines`` kept (or of a whole page: the same
+    sample, parsed the slow way)."""
+    try:
+        text = lines.decode()
+    except UnicodeDecodeError as exc:
+        raise MetricsError(f"not Prometheus text exposition: {exc}") from exc
+    series: _Series = _parse(text)
     dialect = _dialect(series)
     if model_name is not None:
         series = _only_model(series, model_name)

@@ -33,7 +33,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import httpx
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -109,9 +108,8 @@ class Dispatcher:
         for model in self._models:
             await self._store.ensure_ready_group(model.name)
         wake = WakeListener(self._redis, [m.name for m in self._models], self._express_sent)
-        timeout = httpx.Timeout(self._settings.scrape_timeout_s)
-        async with httpx.AsyncClient(timeout=timeout) as http, asyncio.TaskGroup() as tasks:
-            self._scraper = self._make_scraper(http, wake)
+        async with asyncio.TaskGroup() as tasks:
+            self._scraper = self._make_scraper(wake)
             loops: dict[str, asyncio.Task[None]] = {}
 
             def own(owned: frozenset[str]) -> None:
@@ -161,9 +159,12 @@ class Dispatcher:
             )
         log.info("dispatcher %s owns models: %s", self.name, ", ".join(sorted(owned)) or "none")
 
-    def _make_scraper(self, http: httpx.AsyncClient, wake: WakeListener) -> Scraper | None:
+    def _make_scraper(self, wake: WakeListener) -> Scraper | None:
         """One scraper for every endpoint of the models admitted by metrics; a finished
-        scrape wakes the endpoint's models, since their room may have changed."""
+        scrape wakes the endpoint's models, since their room may have changed. An idle
+        engine is read every half of ``metrics_stale_s``, so its metrics never go stale and
+        the first job after idle is admitted on them without waiting for a scrape; a job
+        sent to it (``_sent``) brings it back to ``scrape_interval_s`` at once."""
         owners: dict[str, list[str]] = {}
         for m in self._models:
             if m.admission_policy == "metrics":
@@ -187,8 +188,8 @@ class Dispatcher:
         s = self._settings
         return Scraper(
             [],
-            http,
             interval_s=s.scrape_interval_s,
+            idle_interval_s=s.metrics_stale_s / 2,
             timeout_s=s.scrape_timeout_s,
             unhealthy_after=s.unhealthy_after_failures,
             on_update=on_update,
@@ -293,6 +294,8 @@ class Dispatcher:
             now = time.monotonic()
             self._sent.record(decision.endpoint, len(dispatched), now, plain)
             self._rates[model.name].record(len(dispatched), now)
+            if dispatched:
+                self._wake_scraper(decision.endpoint)
             telemetry.DISPATCHED.labels(model.name, top.band).inc(len(dispatched))
             total += len(dispatched)
             empty_rounds = 0 if dispatched else empty_rounds + 1
@@ -357,10 +360,16 @@ class Dispatcher:
             return snap
         return await self._store.snapshot(model.name, _depth(model, config), in_engine=True)
 
+    def _wake_scraper(self, endpoint: str) -> None:
+        """A job went to ``endpoint``: read it at the scrape interval again if it was idle."""
+        if self._scraper is not None:
+            self._scraper.wake(endpoint)
+
     def _express_sent(self, model: str, sent: ExpressSend) -> None:
         now = time.monotonic()
         self._sent.record(sent.endpoint, 1, now, int(sent.plain))
         self._rates[model].record(1, now)
+        self._wake_scraper(sent.endpoint)
         if sent.newcomer:  # it may wait beyond a full batch: the next round makes room
             pending = self._express_newcomers.setdefault(model, {})
             pending[sent.endpoint] = pending.get(sent.endpoint, 0) + 1
