@@ -209,8 +209,12 @@ def test_without_token_ids_from_the_engine_no_answer_is_taken_back_mid_way(
         redis_url, tmp_path, overrides, running=BATCH, stream=True, finish=True,
         engine={"return_token_ids": False},
     )  # fmt: skip
-    assert ttft > 1.0, f"bob's first token took only {ttft:.2f} s"
-    assert taken_back(redis_url, mid_answer=True) == 0  # (one waiting in the engine may be)
+    assert taken_back(redis_url, mid_answer=True) == 0
+    # A job still without output when bob came (one waiting in the engine, or running
+    # before its first token reached fairq) may be taken back from scratch: then bob gets
+    # its slot at once. Else he waits for one of the long answers to end.
+    if taken_back(redis_url) == 0:
+        assert ttft > 1.0, f"bob's first token took only {ttft:.2f} s"
 
 
 def taken_back(redis_url: str, *, mid_answer: bool = False) -> int:
