@@ -550,31 +550,32 @@ async def test_unknown_model_is_404_in_vllm_error_shape(base_url: str) -> None:
         "error": {
             "message": "The model `nope` does not exist.",
             "type": "NotFoundError",
-            "param": None,
+            "param": "model",
             "code": 404,
         }
     }
 
 
 @pytest.mark.parametrize(
-    ("body", "numbers"),
+    ("body", "numbers", "param"),
     [
-        (completion_body(prompt="abcd" * 5000), ["4096", "5000 input tokens"]),
+        (completion_body(prompt="abcd" * 5000), ["4096", "5000 input tokens"], "input_tokens"),
         (
             completion_body(prompt="abcd" * 100, max_tokens=4000),
             ["4000", "4096", "100 input tokens"],
+            "max_tokens",
         ),
     ],
 )
-async def test_too_long_request_is_400_naming_the_lengths(
-    base_url: str, body: dict[str, Any], numbers: list[str]
+async def test_too_long_request_is_400_naming_the_lengths_and_the_param_as_vllm_does(
+    base_url: str, body: dict[str, Any], numbers: list[str], param: str
 ) -> None:
     async with client_for(base_url) as client:
         response = await client.post("/v1/completions", json=body)
     assert response.status_code == 400
     error = response.json()["error"]
     assert list(error) == ["message", "type", "param", "code"]
-    assert (error["type"], error["param"], error["code"]) == ("BadRequestError", None, 400)
+    assert (error["type"], error["param"], error["code"]) == ("BadRequestError", param, 400)
     for number in numbers:
         assert number in error["message"]
 

@@ -103,7 +103,7 @@ class _Routes:
                 streamed=req.stream,
             )
         except RequestError as exc:
-            return _error(exc.status, exc.error_type, exc.message)
+            return _error(exc.status, exc.error_type, exc.message, exc.param)
         except EngineStopped as exc:
             return _error(503, "ServiceUnavailableError", str(exc))
         meta = self._meta(req)
@@ -136,6 +136,6 @@ def response_meta(req: GenRequest, created: int, fingerprint: str) -> ResponseMe
     )
 
 
-def _error(status: int, error_type: str, message: str) -> Response:
-    body = error_body(status, error_type, message)
+def _error(status: int, error_type: str, message: str, param: str | None = None) -> Response:
+    body = error_body(status, error_type, message, param)
     return Response(body, status_code=status, media_type="application/json")

@@ -2,7 +2,7 @@
 
 SimError
 ├── ProfileError   a profile file is missing, not YAML, or has unknown/invalid keys
-├── RequestError   a request rejected as vLLM would (status, error type, message)
+├── RequestError   a request rejected as vLLM would (status, error type, message, param)
 └── EngineStopped  the engine loop is not running (not started, shut down, crashed)
 """
 
@@ -18,13 +18,17 @@ class ProfileError(SimError, ValueError):
 
 
 class RequestError(SimError):
-    """A request the simulator rejects, as vLLM would: status, error type, message."""
+    """A request the simulator rejects, as vLLM would: status, error type, message, and the
+    request field at fault where vLLM names one (``param``)."""
 
-    def __init__(self, status: int, error_type: str, message: str) -> None:
+    def __init__(
+        self, status: int, error_type: str, message: str, param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.error_type = error_type
         self.message = message
+        self.param = param
 
 
 class EngineStopped(SimError, RuntimeError):

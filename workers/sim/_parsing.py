@@ -21,8 +21,8 @@ CHARS_PER_TOKEN = 4  # a rough English average; the simulator has no tokenizer
 CHAT_TOKENS_PER_MESSAGE = 4  # role markers a chat template adds around each message
 
 
-def bad_request(message: str) -> RequestError:
-    return RequestError(400, "BadRequestError", message)
+def bad_request(message: str, param: str | None = None) -> RequestError:
+    return RequestError(400, "BadRequestError", message, param)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +88,7 @@ def _model(body: dict[str, Any], models: list[str]) -> str:
     if model is None:
         return models[0]  # vLLM serves its first model name when none is given
     if not isinstance(model, str) or model not in models:
-        raise RequestError(404, "NotFoundError", f"The model `{model}` does not exist.")
+        raise RequestError(404, "NotFoundError", f"The model `{model}` does not exist.", "model")
     return model
 
 
@@ -148,7 +148,7 @@ def _max_tokens(body: dict[str, Any], *, chat: bool) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise bad_request(f"'{name}' must be an integer of at least 1, got {value!r}.")
+        raise bad_request(f"'{name}' must be an integer of at least 1, got {value!r}.", name)
     return value
 
 
@@ -159,7 +159,8 @@ def _output_length(
     if prompt_tokens >= limit:
         raise bad_request(
             f"This model's maximum context length is {limit} tokens. However, your request "
-            f"has {prompt_tokens} input tokens. Please reduce the length of the input."
+            f"has {prompt_tokens} input tokens. Please reduce the length of the input.",
+            "input_tokens",  # vLLM's name for it, though no request field has it
         )
     room = limit - prompt_tokens
     if requested is None:
@@ -169,7 +170,8 @@ def _output_length(
         raise bad_request(
             f"'max_tokens' or 'max_completion_tokens' is too large: {requested}. This model's "
             f"maximum context length is {limit} tokens and your request has {prompt_tokens} "
-            f"input tokens ({requested} > {limit} - {prompt_tokens})."
+            f"input tokens ({requested} > {limit} - {prompt_tokens}).",
+            "max_tokens",  # vLLM's, for max_completion_tokens too
         )
     return requested, "length"
 

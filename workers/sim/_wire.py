@@ -254,9 +254,9 @@ def _response(
     }
 
 
-def error_body(status: int, error_type: str, message: str) -> bytes:
+def error_body(status: int, error_type: str, message: str, param: str | None = None) -> bytes:
     """vLLM's error object: {"error": {"message", "type", "param", "code"}}."""
-    error = {"message": message, "type": error_type, "param": None, "code": status}
+    error = {"message": message, "type": error_type, "param": param, "code": status}
     return orjson.dumps({"error": error})
 
 
