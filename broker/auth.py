@@ -60,7 +60,7 @@ class Principal:
         if not self.trusted_app or not requested:
             return self.user
         if len(requested) > _MAX_END_USER:
-            raise InvalidRequest(f"'user' is longer than {_MAX_END_USER} characters")
+            raise InvalidRequest(f"'user' is longer than {_MAX_END_USER} characters", param="user")
         return f"{self.user}/{requested}"
 
 

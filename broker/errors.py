@@ -1,8 +1,10 @@
 """The exception tree of fairq's broker and gateway.
 
-Every error a caller can act on derives from ``FairqError`` and carries the
-OpenAI-style triple the gateway returns (``message``, ``type``, ``code``) plus
-the HTTP status::
+Every error a caller can act on derives from ``FairqError`` and carries what the
+gateway returns as OpenAI's error object (``message``, ``type``, ``param``,
+``code``) plus the HTTP status. ``param`` names the request field at fault, as
+OpenAI's does (``"max_tokens"``, ``"messages.[0].content"``), and is None when
+no field is (a header, the whole body, the server)::
 
     FairqError                      500 internal_error
     ├── InvalidRequest              400 invalid_request_error
@@ -29,15 +31,17 @@ class FairqError(Exception):
     type = "internal_error"
     code: str | None = "internal_error"
 
-    def __init__(self, message: str, *, code: str | None = None) -> None:
+    def __init__(self, message: str, *, code: str | None = None, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.param = param
         if code is not None:
             self.code = code
 
     def to_body(self) -> dict[str, dict[str, str | None]]:
-        """The OpenAI error object: ``{"error": {"message", "type", "code"}}``."""
-        return {"error": {"message": self.message, "type": self.type, "code": self.code}}
+        """The OpenAI error object: ``{"error": {"message", "type", "param", "code"}}``."""
+        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        return {"error": error}
 
 
 class InvalidRequest(FairqError):

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import ErrorDetails
 
 from broker.errors import InvalidRequest
 from broker.jobs import RequestKind, StreamMode
@@ -54,10 +55,34 @@ _SCHEMAS: dict[RequestKind, type[_Body]] = {
 }
 
 
-def _describe(exc: ValidationError) -> str:
+def _refusal(exc: ValidationError, body: dict[str, Any]) -> InvalidRequest:
     first = exc.errors()[0]
     where = ".".join(str(p) for p in first["loc"]) or "body"
-    return f"invalid request body at '{where}': {first['msg']}"
+    message = f"invalid request body at '{where}': {first['msg']}"
+    return InvalidRequest(message, param=field_name(first, body))
+
+
+def field_name(error: ErrorDetails, body: object) -> str | None:
+    """OpenAI's ``param`` for a validation error: the path of the field at fault, lists'
+    indexes in brackets (``messages.[0].content``).
+
+    Only the part of the error's location that is in the body counts: pydantic adds the
+    member of a union it tried (``prompt.list[str]``), which is not a field. A missing
+    field is the last step of its location, under an object that lacks it.
+    """
+    loc, parts, value = error["loc"], [], body
+    for index, step in enumerate(loc):
+        if isinstance(step, str) and isinstance(value, dict) and step in value:
+            parts.append(step)
+            value = value[step]
+        elif isinstance(step, int) and isinstance(value, list) and 0 <= step < len(value):
+            parts.append(f"[{step}]")
+            value = value[step]
+        else:
+            if error["type"] == "missing" and index == len(loc) - 1 and isinstance(value, dict):
+                parts.append(str(step))
+            break
+    return ".".join(parts) or None
 
 
 # Levels of JSON nesting a body may have. orjson parses up to 1,024 but serialises at
@@ -118,7 +143,7 @@ def check_body(kind: RequestKind, body: object) -> dict[str, Any]:
     try:
         _SCHEMAS[kind].model_validate(body)
     except ValidationError as exc:
-        raise InvalidRequest(_describe(exc)) from exc
+        raise _refusal(exc, body) from exc
     return body
 
 

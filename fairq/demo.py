@@ -9,7 +9,9 @@ requests (``DELETE /v1/jobs/{id}``) so the engine is free again.
 
 It talks to the gateway as a user would: the official ``openai`` client for the
 completions (the job id comes in the ``X-Fairq-Job-Id`` header, read through
-``with_streaming_response``), plain HTTP for the job routes, which OpenAI's API lacks.
+``with_streaming_response``; ``X-Fairq-Stream-Headers: early`` has it sent while the
+job is queued, not with the first token), plain HTTP for the job routes, which
+OpenAI's API lacks.
 alice's streams are read as bytes, unparsed: the demo shares the machine with the stack,
 and parsing her 150,000 chunks would take CPU from the engine bob is measured on.
 """
@@ -28,6 +30,7 @@ import openai
 from openai.types.chat import ChatCompletionUserMessageParam
 
 JOB_HEADER = "X-Fairq-Job-Id"
+_EARLY = {"X-Fairq-Stream-Headers": "early"}  # the job id before the first token
 _POLL_S = 0.01  # bob's job is read this often while he waits
 _SETTLED_S = 0.5  # alice's batch is full once none of her requests started for this long
 _FILL_TIMEOUT_S = 60.0
@@ -129,6 +132,7 @@ async def _alice_request(
         messages=_PROMPT,
         stream=True,
         max_tokens=flood.max_tokens,
+        extra_headers=_EARLY,
     ) as response:
         jobs.append(response.headers[JOB_HEADER])
         first = True
@@ -160,7 +164,7 @@ async def _bob(
     say("bob: sends one streamed request")
     sent = time.monotonic()
     async with client.chat.completions.with_streaming_response.create(
-        model=model, messages=_PROMPT, stream=True, max_tokens=max_tokens
+        model=model, messages=_PROMPT, stream=True, max_tokens=max_tokens, extra_headers=_EARLY
     ) as response:
         run.bob_job = response.headers[JOB_HEADER]
         watcher = asyncio.create_task(_watch(http, key, run.bob_job, sent, run.bob_seen))

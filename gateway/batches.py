@@ -45,7 +45,8 @@ def _metadata(value: object) -> dict[str, str] | None:
     ):
         raise InvalidRequest(
             f"metadata must be an object of at most {_METADATA_PAIRS} string pairs "
-            f"(keys up to {_METADATA_KEY} characters, values up to {_METADATA_VALUE})"
+            f"(keys up to {_METADATA_KEY} characters, values up to {_METADATA_VALUE})",
+            param="metadata",
         )
     return value
 
@@ -53,7 +54,7 @@ def _metadata(value: object) -> dict[str, str] | None:
 def _field(body: dict[str, Any], name: str) -> str:
     value = body.get(name)
     if not isinstance(value, str) or not value:
-        raise InvalidRequest(f"'{name}' is required (a string)")
+        raise InvalidRequest(f"'{name}' is required (a string)", param=name)
     return value
 
 
@@ -66,14 +67,20 @@ async def create_batch(request: Request, caller: Caller) -> Response:
     caller.band_for("batch", gateway.settings.bands)  # unless the key may use band batch
     endpoint, window = _field(body, "endpoint"), _field(body, "completion_window")
     if endpoint not in KINDS:
-        raise InvalidRequest(f"endpoint must be one of {', '.join(KINDS)}, not {endpoint!r}")
+        raise InvalidRequest(
+            f"endpoint must be one of {', '.join(KINDS)}, not {endpoint!r}", param="endpoint"
+        )
     windows = gateway.settings.batch.completion_windows
     if window not in windows:
-        raise InvalidRequest(f"completion_window must be one of {', '.join(windows)}")
+        raise InvalidRequest(
+            f"completion_window must be one of {', '.join(windows)}", param="completion_window"
+        )
     metadata = _metadata(body.get("metadata"))
     file = await FileStore(gateway.redis).get(_field(body, "input_file_id"), caller.user)
     if file.purpose != "batch":
-        raise InvalidRequest(f"file {file.id} has purpose {file.purpose!r}, not 'batch'")
+        raise InvalidRequest(
+            f"file {file.id} has purpose {file.purpose!r}, not 'batch'", param="input_file_id"
+        )
     batch = await _store(request).create(
         caller,
         input_file_id=file.id,

@@ -5,7 +5,11 @@ body, model entitlement, band. The job id is generated before the payload (the
 engine payload embeds it), the result stream is followed before the job is
 queued, and then:
 
-* ``stream: true`` answers ``text/event-stream`` at once (``sse``);
+* ``stream: true`` answers ``text/event-stream`` once the first token or the job's
+  end is there (``sse``): a job that fails before its first token gets the status
+  and error object of the same request not streamed. A client that wants the job id
+  (``X-Fairq-Job-Id``) while its job is queued sends ``X-Fairq-Stream-Headers:
+  early`` and gets the 200 at once (a later failure is then an error event);
 * otherwise the request waits for the body and end events while it watches
   the connection; a client that leaves cancels its job. The answer it would
   have had is never sent; 499 (nginx's "client closed request") is used for it.
@@ -20,7 +24,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from broker.auth import Principal
-from broker.errors import UnknownModel
+from broker.errors import InvalidRequest, UnknownModel
 from broker.jobs import RequestKind, StreamMode, Submission, new_job_id
 from broker.requests import engine_payload, estimate_cost, parse_body, stream_mode
 from broker.settings import ModelConfig
@@ -33,6 +37,8 @@ from gateway.sse import JobStreamResponse
 from gateway.state import Gateway, gateway_of
 
 BAND_HEADER = "X-Fairq-Band"
+STREAM_HEADERS_HEADER = "X-Fairq-Stream-Headers"
+STREAM_HEADERS_HOLD = {"first-event": True, "early": False}  # value -> hold the headers
 _CLIENT_CLOSED = 499
 
 router = APIRouter()
@@ -52,19 +58,36 @@ async def _complete(request: Request, caller: Principal, kind: RequestKind) -> R
     gateway = gateway_of(request)
     body = parse_body(kind, await read_body(request, gateway.settings.max_body_bytes))
     sub = _submission(gateway, caller, kind, body, request.headers.get(BAND_HEADER))
+    hold = _hold_headers(request.headers.get(STREAM_HEADERS_HEADER))
     job = await FollowedJob.submit(gateway, sub)
     if sub.stream_flag != StreamMode.PLAIN:
-        return JobStreamResponse(job)
+        return JobStreamResponse(job, hold=hold)
     try:
         return await _wait_for_result(request, job)
     finally:
         await gateway.finish(job.release())
 
 
+def _hold_headers(value: str | None) -> bool:
+    """Whether a streamed answer holds its headers back for its first event (default)."""
+    if value is None:
+        return True
+    hold = STREAM_HEADERS_HOLD.get(value.strip().lower())
+    if hold is None:
+        raise InvalidRequest(
+            f"{STREAM_HEADERS_HEADER} must be one of {', '.join(STREAM_HEADERS_HOLD)}, "
+            f"not {value[:40]!r}",
+            code="invalid_stream_headers",
+        )
+    return hold
+
+
 def _model(gateway: Gateway, caller: Principal, name: str) -> ModelConfig:
     model = gateway.settings.model(name)
     if model is None or not caller.may_use_model(name):
-        raise UnknownModel(f"The model `{name}` does not exist or you do not have access to it.")
+        raise UnknownModel(
+            f"The model `{name}` does not exist or you do not have access to it.", param="model"
+        )
     return model
 
 

@@ -1,8 +1,9 @@
 """Every error leaves the gateway as an OpenAI error object, never as HTML or a trace.
 
-``{"error": {"message", "type", "code"}}`` with the status of the ``FairqError``
-(see ``broker.errors``); routing errors (404, 405) and FastAPI's validation
-errors get the same shape. A Redis error that no route turned into a
+``{"error": {"message", "type", "param", "code"}}`` with the status of the
+``FairqError`` (see ``broker.errors``; ``param`` names the request field at fault,
+else null); routing errors (404, 405) and FastAPI's validation errors get the
+same shape. A Redis error that no route turned into a
 ``FairqError`` (Redis down, or not answering within ``redis_command_timeout_s``)
 is a 503 ``redis_unavailable``: the request may be sent again. An unexpected
 exception is logged once (type and route; never headers or bodies, which hold API
@@ -65,7 +66,7 @@ def error_response(exc: FairqError, headers: dict[str, str] | None = None) -> Re
 
 
 def _openai_body(message: str, type_: str, code: str | None) -> dict[str, object]:
-    return {"error": {"message": message, "type": type_, "code": code}}
+    return {"error": {"message": message, "type": type_, "param": None, "code": code}}
 
 
 async def _on_fairq_error(request: Request, exc: Exception) -> Response:
@@ -98,8 +99,13 @@ async def _on_http_error(request: Request, exc: Exception) -> Response:
 async def _on_validation_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     first = exc.errors()[0] if exc.errors() else {}
-    where = ".".join(str(p) for p in first.get("loc", ())) or "request"
-    return error_response(InvalidRequest(f"invalid {where}: {first.get('msg', 'invalid')}"))
+    loc = first.get("loc", ())
+    where = ".".join(str(p) for p in loc) or "request"
+    # ('query', 'limit'): the parameter is the name after where it came from.
+    param = str(loc[1]) if len(loc) > 1 else None
+    return error_response(
+        InvalidRequest(f"invalid {where}: {first.get('msg', 'invalid')}", param=param)
+    )
 
 
 def install_handlers(app: FastAPI) -> None:

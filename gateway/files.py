@@ -72,10 +72,13 @@ async def upload_file(request: Request, caller: Caller) -> Response:
         purpose, upload = form.get("purpose"), form.get("file")
         if purpose not in _PURPOSES:
             raise InvalidRequest(
-                f"purpose must be one of {', '.join(_PURPOSES)} (fairq stores batch input files)"
+                f"purpose must be one of {', '.join(_PURPOSES)} (fairq stores batch input files)",
+                param="purpose",
             )
         if not isinstance(upload, UploadFile):
-            raise InvalidRequest("the upload has no 'file' part (multipart/form-data)")
+            raise InvalidRequest(
+                "the upload has no 'file' part (multipart/form-data)", param="file"
+            )
         if upload.size is not None and upload.size > limit:
             raise _too_large(limit)
         record = await _store(request).create(

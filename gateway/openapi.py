@@ -5,7 +5,8 @@ validated, every other completion field passed on to the engine), so FastAPI
 cannot see them; this module adds what it cannot: the request bodies (for the
 completions generated from the very pydantic models that validate them, with
 ``model`` limited to the configured models; for batches and files from the
-limits their routes enforce); the ``X-Fairq-Band`` header; bearer
+limits their routes enforce); the ``X-Fairq-Band`` and ``X-Fairq-Stream-Headers``
+headers; bearer
 authentication; and the OpenAI error object of every error status. A fuzzer
 (tests/integration/test_schema.py) generates its requests from this document.
 """
@@ -22,7 +23,7 @@ from broker.batch import KINDS
 from broker.requests import ChatBody, CompletionBody
 from broker.settings import Settings
 from gateway.batches import METADATA_LIMITS
-from gateway.completions import BAND_HEADER
+from gateway.completions import BAND_HEADER, STREAM_HEADERS_HEADER, STREAM_HEADERS_HOLD
 
 _REF = "#/components/schemas/{model}"
 _BODIES: dict[str, type[BaseModel]] = {
@@ -46,10 +47,11 @@ _ERROR_SCHEMA = {
     "properties": {
         "error": {
             "type": "object",
-            "required": ["message", "type", "code"],
+            "required": ["message", "type", "param", "code"],
             "properties": {
                 "message": {"type": "string"},
                 "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},  # the request field at fault
                 "code": {"type": ["string", "null"]},
             },
         }
@@ -155,6 +157,18 @@ def _document_completion(operation: dict[str, Any], body: str, settings: Setting
             "description": "queue in this priority band instead of the key's default "
             "(only a band the key is entitled to)",
             "schema": {"type": "string", "enum": list(settings.bands)},
+        }
+    )
+    operation["parameters"].append(
+        {
+            "name": STREAM_HEADERS_HEADER,
+            "in": "header",
+            "required": False,
+            "description": "with stream: true, when the response headers go out: with the "
+            "first token or the job's end (first-event: a failure before any output gets "
+            "the status and error of the request not streamed), or at once (early: the job "
+            "id while it is queued; a later failure is an error event)",
+            "schema": {"type": "string", "enum": list(STREAM_HEADERS_HOLD)},
         }
     )
     operation["responses"]["200"] = {

@@ -1,7 +1,8 @@
 """How a job that ended without a result is reported to its client.
 
-    failed      the worker's error object ``{"message", "type", "code", "status"}``;
-                non-streamed: with its ``status`` (502 when it has none or a bad one)
+    failed      the worker's error object ``{"message", "type", "param", "code", "status"}``
+                (``param``: the request field the engine named, else null), with its
+                ``status`` (502 when it has none or a bad one)
     cancelled   409 ``{"type": "cancelled", "code": "job_cancelled"}``: the job was
                 cancelled (``DELETE /v1/jobs/{id}``, possibly from another connection)
                 while this request waited. 499 is nginx's private code and would
@@ -13,8 +14,10 @@
                 gateway is stopping and the job had not left the queue (it is
                 cancelled); retrying the request is safe.
 
-Streamed requests have sent their 200 already; they get the same error object as
-one ``data: {"error": {...}}`` event before ``data: [DONE]``.
+A streamed request whose job ends so before its first token gets the same status
+and body (``gateway.sse`` holds its response headers back until then); one whose
+output had begun has sent its 200 already and gets the same error object as one
+``data: {"error": {...}}`` event before ``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ SHUTDOWN = ResultEvent(b"gateway-shutdown")
 class JobEnded(FairqError):
     """A job that reached a terminal state other than ``completed``."""
 
-    def __init__(self, message: str, *, status: int, type_: str, code: str | None) -> None:
-        super().__init__(message)
+    def __init__(
+        self, message: str, *, status: int, type_: str, code: str | None, param: str | None = None
+    ) -> None:
+        super().__init__(message, param=param)
         self.status = status
         self.type = type_
         self.code = code
@@ -44,13 +49,13 @@ def _failed(error: dict[str, object] | None) -> JobEnded:
     status = error.get("status")
     if not isinstance(status, int) or not 400 <= status <= 599:
         status = _FAILED_STATUS
-    message = error.get("message")
-    code = error.get("code")
+    message, code, param = error.get("message"), error.get("code"), error.get("param")
     return JobEnded(
         message if isinstance(message, str) and message else "the request failed",
         status=status,
         type_=str(error.get("type") or "server_error"),
         code=str(code) if code is not None else None,
+        param=param if isinstance(param, str) and param else None,
     )
 
 

@@ -22,6 +22,20 @@ saw as ``Last-Event-ID`` to ``GET /v1/jobs/{id}/stream`` and gets exactly the
 events after it (``resume_point``): nothing twice, nothing missing, even when
 the connection broke in the middle of an entry's events. The ids cost one
 split and join per entry, no parsing.
+
+A new stream's response headers are held back until its first event that decides
+the answer (``hold``): output, or the job's end. A job that ends with an error
+before any output (the engine refused the request, it was cancelled or expired, the
+gateway is stopping) then gets the status and error object a non-streamed request
+gets, not a 200 with an error event that an OpenAI client cannot tell from a broken
+stream. The hold lasts one lull at most (``HEARTBEAT_S`` of nothing): then the 200
+goes out with a keep-alive comment, and a later error is an event as before, so no
+silence on the connection is longer than the heartbeat's, held or not. The headers
+and the first token leave together: the first token wakes the stream's task, which
+sends both (a token that finds the task idle is otherwise written by the reader
+itself), one wake-up per stream. The client leaving while its headers wait cancels
+the job as before. A resumed stream (``Last-Event-ID``) is not held: its client had
+its 200, and output, before.
 """
 
 from __future__ import annotations
@@ -38,7 +52,7 @@ from broker.errors import InvalidRequest
 from broker.process.mailbox import Mailbox
 from broker.results import ResultEvent
 from gateway.body_writer import BodyWriter, body_writer
-from gateway.errors import JOB_HEADER
+from gateway.errors import JOB_HEADER, error_response
 from gateway.followed import FollowedJob
 from gateway.outcomes import SHUTDOWN, ended_error
 
@@ -118,6 +132,33 @@ def _end_frame(event: ResultEvent, skip: int = 0) -> bytes:
     return frame if event is SHUTDOWN else _with_ids(event.id, frame, skip)
 
 
+def _decides(event: ResultEvent) -> bool:
+    """Whether the event ends a hold: output, an end, or a lull (a fence entry is none)."""
+    return event.chunk is not None or _ends(event) or event is _LULL
+
+
+def _ends(event: ResultEvent) -> bool:
+    return event.end is not None or event is SHUTDOWN or event is _GONE
+
+
+async def _held(job: FollowedJob, heartbeat: _Heartbeat) -> list[ResultEvent]:
+    """The events up to the first that decides the response's status (see the module's
+    docstring); entries that are no output (a preemption's fence) are left out."""
+    while True:
+        batch = [event for event in await job.events.take() if _decides(event)]
+        heartbeat.batches += 1
+        if batch:
+            return batch
+
+
+def _ended_before_output(batch: list[ResultEvent]) -> ResultEvent | None:
+    """The event that ends the stream before anything was sent, if one does."""
+    for event in batch:
+        if event is not _LULL:
+            return event if _ends(event) else None
+    return None
+
+
 def _frames(batch: list[ResultEvent], job: FollowedJob) -> bytes:
     out = []
     for event in batch:
@@ -131,18 +172,26 @@ def _frames(batch: list[ResultEvent], job: FollowedJob) -> bytes:
     return b"".join(out)
 
 
-async def _send_events(job: FollowedJob, send: Send, write: BodyWriter | None) -> None:
-    """Send the job's events as they arrive, until its end, a shutdown or the client leaves.
+async def _send_events(
+    job: FollowedJob,
+    send: Send,
+    write: BodyWriter | None,
+    heartbeat: _Heartbeat,
+    taken: list[ResultEvent] | None,
+) -> None:
+    """Send the job's events as they arrive (``taken``, those taken during the hold,
+    first), until its end, a shutdown or the client leaves.
 
     With ``write``, the reader writes the tokens that find this task idle itself.
     """
-    heartbeat = _Heartbeat(job.events)
     if write is not None:
         job.events.handler = _write_at_once(job, heartbeat, write)
     try:
         while True:
-            batch = _to_send(await job.events.take())
-            heartbeat.batches += 1
+            if taken is None:
+                taken = await job.events.take()
+                heartbeat.batches += 1
+            batch, taken = _to_send(taken), None
             if batch is None:
                 await send(_body(_KEEPALIVE))
                 continue
@@ -162,7 +211,6 @@ async def _send_events(job: FollowedJob, send: Send, write: BodyWriter | None) -
                 await send(_body(data))
     finally:
         job.events.handler = None
-        heartbeat.cancel()
 
 
 def _write_at_once(
@@ -199,11 +247,13 @@ class JobStreamResponse(Response):
     both. Here the task that sends also takes the events from the job's mailbox, and
     one small task per response waits for the client's disconnect (the ASGI server
     reports it only through ``receive``) and ends the stream through the mailbox.
+    With ``hold``, the headers wait for the first event that decides them (see the
+    module's docstring).
     """
 
     media_type = "text/event-stream"
 
-    def __init__(self, job: FollowedJob) -> None:
+    def __init__(self, job: FollowedJob, *, hold: bool = False) -> None:
         # Response.__init__ would add a content-length: this body's length is not known.
         self.status_code = 200
         self.background = None
@@ -215,24 +265,41 @@ class JobStreamResponse(Response):
             (b"content-type", b"text/event-stream; charset=utf-8"),
         ]
         self.job = job
+        self.hold = hold
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watcher = asyncio.create_task(_watch_disconnect(receive, self.job.events))
         try:
-            start = {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
-            await send(start)  # through every middleware: they see the response begin
-            # The body goes straight to the server, past middlewares that only watch the
-            # start (none of ours changes a body; one that did would have to be outermost).
-            send_body: Send = scope.get(SERVER_SEND, send)
-            write = body_writer(send_body)
-            # The events go out from a task of their own: a token that does not find it idle
-            # (or any token, without ``write``) wakes the task that sends it, and a wake-up
-            # reaches a coroutine through every frame that awaits it. Here that would be ~18
-            # frames of middlewares and routing, twice per token.
-            await asyncio.create_task(_send_events(self.job, send_body, write))
-            await send_body({"type": "http.response.body", "body": b"", "more_body": False})
+            # The response goes out from a task of its own: a token that does not find it
+            # idle (or any token, without a body writer) wakes the task that sends it, and a
+            # wake-up reaches a coroutine through every frame that awaits it. Here that would
+            # be ~18 frames of middlewares and routing, twice per token.
+            await asyncio.create_task(self._respond(scope, receive, send))
         except OSError:
             pass  # the client is gone (a server that reports it by failing the send)
         finally:
             watcher.cancel()
             await self.job.gateway.finish(self.job.release())
+
+    async def _respond(self, scope: Scope, receive: Receive, send: Send) -> None:
+        job, heartbeat = self.job, _Heartbeat(self.job.events)
+        try:
+            taken = await _held(job, heartbeat) if self.hold else None
+            ended = _ended_before_output(taken) if taken else None
+            if ended is _GONE:
+                return  # nobody to answer; job.ended stays False: release cancels the job
+            error = ended_error(ended) if ended is not None else None
+            if error is not None:
+                # As the same request not streamed is answered (``completions``).
+                job.ended = ended is not SHUTDOWN  # a shutdown's release cancels the job
+                await error_response(error, {JOB_HEADER: job.id})(scope, receive, send)
+                return
+            start = {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
+            await send(start)  # through every middleware: they see the response begin
+            # The body goes straight to the server, past middlewares that only watch the
+            # start (none of ours changes a body; one that did would have to be outermost).
+            send_body: Send = scope.get(SERVER_SEND, send)
+            await _send_events(job, send_body, body_writer(send_body), heartbeat, taken)
+            await send_body({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            heartbeat.cancel()

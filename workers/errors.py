@@ -4,8 +4,9 @@
     └── EngineError      the engine answered with an error, broke off, or timed out
 
 An ``EngineError`` carries what the client will see (the engine's own reason
-where it gave one), the HTTP status to report it with, and whether calling the
-engine again could help (``retryable``: overload, unreachable, silent, cut off).
+where it gave one, and the request field it named as ``param``), the HTTP
+status to report it with, and whether calling the engine again could help
+(``retryable``: overload, unreachable, silent, cut off).
 Whether it is *safe* to call again is the runner's call: only while no output
 of the job was written.
 """
@@ -28,6 +29,7 @@ class EngineError(WorkerError):
         code: str = "engine_error",
         retryable: bool = False,
         engine_status: int | None = None,
+        param: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -35,16 +37,21 @@ class EngineError(WorkerError):
         self.code = code
         self.retryable = retryable
         self.engine_status = engine_status  # the status the engine answered, if it did
+        self.param = param  # the request field the engine named, if it named one
 
     @classmethod
     def from_response(cls, status: int, body: bytes) -> EngineError:
-        """Pass the engine's own reason on (vLLM: ``{"error": {"message": ...}}``)."""
+        """Pass the engine's own reason and ``param`` on (vLLM: ``{"error": {"message",
+        "type", "param", "code"}}``; older releases: the same fields, unwrapped)."""
         reason = body[:500].decode(errors="replace").strip() or "no reason given"
+        param = None
         try:
             parsed = orjson.loads(body)
             error = parsed.get("error", parsed) if isinstance(parsed, dict) else {}
             if isinstance(error, dict) and isinstance(error.get("message"), str):
                 reason = error["message"]
+            if isinstance(error, dict) and isinstance(error.get("param"), str):
+                param = error["param"] or None
         except orjson.JSONDecodeError:
             pass
         # A 4xx is the request's fault and keeps its status; anything else is a bad gateway.
@@ -55,6 +62,7 @@ class EngineError(WorkerError):
             code=f"engine_http_{status}",
             retryable=status >= 500 or status == 429,
             engine_status=status,
+            param=param,
         )
 
     def to_error(self) -> dict[str, object]:
@@ -65,6 +73,7 @@ class EngineError(WorkerError):
         error: dict[str, object] = {
             "message": self.message,
             "type": kind,
+            "param": self.param,
             "code": self.code,
             "status": self.status,
         }

@@ -2,6 +2,9 @@
 
 There is no dispatcher or worker here: ``StandIn`` plays both through the broker's
 real API (dispatch the head job, claim it, start it, write its results, end it).
+A streamed request's headers wait for its first token or its end (``streamed`` sends
+one in a task of its own); ``EARLY`` asks for them at once, where a test needs the job
+id of a queued stream.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -36,7 +40,7 @@ from broker import (
     keys,
 )
 from gateway import sse
-from tests.support.eventually import aeventually
+from tests.support.eventually import aeventually, eventually
 from tests.support.settings import (
     ALICE,
     ALICE_KEY,
@@ -59,6 +63,7 @@ APP_KEY = "k-app"
 APP = {"Authorization": f"Bearer {APP_KEY}"}
 DONE = b"data: [DONE]\n\n"
 WAIT_S = 5.0
+EARLY = {"X-Fairq-Stream-Headers": "early"}  # the 200 and the job id at once
 
 
 # Plain values, so that a gateway in a subprocess can be configured from their repr.
@@ -195,6 +200,24 @@ def openai_client(gateway: str) -> Iterator[openai.OpenAI]:
     client.close()
 
 
+def streamed(
+    http: httpx.AsyncClient, headers: dict[str, str], body: dict[str, object]
+) -> asyncio.Task[httpx.Response]:
+    """A streamed request, sent at once; the task ends when its response headers came."""
+    request = http.build_request("POST", "/v1/chat/completions", headers=headers, json=body)
+    return asyncio.create_task(http.send(request, stream=True))
+
+
+@contextlib.asynccontextmanager
+async def opened(request: asyncio.Task[httpx.Response]) -> AsyncIterator[httpx.Response]:
+    """The response of a ``streamed`` request, closed at the end of the block."""
+    response = await asyncio.wait_for(request, WAIT_S)
+    try:
+        yield response
+    finally:
+        await response.aclose()
+
+
 async def read_all(response: httpx.Response) -> bytes:
     """The body without its SSE ``id:`` lines (tests/integration/test_resume.py checks those)."""
     async with asyncio.timeout(WAIT_S):
@@ -221,7 +244,7 @@ def assert_error(response: httpx.Response, status: int, code: str | None) -> dic
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/json"
     error: dict[str, object] = response.json()["error"]
-    assert set(error) == {"message", "type", "code"}
+    assert set(error) == {"message", "type", "param", "code"}
     assert error["code"] == code
     assert isinstance(error["message"], str) and error["message"]
     return error
@@ -233,15 +256,15 @@ def assert_error(response: httpx.Response, status: int, code: str | None) -> dic
 async def test_streaming_passes_engine_chunks_through_and_ends_with_done(
     http: httpx.AsyncClient, standin: StandIn
 ) -> None:
-    async with http.stream(
-        "POST", "/v1/chat/completions", headers=ALICE, json=chat(stream=True)
-    ) as r:
+    request = streamed(http, ALICE, chat(stream=True))
+    job = await standin.take()
+    assert not request.done()  # no headers before the first token
+    chunks = [chat_chunk(job.job_id, "Hel"), chat_chunk(job.job_id, "lo", "stop")]
+    await standin.finish(job, chunks=chunks)
+    async with opened(request) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
-        job = await standin.take()
         assert job.job_id == r.headers[JOB_HEADER]
-        chunks = [chat_chunk(job.job_id, "Hel"), chat_chunk(job.job_id, "lo", "stop")]
-        await standin.finish(job, chunks=chunks)
         assert await read_all(r) == b"".join(chunks) + DONE
     # A stream that ran to its end is not cancelled when the connection closes.
     assert await job_status(http, job.job_id, ALICE) == "completed"
@@ -251,9 +274,11 @@ async def test_engine_payload_carries_job_id_and_asks_for_usage(
     http: httpx.AsyncClient, standin: StandIn
 ) -> None:
     body = chat(stream=True, stream_options={"include_usage": True}, user="not-a-trusted-app")
-    async with http.stream("POST", "/v1/chat/completions", headers=ALICE, json=body) as r:
-        job = await standin.take()
-        await standin.finish(job)
+    request = streamed(http, ALICE, body)
+    job = await standin.take()
+    await standin.finish(job)
+    async with opened(request) as r:
+        assert r.status_code == 200  # a job that ended well without a token: 200 all the same
         assert await read_all(r) == DONE
     payload = orjson.loads(job.payload)
     assert payload["request_id"] == job.job_id
@@ -263,40 +288,86 @@ async def test_engine_payload_carries_job_id_and_asks_for_usage(
     assert job.endpoint == ENDPOINT
 
 
-async def test_failed_job_error_arrives_as_an_sse_error_event(
+async def test_a_job_that_fails_after_its_first_token_ends_its_stream_with_an_error_event(
     http: httpx.AsyncClient, standin: StandIn
 ) -> None:
     error = {"message": "engine returned 500", "type": "server_error", "code": "engine_error"}
-    async with http.stream(
-        "POST", "/v1/chat/completions", headers=ALICE, json=chat(stream=True)
-    ) as r:
-        job = await standin.take()
-        first = chat_chunk(job.job_id, "Hel")
-        failed = Outcome(JobState.FAILED, error={**error, "status": 502})
-        await standin.finish(job, chunks=[first], outcome=failed)
+    request = streamed(http, ALICE, chat(stream=True))
+    job = await standin.take()
+    first = chat_chunk(job.job_id, "Hel")
+    failed = Outcome(JobState.FAILED, error={**error, "status": 502})
+    await standin.finish(job, chunks=[first], outcome=failed)
+    async with opened(request) as r:
+        assert r.status_code == 200
         raw = await read_all(r)
-    assert raw == first + b"data: " + orjson.dumps({"error": error}) + b"\n\n" + DONE
+    body = {"error": {"message": error["message"], "type": error["type"], "param": None,
+                      "code": error["code"]}}  # fmt: skip
+    assert raw == first + b"data: " + orjson.dumps(body) + b"\n\n" + DONE
+
+
+async def test_a_stream_that_fails_before_its_first_token_gets_the_unstreamed_answer(
+    http: httpx.AsyncClient, standin: StandIn
+) -> None:
+    error = {"message": "too long", "type": "invalid_request_error", "param": "max_tokens",
+             "code": "engine_http_400", "status": 400}  # fmt: skip
+    answers = []
+    for body in (chat(stream=True), chat()):
+        request = streamed(http, ALICE, body)
+        job = await standin.take()
+        await standin.finish(job, outcome=Outcome(JobState.FAILED, error=error))
+        async with opened(request) as r:
+            await r.aread()
+            assert r.headers[JOB_HEADER] == job.job_id
+            answers.append((r.status_code, r.headers["content-type"], r.content))
+    assert answers[0] == answers[1]
+    assert assert_error(r, 400, "engine_http_400")["param"] == "max_tokens"
+    assert await job_status(http, job.job_id, ALICE) == "failed"
+
+
+async def test_early_headers_answer_a_queued_stream_at_once_and_report_a_failure_as_an_event(
+    http: httpx.AsyncClient, standin: StandIn
+) -> None:
+    error = {"message": "too long", "type": "invalid_request_error", "param": "max_tokens",
+             "code": "engine_http_400"}  # fmt: skip
+    async with http.stream(
+        "POST", "/v1/chat/completions", headers={**ALICE, **EARLY}, json=chat(stream=True)
+    ) as r:
+        assert r.status_code == 200
+        job = await standin.take()
+        assert job.job_id == r.headers[JOB_HEADER]
+        failed = Outcome(JobState.FAILED, error={**error, "status": 400})
+        await standin.finish(job, outcome=failed)
+        raw = await read_all(r)
+    assert raw == b"data: " + orjson.dumps({"error": error}) + b"\n\n" + DONE
+    bad = await http.post(
+        "/v1/chat/completions",
+        headers={**ALICE, "X-Fairq-Stream-Headers": "soon"},
+        json=chat(stream=True),
+    )
+    assert_error(bad, 400, "invalid_stream_headers")
+    assert await standin.backlogged_users() == []
 
 
 async def test_streaming_client_that_leaves_while_queued_cancels_its_job(
     http: httpx.AsyncClient, standin: StandIn
 ) -> None:
-    async with http.stream(
-        "POST", "/v1/chat/completions", headers=ALICE, json=chat(stream=True)
-    ) as r:
-        job_id = r.headers[JOB_HEADER]
-        assert await standin.backlogged_users() == ["alice"]
+    request = streamed(http, ALICE, chat(stream=True))
+    job_id = await _only_job_id(standin)  # its headers wait for its first token
+    request.cancel()  # httpx closes the connection under a cancelled request
+    with contextlib.suppress(asyncio.CancelledError):
+        await request
     await wait_for_status(http, job_id, "cancelled")
     assert await standin.backlogged_users() == []
 
 
-async def test_queued_stream_gets_keep_alive_comments(
+async def test_queued_stream_gets_its_headers_and_keep_alive_comments_after_a_lull(
     http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sse, "HEARTBEAT_S", 0.05)
     async with http.stream(
         "POST", "/v1/chat/completions", headers=ALICE, json=chat(stream=True)
     ) as r:
+        assert r.status_code == 200
         async with asyncio.timeout(WAIT_S):
             first = await anext(r.aiter_raw())
     assert first.startswith(b": keep-alive\n\n")
@@ -406,18 +477,19 @@ async def test_openai_client_reads_a_non_streamed_completion(
 
 
 async def test_openai_client_reads_a_stream(openai_client: openai.OpenAI, standin: StandIn) -> None:
-    stream = await asyncio.to_thread(ask_streamed, openai_client)
+    call = asyncio.create_task(asyncio.to_thread(ask_streamed, openai_client))
     job = await standin.take()
     chunks = [chat_chunk(job.job_id, "Hel"), chat_chunk(job.job_id, "lo", "stop")]
     await standin.finish(job, chunks=chunks)
+    stream = await asyncio.wait_for(call, WAIT_S)
     deltas = await asyncio.to_thread(lambda: [c.choices[0].delta.content for c in stream])
     assert "".join(d or "" for d in deltas) == "Hello"
 
 
-async def test_openai_client_raises_on_a_failed_stream(
+async def test_openai_client_raises_a_status_error_for_a_stream_that_failed_before_output(
     openai_client: openai.OpenAI, standin: StandIn
 ) -> None:
-    stream = await asyncio.to_thread(ask_streamed, openai_client)
+    call = asyncio.create_task(asyncio.to_thread(ask_streamed, openai_client))
     job = await standin.take()
     error: dict[str, object] = {
         "message": "engine died",
@@ -425,6 +497,21 @@ async def test_openai_client_raises_on_a_failed_stream(
         "code": "engine_error",
     }
     await standin.finish(job, outcome=Outcome(JobState.FAILED, error=error))
+    with pytest.raises(openai.APIStatusError, match="engine died") as raised:
+        await asyncio.wait_for(call, WAIT_S)
+    assert raised.value.status_code == 502  # an error without a status of its own
+    assert raised.value.code == "engine_error"
+
+
+async def test_openai_client_raises_on_a_stream_that_failed_mid_answer(
+    openai_client: openai.OpenAI, standin: StandIn
+) -> None:
+    call = asyncio.create_task(asyncio.to_thread(ask_streamed, openai_client))
+    job = await standin.take()
+    error = {"message": "engine died", "type": "server_error", "code": "engine_error"}
+    failed = Outcome(JobState.FAILED, error=error)
+    await standin.finish(job, chunks=[chat_chunk(job.job_id, "Hel")], outcome=failed)
+    stream = await asyncio.wait_for(call, WAIT_S)
     with pytest.raises(openai.APIError, match="engine died"):
         await asyncio.to_thread(lambda: list(stream))
 
@@ -535,7 +622,7 @@ async def test_band_the_key_is_not_entitled_to_gets_403(
         "/v1/chat/completions", headers={**BOB, "X-Fairq-Band": "interactive"}, json=chat()
     )
     assert_error(denied, 403, "permission_denied")
-    headers = {**BOB, "X-Fairq-Band": "batch"}
+    headers = {**BOB, "X-Fairq-Band": "batch", **EARLY}
     async with http.stream(
         "POST", "/v1/chat/completions", headers=headers, json=chat(stream=True)
     ) as r:
@@ -556,7 +643,7 @@ async def test_queue_full_gets_429_with_retry_after_and_keeps_queued_jobs(
             ids = []
             for _ in range(2):
                 r = await held.enter_async_context(
-                    http.stream("POST", path, headers=ALICE, json=body)
+                    http.stream("POST", path, headers={**ALICE, **EARLY}, json=body)
                 )
                 ids.append(r.headers[JOB_HEADER])
             full = await http.post(path, headers=ALICE, json=body)
@@ -574,7 +661,7 @@ async def test_trusted_app_queues_each_end_user_separately(
         for end_user in ("u1", "u2"):
             body = chat(stream=True, user=end_user)
             r = await held.enter_async_context(
-                http.stream("POST", "/v1/chat/completions", headers=APP, json=body)
+                http.stream("POST", "/v1/chat/completions", headers={**APP, **EARLY}, json=body)
             )
             assert await job_status(http, r.headers[JOB_HEADER], APP) == "queued"
         assert sorted(await standin.backlogged_users()) == ["app/u1", "app/u2"]
@@ -585,7 +672,7 @@ async def test_trusted_app_queues_each_end_user_separately(
 
 async def test_job_status_is_visible_to_its_owner_only(http: httpx.AsyncClient) -> None:
     async with http.stream(
-        "POST", "/v1/chat/completions", headers=ALICE, json=chat(stream=True)
+        "POST", "/v1/chat/completions", headers={**ALICE, **EARLY}, json=chat(stream=True)
     ) as r:
         job_id = r.headers[JOB_HEADER]
         own = (await http.get(f"/v1/jobs/{job_id}", headers=ALICE)).json()
@@ -599,19 +686,33 @@ async def test_job_status_is_visible_to_its_owner_only(http: httpx.AsyncClient) 
         assert_error(await http.get(f"/v1/jobs/{unknown}", headers=ALICE), 404, "not_found")
 
 
-async def test_delete_cancels_a_queued_job_and_ends_its_stream(
+async def test_delete_cancels_a_queued_job_and_answers_its_stream_409(
+    http: httpx.AsyncClient, standin: StandIn
+) -> None:
+    request = streamed(http, ALICE, chat(stream=True))
+    job_id = await _only_job_id(standin)
+    deleted = await http.delete(f"/v1/jobs/{job_id}", headers=ALICE)
+    assert deleted.status_code == 200
+    assert deleted.json()["status"] == "cancelled"
+    assert await standin.backlogged_users() == []
+    async with opened(request) as r:
+        await r.aread()
+    assert assert_error(r, 409, "job_cancelled")["type"] == "cancelled"
+    assert r.headers[JOB_HEADER] == job_id
+
+
+async def test_delete_ends_the_stream_of_a_queued_job_with_early_headers(
     http: httpx.AsyncClient, standin: StandIn
 ) -> None:
     async with http.stream(
-        "POST", "/v1/chat/completions", headers=ALICE, json=chat(stream=True)
+        "POST", "/v1/chat/completions", headers={**ALICE, **EARLY}, json=chat(stream=True)
     ) as r:
         job_id = r.headers[JOB_HEADER]
         deleted = await http.delete(f"/v1/jobs/{job_id}", headers=ALICE)
-        assert deleted.status_code == 200
         assert deleted.json()["status"] == "cancelled"
-        assert await standin.backlogged_users() == []
         raw = await read_all(r)
-    error = {"message": "the request was cancelled", "type": "cancelled", "code": "job_cancelled"}
+    error = {"message": "the request was cancelled", "type": "cancelled", "param": None,
+             "code": "job_cancelled"}  # fmt: skip
     assert raw == b"data: " + orjson.dumps({"error": error}) + b"\n\n" + DONE
 
 
@@ -651,13 +752,21 @@ def test_serve_answers_queued_streams_and_exits_cleanly_on_sigterm(redis_url: st
     env = {k: v for k, v in os.environ.items() if not k.startswith("FAIRQ_")}
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}"
+    client = redis.Redis.from_url(redis_url)
+    url, body = f"{base}/v1/chat/completions", chat(stream=True)
     try:
         wait_healthy(f"{base}/healthz", proc, "the gateway process", WAIT_S)
-        body = chat(stream=True)
-        with httpx.stream("POST", f"{base}/v1/chat/completions", headers=ALICE, json=body) as r:
+        with (
+            httpx.stream("POST", url, headers={**ALICE, **EARLY}, json=body) as r,
+            ThreadPoolExecutor(1) as pool,
+        ):
             job_id = r.headers[JOB_HEADER]
+            held = pool.submit(httpx.post, url, headers=ALICE, json=body, timeout=WAIT_S)
+            queue = keys.queue(MODEL, "interactive", "alice")
+            eventually(lambda: client.xlen(queue) == 2, "both jobs queued", WAIT_S)
             proc.send_signal(signal.SIGTERM)
             raw = r.read()  # the queued job's stream ends at once, not after the grace period
+            refused = held.result()  # its headers were held: a 503 as if not streamed
         _, stderr = proc.communicate(timeout=WAIT_S)
         assert proc.returncode == 0, stderr.decode()
         assert stderr == b""  # nothing logged: no tracebacks, no cancelled tasks
@@ -667,6 +776,7 @@ def test_serve_answers_queued_streams_and_exits_cleanly_on_sigterm(redis_url: st
             proc.communicate()
     assert b'"code":"gateway_shutting_down"' in raw
     assert raw.endswith(DONE)
-    client = redis.Redis.from_url(redis_url)
-    assert client.hget(keys.job(MODEL, job_id), "st") == b"cancelled"
+    assert assert_error(refused, 503, "gateway_shutting_down")["type"] == "server_error"
+    for job in (job_id, refused.headers[JOB_HEADER]):
+        assert client.hget(keys.job(MODEL, job), "st") == b"cancelled"
     client.close()

@@ -121,7 +121,8 @@ async def test_a_key_cannot_raise_its_own_band(http: httpx.AsyncClient) -> None:
     assert refused.json()["error"]["code"] == "permission_denied"
     assert "default, batch" in refused.json()["error"]["message"]
     # Without the header the key's own default band is used, never a higher one.
-    async with http.stream("POST", "/v1/chat/completions", json=_chat(), headers=BOB) as sent:
+    early = {**BOB, "X-Fairq-Stream-Headers": "early"}  # the 200 while the job is queued
+    async with http.stream("POST", "/v1/chat/completions", json=_chat(), headers=early) as sent:
         assert sent.status_code == 200
         queue = (await http.get(f"/v1/admin/models/{MODEL}/queue", headers=ADMIN)).json()
     queued = {b["band"]: b["queued"] for b in queue["bands"]}
@@ -267,7 +268,8 @@ async def test_every_route_that_takes_an_id_answers_404_to_another_users_key(
     spec = {"input_file_id": file_id, "endpoint": "/v1/chat/completions",
             "completion_window": "24h"}  # fmt: skip
     batch_id = (await http.post("/v1/batches", headers=ALICE, json=spec)).json()["id"]
-    async with http.stream("POST", "/v1/chat/completions", json=_chat(), headers=ALICE) as sent:
+    early = {**ALICE, "X-Fairq-Stream-Headers": "early"}  # the job id while it is queued
+    async with http.stream("POST", "/v1/chat/completions", json=_chat(), headers=early) as sent:
         job_id = sent.headers["x-fairq-job-id"]
         tried = {
             ("GET", "/v1/jobs/{job_id}"): f"/v1/jobs/{job_id}",
