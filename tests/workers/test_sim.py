@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import openai
@@ -522,21 +522,49 @@ async def test_higher_priority_request_takes_the_next_free_slot_without_preempti
     assert preemptions == 0.0
 
 
-@pytest.mark.parametrize("priority", [3, -1])
-async def test_priority_field_is_rejected_under_fcfs_as_vllm_does(
-    base_url: str, priority: int
+async def test_under_fcfs_a_priority_is_taken_and_ignored_as_vllm_0_32_does() -> None:
+    # vLLM's V0 engine refused it ("Priority scheduling is not enabled"); 0.32 serves it,
+    # in arrival order: whether an engine runs the priority policy shows in no error.
+    profile = SimProfile(max_num_seqs=1, step_base_ms=10.0)
+    finished: list[str] = []
+
+    async def complete(client: httpx.AsyncClient, name: str, priority: int) -> None:
+        body = chat_body(max_tokens=5, priority=priority)
+        response = await client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200, response.text
+        finished.append(name)
+
+    with sim(profile, [MODEL]) as url:
+        async with client_for(url) as client:
+            first = asyncio.create_task(complete(client, "first", priority=10))
+            await wait_for_metrics(client, num_requests_running=1.0)
+            later = asyncio.create_task(complete(client, "later", priority=10))
+            await wait_for_metrics(client, num_requests_waiting=1.0)
+            await complete(client, "urgent", priority=-1)
+            await asyncio.gather(first, later)
+    assert finished == ["first", "later", "urgent"]
+
+
+@pytest.mark.parametrize(("policy", "as_json"), [("fcfs", True), ("priority", False)])
+async def test_in_dev_mode_server_info_says_the_scheduling_policy_as_vllm_does(
+    policy: Literal["fcfs", "priority"], as_json: bool
 ) -> None:
+    profile = SimProfile(scheduling_policy=policy, dev_mode=True)
+    query = "?config_format=json" if as_json else ""
+    with sim(profile, [MODEL]) as url:
+        async with client_for(url) as client:
+            info = (await client.get(f"/server_info{query}")).json()
+    config = info["vllm_config"]
+    if as_json:
+        assert config["scheduler_config"]["policy"] == policy
+        assert config["model_config"]["served_model_name"] == MODEL
+    else:  # vLLM's default: the configuration as one string
+        assert f"'policy': '{policy}'" in config
+
+
+async def test_without_dev_mode_there_is_no_server_info(base_url: str) -> None:
     async with client_for(base_url) as client:
-        rejected = await client.post("/v1/completions", json=completion_body(priority=priority))
-        default = await client.post("/v1/completions", json=completion_body(priority=0))
-    assert rejected.status_code == 400
-    assert rejected.json()["error"] == {
-        "message": f"Got priority {priority} but Priority scheduling is not enabled.",
-        "type": "BadRequestError",
-        "param": None,
-        "code": 400,
-    }
-    assert default.status_code == 200
+        assert (await client.get("/server_info?config_format=json")).status_code == 404
 
 
 # --- errors and small routes -------------------------------------------------------

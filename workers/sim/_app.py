@@ -22,7 +22,13 @@ from workers.sim._parsing import GenRequest, parse_request
 from workers.sim._profile import SimProfile
 from workers.sim._responses import JsonCompletionResponse, SseResponse
 from workers.sim._tokens import anchor_of, answer_seed, prompt_ids
-from workers.sim._wire import VLLM_VERSION, ResponseMeta, error_body, models_body
+from workers.sim._wire import (
+    VLLM_VERSION,
+    ResponseMeta,
+    error_body,
+    models_body,
+    server_info_body,
+)
 
 
 def create_app(models: list[str], profile: SimProfile) -> FastAPI:
@@ -54,6 +60,8 @@ def create_app(models: list[str], profile: SimProfile) -> FastAPI:
     app.add_route("/v1/models", routes.list_models, methods=["GET"])
     app.add_route("/health", routes.health, methods=["GET"])
     app.add_route("/metrics", routes.metrics, methods=["GET"])
+    if profile.dev_mode:
+        app.add_route("/server_info", routes.server_info, methods=["GET"])
     return app
 
 
@@ -77,6 +85,23 @@ class _Routes:
 
     async def list_models(self, _: Request) -> Response:
         body = models_body(self.models, self.created, self.profile.max_model_len)
+        return Response(body, media_type="application/json")
+
+    async def server_info(self, request: Request) -> Response:
+        profile = self.profile
+        config = {
+            "model_config": {
+                "served_model_name": self.models[0],
+                "max_model_len": profile.max_model_len,
+            },
+            "scheduler_config": {
+                "policy": profile.scheduling_policy,
+                "max_num_seqs": profile.max_num_seqs,
+                "max_num_batched_tokens": profile.max_num_batched_tokens,
+            },
+        }
+        as_json = request.query_params.get("config_format") == "json"
+        body = server_info_body(config, as_json=as_json)
         return Response(body, media_type="application/json")
 
     async def health(self, _: Request) -> Response:

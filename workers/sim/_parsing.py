@@ -53,7 +53,7 @@ def parse_request(raw: bytes, *, chat: bool, models: list[str], profile: SimProf
         prompt_tokens = _chat_prompt_tokens(body) if chat else _completion_prompt_tokens(body)
     requested = _max_tokens(body, chat=chat)
     max_tokens, finish_reason = _output_length(prompt_tokens, requested, profile)
-    priority = _priority(body, profile)
+    priority = _priority(body)
     stream = body.get("stream") is True
     options = body.get("stream_options")
     include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
@@ -176,13 +176,13 @@ def _output_length(
     return requested, "length"
 
 
-def _priority(body: dict[str, Any], profile: SimProfile) -> int:
+def _priority(body: dict[str, Any]) -> int:
+    # Any integer, whatever the policy: vLLM 0.32 takes a priority without
+    # --scheduling-policy priority and ignores it (its V0 engine refused one, "Got priority
+    # 1 but Priority scheduling is not enabled."; V1 has no such check).
     value = body.get("priority", 0)
     if isinstance(value, bool) or not isinstance(value, int):
         raise bad_request(f"'priority' must be an integer, got {value!r}.")
-    if value != 0 and profile.scheduling_policy != "priority":
-        # vLLM's own words, from an engine started without --scheduling-policy priority.
-        raise bad_request(f"Got priority {value} but Priority scheduling is not enabled.")
     return value
 
 

@@ -40,6 +40,10 @@ class SimProfile(BaseModel):
     fault: Fault | None = None  # injected into every request that asks for none (_faults)
     # False: the engine ignores vLLM's return_token_ids, as releases before it did.
     return_token_ids: bool = True
+    # As vLLM started with VLLM_SERVER_DEV_MODE=1: GET /server_info says the engine's
+    # configuration (here what the simulator has: its scheduling policy and sizes). vLLM
+    # says its scheduling policy nowhere else.
+    dev_mode: bool = False
 
     @property
     def num_kv_blocks(self) -> int:

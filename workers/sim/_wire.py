@@ -278,6 +278,18 @@ def models_body(models: list[str], created: int, max_model_len: int) -> bytes:
     return orjson.dumps({"object": "list", "data": data})
 
 
+def server_info_body(vllm_config: dict[str, Any], *, as_json: bool) -> bytes:
+    """vLLM's GET /server_info (dev mode): its configuration as JSON (``config_format=json``)
+    or as one string; ``vllm_config`` holds the parts of vLLM's the simulator has."""
+    return orjson.dumps(
+        {
+            "vllm_config": vllm_config if as_json else repr(vllm_config),
+            "vllm_env": {"VLLM_SERVER_DEV_MODE": True},
+            "system_env": {},
+        }
+    )
+
+
 def _permission(model: str, created: int) -> dict[str, Any]:
     return {
         "id": f"modelperm-{model}",
