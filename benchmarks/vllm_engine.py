@@ -401,6 +401,9 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+KILL_WAIT_S = 5.0  # the longest to wait for a SIGKILLed group's members to be gone
+
+
 def stop_process_group(process: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> None:
     """SIGTERM the group that ``process`` leads, wait for it, SIGKILL what is left."""
     pgid = process.pid  # start_new_session: the leader's pid names the group
@@ -413,6 +416,11 @@ def stop_process_group(process: subprocess.Popen[bytes], grace_s: float = STOP_G
         time.sleep(0.1)
     _signal_group(pgid, signal.SIGKILL)
     process.wait()
+    # SIGKILL is delivered asynchronously: the group's other members may live for a moment
+    # after the leader is reaped. Return only when none is left (bounded).
+    deadline = time.monotonic() + KILL_WAIT_S
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
