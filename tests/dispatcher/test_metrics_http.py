@@ -16,6 +16,7 @@ import pytest
 from dispatcher import metrics_http
 from dispatcher.metrics_http import FetchError, MetricsClient, Page
 from tests.support.eventually import aeventually
+from tests.support.servers import stop
 
 BODY = b"vllm:num_requests_waiting 2\n" * 300  # ~8 KB: several reads, several chunks
 TEXT = b"text/plain; version=0.0.4; charset=utf-8"
@@ -200,18 +201,6 @@ async def test_a_cancelled_scrape_closes_its_connection(client: MetricsClient) -
             await task
         assert (await client.get(url, 2.0)).body == BODY  # a new connection, a clean answer
     assert script.connections == 2
-
-
-async def stop(writers: list[asyncio.StreamWriter], handlers: list[asyncio.Task[Any]]) -> None:
-    """End the server's connections: closed, their handlers see the end and return; one
-    still waiting (a hang) is cancelled."""
-    for writer in writers:
-        writer.close()
-    if handlers:
-        _, pending = await asyncio.wait(handlers, timeout=1.0)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
 
 
 async def test_dropping_an_endpoint_closes_its_idle_connection(client: MetricsClient) -> None:

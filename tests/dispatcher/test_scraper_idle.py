@@ -19,6 +19,7 @@ from dispatcher.engine_metrics import EngineSample
 from dispatcher.scraper import Scraper
 from tests.support.eventually import aeventually
 from tests.support.paths import FIXTURES
+from tests.support.servers import stop
 
 IDLE = (FIXTURES / "vllm-0.32-cpu" / "metrics_idle.txt").read_bytes()
 LOAD = (FIXTURES / "vllm-0.32-cpu" / "metrics_load.txt").read_bytes()
@@ -182,18 +183,6 @@ async def test_unchanged_wanted_lines_keep_their_sample_without_a_parse(
             assert len(engine.arrivals) == 4 and view.healthy
         finally:
             scraper.close()
-
-
-async def stop(writers: list[asyncio.StreamWriter], handlers: list[asyncio.Task[Any]]) -> None:
-    """End the server's connections: closed, their handlers see the end and return; one
-    still waiting (a hang) is cancelled."""
-    for writer in writers:
-        writer.close()
-    if handlers:
-        _, pending = await asyncio.wait(handlers, timeout=1.0)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
 
 
 async def test_while_every_engine_is_quiet_the_scraper_sleeps_between_their_scrapes() -> None:

@@ -1,5 +1,5 @@
-"""Servers on 127.0.0.1 for tests: an ASGI app under a real uvicorn in a thread, and a
-TCP server that never answers."""
+"""Servers on 127.0.0.1 for tests: an ASGI app under a real uvicorn in a thread, a TCP
+server that never answers, and the end of a scripted server's connections (``stop``)."""
 
 from __future__ import annotations
 
@@ -73,3 +73,15 @@ async def silent_server() -> AsyncIterator[str]:
         for writer in connections:
             writer.close()
         await server.wait_closed()
+
+
+async def stop(writers: list[asyncio.StreamWriter], handlers: list[asyncio.Task[Any]]) -> None:
+    """End the server's connections: closed, their handlers see the end and return; one
+    still waiting (a hang) is cancelled."""
+    for writer in writers:
+        writer.close()
+    if handlers:
+        _, pending = await asyncio.wait(handlers, timeout=1.0)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
