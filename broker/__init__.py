@@ -42,7 +42,14 @@ from broker.process.uvicorn_server import QuietSignalServer, quiet_config
 from broker.queue import JobQueue
 from broker.redis.connect import connect, connect_blocking, lean_link
 from broker.results import ResultEvent, ResultReader
-from broker.settings import ApiKeyConfig, ModelConfig, Settings, load_settings
+from broker.settings import (
+    ApiKeyConfig,
+    DiscoveryConfig,
+    ModelConfig,
+    Settings,
+    load_settings,
+    nameserver_address,
+)
 from broker.status import (
     BandQueue,
     Latency,
@@ -64,6 +71,7 @@ __all__ = [
     "BrokerUnavailable",
     "Claimed",
     "Client",
+    "DiscoveryConfig",
     "DispatchStore",
     "ExecutionStore",
     "ExpressSend",
@@ -111,6 +119,7 @@ __all__ = [
     "keys",
     "lean_link",
     "load_settings",
+    "nameserver_address",
     "parse_wake",
     "publish_status",
     "quiet_config",

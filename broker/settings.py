@@ -8,6 +8,7 @@ password) are ``SecretStr`` and print masked.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from pathlib import Path
@@ -39,12 +40,69 @@ DEFAULT_QUEUE_TARGETS = {"interactive": 3, "default": 3, "batch": 1}
 _FALLBACK_QUEUE_TARGET = 3
 
 
+# A DNS name: dot-separated labels of letters, digits and hyphens (a trailing dot allowed).
+_DNS_NAME = re.compile(r"^(?=.{1,253}\.?$)([A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9])?\.?)+$")
+
+
+class DiscoveryConfig(_Frozen):
+    """A model's replicas found through DNS (``dispatcher.discovery``): every A and AAAA
+    record of ``dns`` is one endpoint, ``scheme://address:port``. A Kubernetes headless
+    Service has one record per ready pod, so no API permissions are needed."""
+
+    dns: str
+    port: int = Field(ge=1, le=65535)
+    scheme: Literal["http", "https"] = "http"
+    interval_s: float = Field(default=5.0, gt=0)  # how often the records are read again
+    # "host:port" (or a bare address: port 53) of the DNS servers to ask; empty: the
+    # system's resolver configuration (/etc/resolv.conf).
+    nameservers: tuple[str, ...] = ()
+
+    @field_validator("dns")
+    @classmethod
+    def _valid_dns(cls, name: str) -> str:
+        if not _DNS_NAME.match(name):
+            raise ValueError(
+                f"dns {name!r} must be a DNS name, such as engine-llama.fairq.svc.cluster.local"
+            )
+        return name
+
+    @field_validator("nameservers")
+    @classmethod
+    def _valid_nameservers(cls, servers: tuple[str, ...]) -> tuple[str, ...]:
+        for server in servers:
+            nameserver_address(server)
+        return servers
+
+
+def nameserver_address(server: str) -> tuple[str, int]:
+    """``"10.0.0.10"``, ``"10.0.0.10:53"`` or ``"[fd00::a]:53"`` as (address, port)."""
+    host, port = server, "53"
+    if server.startswith("["):
+        host, _, rest = server[1:].partition("]")
+        port = rest.removeprefix(":") or port
+    elif server.count(":") == 1:
+        host, port = server.split(":")
+    try:
+        ipaddress.ip_address(host)
+        number = int(port)
+    except ValueError:
+        number = 0
+    if not 1 <= number <= 65535:
+        raise ValueError(
+            f"nameserver {server!r} must be an IP address with an optional port: "
+            "10.0.0.10, 10.0.0.10:53 or [fd00::a]:53"
+        )
+    return host, number
+
+
 class ModelConfig(_Frozen):
-    """One served model and the engine pods (endpoints) that serve it."""
+    """One served model and the engine pods (endpoints) that serve it: listed in
+    ``endpoints``, found through ``discovery``, or both (the union)."""
 
     name: str
     engine: Literal["vllm", "tgi", "openai"] = "vllm"
-    endpoints: tuple[str, ...] = Field(min_length=1)
+    endpoints: tuple[str, ...] = ()
+    discovery: DiscoveryConfig | None = None
     # "metrics": backpressure from the engine's /metrics; "static": the in-flight cap only
     # (default for engine "openai", which has no metrics fairq can read).
     admission: Literal["metrics", "static"] | None = None
@@ -114,6 +172,15 @@ class ModelConfig(_Frozen):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"endpoint {url!r} must be an http:// or https:// base URL")
         return tuple(url.rstrip("/") for url in endpoints)
+
+    @model_validator(mode="after")
+    def _some_endpoints(self) -> ModelConfig:
+        if not self.endpoints and self.discovery is None:
+            raise ValueError(
+                f"model {self.name!r} needs endpoints (a list of base URLs), discovery "
+                "(a DNS name whose records are its replicas), or both"
+            )
+        return self
 
 
 class ApiKeyConfig(_Frozen):

@@ -20,7 +20,7 @@ import yaml
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
-from broker import Settings
+from broker import ModelConfig, Settings
 
 _INPUT_SHOWN = 60  # characters of a rejected value repeated in its message
 
@@ -201,13 +201,21 @@ def notes(settings: Settings, *, redis: bool = True) -> list[str]:
 
 
 def summary(settings: Settings) -> str:
-    models = ", ".join(
-        f"{m.name} ({m.engine}, {len(m.endpoints)} endpoint{'s' * (len(m.endpoints) > 1)})"
-        for m in settings.models
-    )
+    models = ", ".join(f"{m.name} ({m.engine}, {_serving(m)})" for m in settings.models)
     users = ", ".join(k.user for k in settings.api_keys)
     return (
         f"{len(settings.models)} model(s): {models or '-'}; "
         f"{len(settings.api_keys)} API key(s): {users or '-'}; "
         f"bands {' > '.join(settings.bands)}"
     )
+
+
+def _serving(model: ModelConfig) -> str:
+    """Where the model's engines are: its endpoints listed, found through DNS, or both."""
+    parts = []
+    if model.endpoints:
+        parts.append(f"{len(model.endpoints)} endpoint{'s' * (len(model.endpoints) > 1)}")
+    if model.discovery is not None:
+        found = model.discovery
+        parts.append(f"replicas of DNS {found.dns} port {found.port}")
+    return " + ".join(parts)

@@ -155,3 +155,60 @@ def test_fairq_up_takes_config_or_engine_url_not_both() -> None:
     done = fairq("up", "--config", str(EXAMPLE), "--engine-url", "http://127.0.0.1:1")
     assert done.returncode == 2
     assert "--config and --engine-url: one or the other" in done.stderr
+
+
+DISCOVERY = """\
+models:
+  - name: llama
+    discovery:
+      dns: engine-llama.fairq.svc.cluster.local
+      port: 8000
+      interval_s: 2
+      nameservers: ["10.96.0.10:53"]
+  - name: both
+    endpoints: ["http://10.0.0.5:8000"]
+    discovery: {dns: engine-both.fairq.svc.cluster.local, port: 8000, scheme: https}
+"""
+
+
+def test_config_check_accepts_replicas_found_through_dns(tmp_path: Path) -> None:
+    path = tmp_path / "fairq.yaml"
+    path.write_text(DISCOVERY)
+    done = fairq("config", "check", str(path))
+    assert done.returncode == 0, done.stderr
+    assert (
+        "llama (vllm, replicas of DNS engine-llama.fairq.svc.cluster.local port 8000), "
+        "both (vllm, 1 endpoint + replicas of DNS engine-both.fairq.svc.cluster.local "
+        "port 8000)"
+    ) in done.stdout
+
+
+BAD_DISCOVERY = """\
+models:
+  - name: nowhere
+  - name: llama
+    discovery:
+      dns: "engine llama"
+      port: 80000
+      scheme: grpc
+      nameservers: ["kube-dns:53"]
+"""
+
+
+def test_config_check_names_each_problem_of_a_discovery(tmp_path: Path) -> None:
+    path = tmp_path / "fairq.yaml"
+    path.write_text(BAD_DISCOVERY)
+    done = fairq("config", "check", str(path))
+    assert done.returncode == 2
+    lines = done.stderr.splitlines()
+    assert lines[0] == (
+        f"{path}:2: models[0]: model 'nowhere' needs endpoints (a list of base URLs), "
+        "discovery (a DNS name whose records are its replicas), or both"
+    )
+    assert lines[1].startswith(f"{path}:5: models[1].discovery.dns: dns 'engine llama' must")
+    assert lines[2].startswith(f"{path}:6: models[1].discovery.port: Input should be less")
+    assert lines[3].startswith(f"{path}:7: models[1].discovery.scheme: Input should be 'http'")
+    assert lines[4].startswith(
+        f"{path}:8: models[1].discovery.nameservers: nameserver 'kube-dns:53' must be an IP"
+    )
+    assert len(lines) == 5
