@@ -135,6 +135,21 @@ QUEUE_USER_DEPTH = Gauge(
 DISPATCH_RATE = Gauge(
     "fairq_dispatch_rate", "Jobs dispatched per second, recent window", ("model",)
 )
+# A model's demand, what its engines' autoscaler reads (docs/operations.md, "Scale to zero").
+QUEUE_OLDEST_WAIT = Gauge(
+    "fairq_queue_oldest_wait_seconds",
+    "Age of the oldest queued job (among the band's first 200 users in fairness order)",
+    ("model", "band"),
+)
+MODEL_INFLIGHT = Gauge(
+    "fairq_model_inflight", "fairq jobs dispatched to the model's engines, not ended", ("model",)
+)
+MODEL_DEMAND = Gauge(
+    "fairq_model_demand", "Jobs queued in every band plus jobs in flight", ("model",)
+)
+MODEL_READY_ENDPOINTS = Gauge(
+    "fairq_model_ready_endpoints", "Engine endpoints of the model that are healthy", ("model",)
+)
 ENGINE_WAITING = Gauge(
     "fairq_engine_waiting", "Requests waiting in the engine at the last scrape", _ENDPOINT
 )

@@ -46,6 +46,7 @@ from broker import (
     read_queues,
     telemetry,
 )
+from broker.demand import read_oldest_ms
 from dispatcher.admission import ADMISSION, AdmissionConfig, EndpointState
 from dispatcher.engine_metrics import engine_drain_per_s
 from dispatcher.scraper import EndpointView
@@ -121,6 +122,8 @@ class ModelStatus:
 
     queues: ModelQueues
     endpoints: list[dict[str, object]]
+    # band -> enqueue time (ms since the epoch) of its oldest queued job; None: none queued
+    oldest_ms: dict[str, int | None] = field(default_factory=dict)
 
 
 class StatusPublisher:
@@ -154,7 +157,8 @@ class StatusPublisher:
         now, now_ms = time.monotonic(), int(time.time() * 1000)
         history.add(now, now_ms, sum(b.queued for b in queues.bands), latencies)
         endpoints = self._endpoints(model, queues)
-        self.latest[model.name] = ModelStatus(queues, endpoints)
+        oldest = await read_oldest_ms(self._redis, model.name, s.bands)
+        self.latest[model.name] = ModelStatus(queues, endpoints, oldest)
         snapshot = Snapshot(
             model.name,
             now_ms,
@@ -243,6 +247,7 @@ class DispatcherCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         latest = dict(self._publisher.latest)
         yield from _queue_families(latest)
+        yield from _demand_families(latest, time.time())
         yield from _engine_families(latest)
 
 
@@ -260,6 +265,25 @@ def _queue_families(latest: dict[str, ModelStatus]) -> Iterator[Metric]:
         if status.queues.dispatch_rate is not None:
             rate.add_metric([model], status.queues.dispatch_rate)
     yield from (depth, users, top, rate)
+
+
+def _demand_families(latest: dict[str, ModelStatus], now: float) -> Iterator[Metric]:
+    """What scales a model's engines: every owned model has each series, 0 included, so
+    that a model at zero replicas still reports the queue that should wake it."""
+    oldest = telemetry.QUEUE_OLDEST_WAIT.family()
+    inflight = telemetry.MODEL_INFLIGHT.family()
+    demand = telemetry.MODEL_DEMAND.family()
+    ready = telemetry.MODEL_READY_ENDPOINTS.family()
+    for model, status in latest.items():
+        for b in status.queues.bands:
+            since_ms = status.oldest_ms.get(b.band)
+            age = 0.0 if since_ms is None else max(0.0, now - since_ms / 1000)
+            oldest.add_metric([model, b.band], round(age, 3))
+        running = sum(status.queues.inflight.values())
+        inflight.add_metric([model], running)
+        demand.add_metric([model], running + sum(b.queued for b in status.queues.bands))
+        ready.add_metric([model], sum(1 for row in status.endpoints if row.get("healthy") is True))
+    yield from (oldest, inflight, demand, ready)
 
 
 def _engine_families(latest: dict[str, ModelStatus]) -> Iterator[Metric]:
