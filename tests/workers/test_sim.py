@@ -43,6 +43,8 @@ EMITTED_METRICS = {
     "vllm:num_requests_waiting": "gauge",
     "vllm:kv_cache_usage_perc": "gauge",
     "vllm:num_preemptions": "counter",
+    "vllm:prefix_cache_queries": "counter",
+    "vllm:prefix_cache_hits": "counter",
     "vllm:prompt_tokens": "counter",
     "vllm:generation_tokens": "counter",
     "vllm:request_success": "counter",

@@ -126,6 +126,7 @@ class _Routes:
                 req.finish_reason,
                 priority=req.priority,
                 streamed=req.stream,
+                prefix_blocks=req.prefix_blocks,
             )
         except RequestError as exc:
             return _error(exc.status, exc.error_type, exc.message, exc.param)

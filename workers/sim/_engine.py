@@ -71,6 +71,7 @@ class Engine:
         *,
         priority: int = 0,
         streamed: bool = True,
+        prefix_blocks: tuple[int, ...] = (),
     ) -> SimSequence:
         if not self._accepting:
             raise EngineStopped("the engine simulator loop is not running")
@@ -79,6 +80,7 @@ class Engine:
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
             priority=priority,
+            prefix_blocks=prefix_blocks,
             finish_reason=finish_reason,
             metrics=self._metrics.model(model),
             streamed=streamed,
@@ -128,6 +130,8 @@ class Engine:
         for seq in plan.admitted:
             if not seq.admitted_s:
                 seq.admitted_s = now
+            # As vLLM V1: every admission from the waiting queue looks the prompt up.
+            seq.metrics.prefix_lookup(seq.prompt_tokens + seq.generated, seq.cached)
         for seq in plan.preempted:
             seq.metrics.preempted()
 

@@ -139,6 +139,18 @@ class SimMetrics:
             _LABELS,
             registry=reg,
         )
+        self.prefix_queries = Counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            _LABELS,
+            registry=reg,
+        )
+        self.prefix_hits = Counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            _LABELS,
+            registry=reg,
+        )
         self.preemptions = Counter(
             "vllm:num_preemptions",
             "Cumulative number of preemption from the engine.",
@@ -213,7 +225,18 @@ class SimMetrics:
 class ModelMetrics:
     """The label-bound series of one served model; the engine calls these."""
 
-    __slots__ = ("_e2e", "_gen", "_itl", "_preempt", "_prompt", "_queue", "_success", "_ttft")
+    __slots__ = (
+        "_e2e",
+        "_gen",
+        "_hits",
+        "_itl",
+        "_preempt",
+        "_prompt",
+        "_queries",
+        "_queue",
+        "_success",
+        "_ttft",
+    )
 
     def __init__(self, families: SimMetrics, model: str) -> None:
         labels = {"engine": ENGINE_INDEX, "model_name": model}
@@ -224,6 +247,8 @@ class ModelMetrics:
         self._e2e = families.e2e.labels(**labels)
         self._queue = families.queue_time.labels(**labels)
         self._preempt = families.preemptions.labels(**labels)
+        self._queries = families.prefix_queries.labels(**labels)
+        self._hits = families.prefix_hits.labels(**labels)
         # Create every reason up front: vLLM shows them all, at 0, from start-up.
         self._success = {
             reason: families.request_success.labels(finished_reason=reason, **labels)
@@ -245,6 +270,11 @@ class ModelMetrics:
         self._success[reason].inc()
         self._e2e.observe(e2e_s)
         self._queue.observe(queue_s)
+
+    def prefix_lookup(self, queried: int, hit: int) -> None:
+        """A request looked its prompt up in the prefix cache (vLLM counts tokens)."""
+        self._queries.inc(queried)
+        self._hits.inc(hit)
 
     def preempted(self) -> None:
         self._preempt.inc()

@@ -15,6 +15,7 @@ import orjson
 
 from workers.sim._errors import RequestError
 from workers.sim._faults import Fault, parse_fault
+from workers.sim._prefix import block_hashes
 from workers.sim._profile import SimProfile
 
 CHARS_PER_TOKEN = 4  # a rough English average; the simulator has no tokenizer
@@ -39,6 +40,7 @@ class GenRequest:
     fault: Fault | None = None
     prompt_ids: tuple[int, ...] | None = None  # a completion's prompt given as token ids
     return_token_ids: bool = False  # vLLM's: the prompt's and each token's ids in the answer
+    prefix_blocks: tuple[int, ...] = ()  # the prompt's full blocks for the prefix cache
 
 
 def parse_request(raw: bytes, *, chat: bool, models: list[str], profile: SimProfile) -> GenRequest:
@@ -54,6 +56,10 @@ def parse_request(raw: bytes, *, chat: bool, models: list[str], profile: SimProf
     requested = _max_tokens(body, chat=chat)
     max_tokens, finish_reason = _output_length(prompt_tokens, requested, profile)
     priority = _priority(body)
+    blocks: tuple[int, ...] = ()
+    if profile.enable_prefix_caching:
+        content = prompt_ids if prompt_ids is not None else _prompt_text(body, chat=chat)
+        blocks = block_hashes(content, profile.block_size, prompt_tokens // profile.block_size)
     stream = body.get("stream") is True
     options = body.get("stream_options")
     include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
@@ -70,6 +76,7 @@ def parse_request(raw: bytes, *, chat: bool, models: list[str], profile: SimProf
         fault=parse_fault(body, profile.fault),
         prompt_ids=prompt_ids,
         return_token_ids=profile.return_token_ids and body.get("return_token_ids") is True,
+        prefix_blocks=blocks,
     )
 
 
@@ -102,6 +109,21 @@ def _chat_prompt_tokens(body: dict[str, Any]) -> int:
             raise bad_request("Each message must be an object with a string 'role'.")
         chars += _content_chars(message.get("content"))
     return _tokens_of(chars) + CHAT_TOKENS_PER_MESSAGE * len(messages)
+
+
+def _prompt_text(body: dict[str, Any], *, chat: bool) -> str:
+    """The prompt as one text for the prefix cache: a chat's messages in order, each behind
+    a role marker (a chat template's), so a conversation's next turn shares its blocks."""
+    if not chat:
+        prompt = body["prompt"]  # validated by _completion_prompt_tokens
+        return prompt if isinstance(prompt, str) else str(prompt[0])
+    parts = []
+    for message in body["messages"]:  # validated by _chat_prompt_tokens
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "".join(str(p.get("text") or "") for p in content if isinstance(p, dict))
+        parts.append(f"<|{message['role']}|>{content if isinstance(content, str) else ''}")
+    return "".join(parts)
 
 
 def _content_chars(content: Any) -> int:

@@ -35,6 +35,11 @@ class SimProfile(BaseModel):
     prefill_ms_per_token: float = Field(default=0.02, ge=0.0)
     kv_cache_tokens: int = Field(default=131072, ge=1)
     block_size: int = Field(default=16, ge=1)
+    # vLLM's automatic prefix caching (on by default in V1): a prompt's leading blocks that
+    # an earlier prompt computed skip their prefill (_prefix). The cache's size in tokens;
+    # None: the whole KV cache (an engine whose batch leaves most of it free).
+    enable_prefix_caching: bool = True
+    prefix_cache_tokens: int | None = Field(default=None, ge=0)
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     default_output_tokens: int = Field(default=64, ge=1)
     fault: Fault | None = None  # injected into every request that asks for none (_faults)
@@ -48,6 +53,15 @@ class SimProfile(BaseModel):
     @property
     def num_kv_blocks(self) -> int:
         return self.kv_cache_tokens // self.block_size
+
+    @property
+    def prefix_cache_blocks(self) -> int:
+        if not self.enable_prefix_caching:
+            return 0
+        tokens = self.prefix_cache_tokens
+        if tokens is None:
+            tokens = self.kv_cache_tokens
+        return tokens // self.block_size
 
     @model_validator(mode="after")
     def _engine_can_start(self) -> Self:

@@ -28,6 +28,13 @@ One step, as vLLM's V1 scheduler (chunked prefill always on):
 
 A request emits a token only in the step that computes its last outstanding
 token, so a chunked prompt's first token comes with its last chunk.
+
+Prefix caching (``_prefix``): a request admitted from the waiting queue (new, or
+preempted and so computed from scratch) starts with its longest run of cached
+leading prompt blocks already computed, so only the rest counts as prefill in the
+step's budget and time. Its blocks are cached as they are computed, and refreshed
+when it ends. (It still holds its own KV blocks for the cached part: vLLM shares
+them, which matters only to an engine short of KV room.)
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from workers.sim._prefix import PrefixCache
 from workers.sim._profile import SimProfile
 from workers.sim._queues import FcfsQueue, PriorityQueue, WaitingQueue
 
@@ -60,6 +68,8 @@ class SchedSeq:
     generated: int = 0  # tokens emitted to the client; never goes back
     computed: int = 0  # tokens whose KV is in the cache; 0 again after a preemption
     blocks: int = 0  # KV blocks held
+    prefix_blocks: tuple[int, ...] = ()  # the prompt's full blocks' hashes (_prefix)
+    cached: int = 0  # prompt tokens found in the prefix cache at its last admission
 
     @property
     def done(self) -> bool:
@@ -116,6 +126,7 @@ class Scheduler(Generic[S]):
         # A dict as an insertion-ordered set: admission order, O(1) removal.
         self.running: dict[S, None] = {}
         self.free_blocks = profile.num_kv_blocks
+        self.prefix_cache = PrefixCache(profile.prefix_cache_blocks)
         self._arrivals = itertools.count()
 
     @property
@@ -159,11 +170,16 @@ class Scheduler(Generic[S]):
             if seq.status is not SeqStatus.RUNNING:
                 continue  # aborted while the step ran
             seq.computed += tokens
+            if tokens > 1:  # a prefill chunk: its full blocks are now cached
+                self._cache_computed(seq)
             if seq.computed < seq.prompt_tokens + seq.generated:
                 continue  # one chunk of a longer prefill: no token yet
             seq.generated += 1
             emitted.append(seq)
             if seq.generated >= seq.max_tokens:
+                # As vLLM frees a finished request's blocks: its prompt becomes the most
+                # recently used, the last block first in line for eviction.
+                self.prefix_cache.touch(seq.prefix_blocks)
                 self._release(seq)
                 seq.status = SeqStatus.FINISHED
                 finished.append(seq)
@@ -201,14 +217,29 @@ class Scheduler(Generic[S]):
         max_seqs = self._profile.max_num_seqs
         while len(self.waiting) > 0 and plan.budget > 0:
             seq = self.waiting.peek()
-            tokens = min(seq.prompt_tokens + seq.generated, plan.budget)
-            if len(self.running) >= max_seqs or not self._allocate(seq, tokens):
+            if len(self.running) >= max_seqs:
                 return
+            seq.computed = seq.cached = self._cached_tokens(seq)
+            tokens = min(seq.prompt_tokens + seq.generated - seq.computed, plan.budget)
+            if not self._allocate(seq, tokens):
+                seq.computed = seq.cached = 0
+                return
+            self._cache_computed(seq)
             self.waiting.pop()
             seq.status = SeqStatus.RUNNING
             self.running[seq] = None
             plan.admitted.append(seq)
             plan.add(seq, tokens)
+
+    def _cached_tokens(self, seq: S) -> int:
+        """The prompt tokens of ``seq`` that the prefix cache holds in a row from the start,
+        less at least one token to compute: the first output token needs its logits."""
+        size = self._profile.block_size
+        limit = (seq.prompt_tokens + seq.generated - 1) // size
+        return self.prefix_cache.hits(seq.prefix_blocks, limit) * size
+
+    def _cache_computed(self, seq: S) -> None:
+        self.prefix_cache.touch(seq.prefix_blocks[: seq.computed // self._profile.block_size])
 
     def _worst_running(self) -> S:
         if self._by_priority:
