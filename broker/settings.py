@@ -138,6 +138,12 @@ class ModelConfig(_Frozen):
     # engine tokenises it anew, so the count of its tokens can be off by a few). "off":
     # never. YAML's true and false, the setting's old values, read as "text" and "off".
     resume_streams: ResumeStreams = "exact"
+    # Which endpoint with room a job goes to: "least_loaded" (the most room) or "prefix"
+    # (each user's jobs to one replica, where its prefix cache holds their conversation,
+    # while that replica's jobs in flight stay within routing_load_bound x the mean:
+    # dispatcher.affinity). "prefix" sends no job express (one dispatcher round each).
+    routing: Literal["least_loaded", "prefix"] = "least_loaded"
+    routing_load_bound: float = Field(default=1.25, ge=1.0)
 
     @field_validator("resume_streams", mode="before")
     @classmethod
