@@ -20,6 +20,12 @@ decision (``plan_grant``): new jobs that find nothing queued ahead of them then
 go straight to an endpoint from enqueue.lua. A grant is written only when it
 changed or is half-way to its expiry, and Redis refuses it if any send happened
 since the state it was computed from (``broker.dispatching``).
+
+A model's endpoints are live (``dispatcher.discovery``): the listed ones and those its
+DNS records name now. A replica found is scraped at once and admitted to after its
+first good scrape; one gone gets nothing more (nor express grants) and is no longer
+scraped, while its jobs in flight end where they are or are reclaimed as ever. With no
+endpoint, a model's jobs wait in its queue.
 """
 
 from __future__ import annotations
@@ -61,6 +67,7 @@ from dispatcher.admission import (
     plan_grant,
     refusals,
 )
+from dispatcher.discovery import DnsDiscovery, LiveEndpoints
 from dispatcher.endpoints import METRICS_LAG_S, RateMeter, SentLog, endpoint_states
 from dispatcher.fairness import plan_with_slots, policy
 from dispatcher.ownership import Ownership
@@ -95,6 +102,8 @@ class Dispatcher:
         self._sent = SentLog(keep_s=settings.metrics_stale_s * 2)
         self._rates = {m.name: RateMeter() for m in self._models}
         self._scraper: Scraper | None = None
+        self._live = LiveEndpoints(self._models)  # model -> its endpoints now
+        self._wake: WakeListener | None = None  # while ``run`` runs
         self._views: dict[str, ModelSnapshot] = {}  # model -> state after its last dispatch
         self._grants: dict[str, _Written] = {}
         # model -> endpoint -> express sends of newcomers since its last round (preemption)
@@ -108,6 +117,7 @@ class Dispatcher:
         for model in self._models:
             await self._store.ensure_ready_group(model.name)
         wake = WakeListener(self._redis, [m.name for m in self._models], self._express_sent)
+        self._wake = wake
         async with asyncio.TaskGroup() as tasks:
             self._scraper = self._make_scraper(wake)
             loops: dict[str, asyncio.Task[None]] = {}
@@ -125,6 +135,9 @@ class Dispatcher:
             background = [tasks.create_task(wake.run()), tasks.create_task(ownership.run())]
             if self._scraper is not None:
                 background.append(tasks.create_task(self._scraper.run()))
+            if any(m.discovery is not None for m in self._models):
+                discovery = DnsDiscovery(self._models, self._found)
+                background.append(tasks.create_task(discovery.run()))
             await stop.wait()
             # Ownership first: it gives the leases back, so other replicas take over now.
             for task in [background[1], background[0], *background[2:], *loops.values()]:
@@ -148,16 +161,40 @@ class Dispatcher:
             if model.name in owned and model.name not in loops:
                 wake.mark_stale(model.name)
                 loops[model.name] = tasks.create_task(self._model_loop(model, wake, stop))
+        self._watch()
+        log.info("dispatcher %s owns models: %s", self.name, ", ".join(sorted(owned)) or "none")
+
+    def _watch(self) -> None:
+        """Have the scraper read exactly the live endpoints of the models owned."""
         if self._scraper is not None:
             self._scraper.watch(
                 [
                     ep
                     for m in self._models
-                    if m.name in owned and m.admission_policy == "metrics"
-                    for ep in m.endpoints
+                    if m.name in self.owned and m.admission_policy == "metrics"
+                    for ep in self._live.of(m.name)
                 ]
             )
-        log.info("dispatcher %s owns models: %s", self.name, ", ".join(sorted(owned)) or "none")
+
+    def _found(self, model: str, urls: tuple[str, ...]) -> None:
+        """Discovery read ``model``'s records: follow a changed set at once. A new endpoint
+        is scraped now (``Scraper.watch``) and admitted to once healthy; a removed one
+        leaves the states admission and the express grant are planned from, so the round
+        woken here takes its grant back."""
+        change = self._live.found(model, urls)
+        if not change:
+            return
+        log.info(
+            "endpoints of model %s: %d now (added: %s; removed: %s)",
+            model,
+            len(self._live.of(model)),
+            ", ".join(change.added) or "-",
+            ", ".join(change.removed) or "-",
+        )
+        self._watch()
+        if self._wake is not None:
+            self._wake.mark_stale(model)
+            self._wake.event(model).set()
 
     def _make_scraper(self, wake: WakeListener) -> Scraper | None:
         """One scraper for every endpoint of the models admitted by metrics; a finished
@@ -165,23 +202,22 @@ class Dispatcher:
         engine is read every half of ``metrics_stale_s``, so its metrics never go stale and
         the first job after idle is admitted on them without waiting for a scrape; a job
         sent to it (``_sent``) brings it back to ``scrape_interval_s`` at once."""
-        owners: dict[str, list[str]] = {}
-        for m in self._models:
-            if m.admission_policy == "metrics":
-                for endpoint in m.endpoints:
-                    owners.setdefault(endpoint, []).append(m.name)
-        if not owners:
+        scraped = {m.name for m in self._models if m.admission_policy == "metrics"}
+        if not scraped:
             return None
         # It starts with no endpoints: ``_own`` has it watch those of the models owned.
 
+        def owners(endpoint: str) -> list[str]:
+            return [name for name in self._live.models_of(endpoint) if name in scraped]
+
         def on_update(endpoint: str) -> None:
-            for name in owners[endpoint]:
+            for name in owners(endpoint):
                 wake.event(name).set()
 
         async def unseen(endpoint: str) -> Unseen | None:
             lag_ms = int(METRICS_LAG_S * 1000)
             try:
-                return await self._store.unseen(owners[endpoint], endpoint, lag_ms)
+                return await self._store.unseen(owners(endpoint), endpoint, lag_ms)
             except RedisError:
                 return None  # the scrape waits for Redis: a sample without it is half a view
 
@@ -415,9 +451,9 @@ class Dispatcher:
     def _states(self, model: ModelConfig, snap: ModelSnapshot) -> list[EndpointState]:
         views = None
         if model.admission_policy == "metrics" and self._scraper is not None:
-            views = {ep: self._scraper.view(ep) for ep in model.endpoints}
+            views = {ep: self._scraper.view(ep) for ep in self._live.of(model.name)}
         return endpoint_states(
-            model.endpoints,
+            self._live.of(model.name),
             snap,
             views,
             self._sent,

@@ -1,0 +1,198 @@
+"""Replicas found through DNS: every A and AAAA record of a model's name is one endpoint.
+
+A Kubernetes headless Service has one record per ready pod, so a model's replicas can
+be followed without API permissions. The pure part turns records into endpoint URLs
+(``endpoint_urls``), keeps each model's live set, the listed endpoints first, then the
+ones found (``LiveEndpoints``), and says what changed (``Change``). ``DnsDiscovery`` is
+the I/O: it reads the records of each model every ``interval_s`` and hands a changed set
+to its caller, who scrapes what was added and stops admitting to what was removed.
+
+One read ends one of three ways:
+
+* records: the endpoints they name;
+* the name does not exist (NXDOMAIN) or has no A or AAAA record: zero endpoints. A
+  headless Service with no ready pod answers so; the model's requests wait in the queue;
+* the resolver failed (a timeout, no server answered, SERVFAIL): the last known set
+  stands, since removing replicas on a broken DNS would stop a healthy fleet. Logged
+  once when the failures begin and once when the records are read again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import dns.asyncresolver
+import dns.exception
+import dns.nameserver
+import dns.rdatatype
+import dns.resolver
+
+from broker import DiscoveryConfig, ModelConfig, nameserver_address
+
+log = logging.getLogger(__name__)
+
+_RECORD_TYPES = (dns.rdatatype.A, dns.rdatatype.AAAA)
+# A read's time bound: within the interval, so a slow server never stacks reads up, and
+# long enough for a resolver's retries to another server.
+_MAX_LIFETIME_S = 5.0
+
+
+def endpoint_urls(addresses: Iterable[str], scheme: str, port: int) -> tuple[str, ...]:
+    """The base URL of each address, sorted and without repeats (IPv6 in brackets)."""
+    urls = set()
+    for address in addresses:
+        ip = ipaddress.ip_address(address)
+        host = f"[{ip.compressed}]" if ip.version == 6 else ip.compressed
+        urls.add(f"{scheme}://{host}:{port}")
+    return tuple(sorted(urls))
+
+
+@dataclass(frozen=True)
+class Change:
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+
+    @classmethod
+    def between(cls, old: Sequence[str], new: Sequence[str]) -> Change:
+        return cls(
+            tuple(u for u in new if u not in set(old)), tuple(u for u in old if u not in set(new))
+        )
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed)
+
+
+class LiveEndpoints:
+    """Each model's endpoints now: the listed ones, then those found through DNS."""
+
+    def __init__(self, models: Iterable[ModelConfig]) -> None:
+        self._listed = {m.name: m.endpoints for m in models}
+        self._live = dict(self._listed)
+        self._models_of = _index(self._live)
+
+    def of(self, model: str) -> tuple[str, ...]:
+        return self._live.get(model, ())
+
+    def models_of(self, endpoint: str) -> tuple[str, ...]:
+        """The models ``endpoint`` serves now (asked at every scrape: an index, not a walk
+        over every model)."""
+        return self._models_of.get(endpoint, ())
+
+    def found(self, model: str, urls: Sequence[str]) -> Change:
+        """Record the endpoints found for ``model``; returns what changed in its live set."""
+        new = tuple(dict.fromkeys((*self._listed.get(model, ()), *urls)))
+        change = Change.between(self.of(model), new)
+        if change:
+            self._live[model] = new
+            self._models_of = _index(self._live)
+        return change
+
+
+def _index(live: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    models_of: dict[str, list[str]] = {}
+    for model, endpoints in live.items():
+        for endpoint in endpoints:
+            models_of.setdefault(endpoint, []).append(model)
+    return {endpoint: tuple(models) for endpoint, models in models_of.items()}
+
+
+class ResolveFailed(Exception):
+    """The records could not be read (not: there are none); the message says why."""
+
+
+OnFound = Callable[[str, tuple[str, ...]], None]  # (model, endpoint URLs) after a good read
+
+
+class DnsDiscovery:
+    """Reads the records of every model with ``discovery``, each every ``interval_s``."""
+
+    def __init__(self, models: Sequence[ModelConfig], on_found: OnFound) -> None:
+        self._models = [m for m in models if m.discovery is not None]
+        self._on_found = on_found
+        self._failing: dict[str, str] = {}  # model -> why its last read failed
+
+    async def run(self) -> None:
+        """Follow every model until cancelled; failures never raise."""
+        async with asyncio.TaskGroup() as tasks:
+            for model in self._models:
+                tasks.create_task(self._follow(model.name, _found(model)))
+
+    async def _follow(self, model: str, found: DiscoveryConfig) -> None:
+        resolver = make_resolver(found)
+        while True:
+            try:
+                urls = await resolve(resolver, found)
+            except ResolveFailed as exc:
+                self._failed(model, found, str(exc))
+            else:
+                self._recovered(model, found)
+                self._hand_on(model, urls)
+            await asyncio.sleep(found.interval_s)
+
+    def _hand_on(self, model: str, urls: tuple[str, ...]) -> None:
+        try:
+            self._on_found(model, urls)
+        except Exception:
+            # A bug in the consumer must not stop the following of every model.
+            log.exception("on_found(%r) failed", model)
+
+    def _failed(self, model: str, found: DiscoveryConfig, reason: str) -> None:
+        if model not in self._failing:
+            log.warning(
+                "replicas of model %s: DNS %s cannot be read (%s); its last known endpoints "
+                "stay until it can",
+                model,
+                found.dns,
+                reason,
+            )
+        self._failing[model] = reason
+
+    def _recovered(self, model: str, found: DiscoveryConfig) -> None:
+        if self._failing.pop(model, None) is not None:
+            log.info("replicas of model %s: DNS %s is read again", model, found.dns)
+
+
+def _found(model: ModelConfig) -> DiscoveryConfig:
+    assert model.discovery is not None  # DnsDiscovery keeps only such models
+    return model.discovery
+
+
+def make_resolver(found: DiscoveryConfig) -> dns.asyncresolver.Resolver:
+    """The system's resolver configuration, or only the nameservers ``found`` names."""
+    resolver = dns.asyncresolver.Resolver(configure=not found.nameservers)
+    if found.nameservers:
+        resolver.nameservers = [
+            dns.nameserver.Do53Nameserver(*nameserver_address(server))
+            for server in found.nameservers
+        ]
+    resolver.lifetime = min(found.interval_s, _MAX_LIFETIME_S)
+    resolver.timeout = resolver.lifetime / 2  # per server: leaves time for a second one
+    return resolver
+
+
+async def resolve(resolver: dns.asyncresolver.Resolver, found: DiscoveryConfig) -> tuple[str, ...]:
+    """The endpoint URLs of ``found``'s A and AAAA records now; () when the name has none.
+    Raises ``ResolveFailed`` when either read failed: a part of the answer could remove
+    replicas that are there."""
+    reads = await asyncio.gather(
+        *(_addresses(resolver, found.dns, kind) for kind in _RECORD_TYPES)
+    )
+    return endpoint_urls((a for addresses in reads for a in addresses), found.scheme, found.port)
+
+
+async def _addresses(
+    resolver: dns.asyncresolver.Resolver, name: str, kind: dns.rdatatype.RdataType
+) -> list[str]:
+    try:
+        # search: a short name ("engine-llama.fairq") is completed as the system's resolver
+        # would (the pod's search domains); an absolute one ("...local.") is asked as it is.
+        answer = await resolver.resolve(name, kind, search=True, raise_on_no_answer=False)
+    except dns.resolver.NXDOMAIN:
+        return []
+    except dns.exception.DNSException as exc:
+        raise ResolveFailed(f"{kind.name}: {exc}") from exc
+    return [rdata.address for rdata in answer.rrset or ()]

@@ -1,0 +1,124 @@
+"""Replicas found through DNS (``dispatcher.discovery``): records to endpoint URLs and to
+what changed (pure), and reads of a real DNS server on 127.0.0.1: records, a name with
+none or none at all (zero endpoints), a failing or silent server (the last set stands,
+logged once per change of state)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from broker import DiscoveryConfig, ModelConfig
+from dispatcher.discovery import (
+    Change,
+    DnsDiscovery,
+    LiveEndpoints,
+    ResolveFailed,
+    endpoint_urls,
+    make_resolver,
+    resolve,
+)
+from tests.support.dns import dns_server, silent_dns
+from tests.support.eventually import aeventually
+
+NAME = "engine-llama.fairq.svc.cluster.local"
+
+
+def test_each_address_is_one_endpoint_sorted_without_repeats() -> None:
+    urls = endpoint_urls(["10.0.0.9", "fd00::0:7", "10.0.0.10", "10.0.0.9"], "http", 8000)
+    assert urls == ("http://10.0.0.10:8000", "http://10.0.0.9:8000", "http://[fd00::7]:8000")
+    assert endpoint_urls([], "https", 443) == ()
+
+
+def test_a_change_names_the_endpoints_added_and_removed() -> None:
+    change = Change.between(("http://a:1", "http://b:1"), ("http://b:1", "http://c:1"))
+    assert change == Change(added=("http://c:1",), removed=("http://a:1",))
+    assert not Change.between(("http://a:1",), ("http://a:1",))
+
+
+def _model(name: str, endpoints: tuple[str, ...] = ()) -> ModelConfig:
+    found = DiscoveryConfig(dns=NAME, port=8000)
+    return ModelConfig(name=name, endpoints=endpoints, discovery=found)
+
+
+def test_the_live_set_is_the_listed_endpoints_then_those_found() -> None:
+    live = LiveEndpoints([_model("a", ("http://10.0.0.1:8000",)), _model("b")])
+    assert live.of("a") == ("http://10.0.0.1:8000",)
+    assert live.of("b") == ()
+    change = live.found("a", ("http://10.0.0.1:8000", "http://10.0.0.2:8000"))
+    assert change == Change(added=("http://10.0.0.2:8000",))
+    assert live.of("a") == ("http://10.0.0.1:8000", "http://10.0.0.2:8000")
+    live.found("b", ("http://10.0.0.2:8000",))
+    assert live.models_of("http://10.0.0.2:8000") == ("a", "b")
+    # Records gone: the listed endpoint stays, the found one leaves both indexes.
+    assert live.found("a", ()) == Change(removed=("http://10.0.0.2:8000",))
+    assert live.of("a") == ("http://10.0.0.1:8000",)
+    assert live.models_of("http://10.0.0.2:8000") == ("b",)
+    assert not live.found("a", ())
+
+
+def _found(server: str, interval_s: float = 5.0) -> DiscoveryConfig:
+    return DiscoveryConfig(dns=NAME, port=8000, interval_s=interval_s, nameservers=(server,))
+
+
+async def test_a_read_gives_every_a_and_aaaa_record_as_an_endpoint() -> None:
+    with dns_server() as (zone, server):
+        zone.set(NAME, ["10.1.0.5", "10.1.0.4", "fd00::5"])
+        found = _found(server)
+        urls = await resolve(make_resolver(found), found)
+    assert urls == ("http://10.1.0.4:8000", "http://10.1.0.5:8000", "http://[fd00::5]:8000")
+
+
+async def test_a_name_without_records_or_gone_is_zero_endpoints_not_an_error() -> None:
+    with dns_server() as (zone, server):
+        found = _found(server)
+        resolver = make_resolver(found)
+        zone.set(NAME, [])  # a headless Service with no ready pod
+        assert await resolve(resolver, found) == ()
+        zone.remove(NAME)  # NXDOMAIN
+        assert await resolve(resolver, found) == ()
+        assert zone.questions >= 4  # each read asked, A and AAAA
+
+
+async def test_a_failing_or_silent_server_is_a_failure_not_zero_endpoints() -> None:
+    with dns_server() as (zone, server):
+        zone.set(NAME, ["10.1.0.4"])
+        zone.servfail = True
+        found = _found(server)
+        with pytest.raises(ResolveFailed, match="All nameservers failed"):
+            await resolve(make_resolver(found), found)
+    with silent_dns() as silent:
+        found = _found(silent, interval_s=0.3)  # the read's time bound is the interval
+        with pytest.raises(ResolveFailed, match="lifetime expired"):
+            await resolve(make_resolver(found), found)
+
+
+async def test_discovery_keeps_the_last_set_through_failures_and_logs_each_change_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="dispatcher.discovery")
+    seen: list[tuple[str, tuple[str, ...]]] = []
+    with dns_server() as (zone, server):
+        zone.set(NAME, ["10.1.0.4"])
+        model = ModelConfig(name="llama", discovery=_found(server, interval_s=0.05))
+        task = asyncio.create_task(DnsDiscovery([model], lambda m, u: seen.append((m, u))).run())
+        try:
+            await aeventually(lambda: len(seen) >= 1, "a first read")
+            assert seen[0] == ("llama", ("http://10.1.0.4:8000",))
+            zone.servfail = True
+            asked = zone.questions
+            await aeventually(lambda: zone.questions >= asked + 8, "four failed reads")
+            during = len(seen)
+            await asyncio.sleep(0.2)
+            assert len(seen) == during  # no set handed on while it fails: the last stands
+            zone.servfail = False
+            zone.set(NAME, ["10.1.0.4", "10.1.0.6"])
+            await aeventually(lambda: seen[-1][1][-1:] == ("http://10.1.0.6:8000",), "read")
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("cannot be read" in m for m in messages) == 1, messages
+    assert sum("is read again" in m for m in messages) == 1, messages
