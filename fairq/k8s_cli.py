@@ -1,4 +1,5 @@
-"""``fairq k8s``: render the per-model manifests; probe a pod that serves no HTTP."""
+"""``fairq k8s``: render the per-model manifests; probe a pod that serves no HTTP; drain
+an engine pod before it stops."""
 
 from __future__ import annotations
 
@@ -133,3 +134,35 @@ def probe(timeout_s: float) -> None:
     except Exception as exc:  # any failure means "not ready"; say which
         click.echo(f"fairq: Redis does not answer PING ({type(exc).__name__}: {exc})", err=True)
         sys.exit(1)
+
+
+@k8s.command(epilog=environment())
+@click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="the engine")
+@click.option("--settle-s", default=0.0, show_default=True, help="wait this long first")
+@click.option("--timeout-s", default=600.0, show_default=True, help="give up after this")
+@click.option("--interval-s", default=1.0, show_default=True, help="read /metrics this often")
+def drain(url: str, settle_s: float, timeout_s: float, interval_s: float) -> None:
+    """An engine pod's preStop hook: return once the engine at URL runs and holds no
+    request (vllm:num_requests_running + waiting = 0), or exit 1 after TIMEOUT_S."""
+    from fairq.engine_drain import drain as run
+
+    sys.exit(
+        run(
+            url,
+            settle_s=settle_s,
+            timeout_s=timeout_s,
+            interval_s=interval_s,
+            say=lambda line: click.echo(line, err=True),
+        )
+    )
+
+
+@k8s.command(name="install-drain", epilog=environment())
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+def install_drain(directory: Path) -> None:
+    """Copy the drain hook, a script of the standard library only, to
+    DIRECTORY/fairq_drain.py: an init container does this for engine images without
+    fairq (vLLM), whose preStop then runs `python3 DIRECTORY/fairq_drain.py`."""
+    from fairq.engine_drain import install
+
+    click.echo(f"wrote {install(directory)}")

@@ -86,22 +86,50 @@ def test_generated_files_match_a_fresh_render_of_fairq_yaml() -> None:
 
 def test_render_writes_one_engine_file_per_model_and_drops_a_removed_one(tmp_path: Path) -> None:
     source = yaml.safe_load((K8S_DIR / "fairq.yaml").read_text())
-    source["models"].append({"name": "org/New-Model:v2", "k8s": {"pods": 2}})
+    new_model = {"name": "org/New-Model:v2", "k8s": {"min_replicas": 0, "max_replicas": 3}}
+    source["models"].append(new_model)
     (tmp_path / "fairq.yaml").write_text(yaml.safe_dump(source))
     (tmp_path / "engines" / "vllm").mkdir(parents=True)
     (tmp_path / "engines" / "vllm" / "gone.yaml").write_text("{}\n")
     k8s.write(tmp_path)
     new = yaml.safe_load_all((tmp_path / "engines/vllm/org-new-model-v2.yaml").read_text())
     names = sorted(f"{d['kind']}/{d['metadata']['name']}" for d in new)
-    assert names == [
-        "Deployment/engine-org-new-model-v2-0", "Deployment/engine-org-new-model-v2-1",
-        "Service/engine-org-new-model-v2-0", "Service/engine-org-new-model-v2-1",
-    ]  # fmt: skip
+    assert names == ["Deployment/engine-org-new-model-v2", "Service/engine-org-new-model-v2"]
     assert not (tmp_path / "engines/vllm/gone.yaml").exists()
     config = yaml.safe_load((tmp_path / "base/fairq.yaml").read_text())
-    assert config["models"][-1]["endpoints"] == [
-        "http://engine-org-new-model-v2-0:8000", "http://engine-org-new-model-v2-1:8000"
-    ]  # fmt: skip
+    assert "endpoints" not in config["models"][-1]
+    assert config["models"][-1]["discovery"] == {
+        "dns": "engine-org-new-model-v2.fairq.svc.cluster.local", "port": 8000,
+        "scheme": "http", "interval_s": 5.0,
+    }  # fmt: skip
+    scaled = yaml.safe_load_all(
+        (tmp_path / "components/engine-scaling/scaledobjects.yaml").read_text()
+    )
+    mine = next(o for o in scaled if o["metadata"]["name"] == "engine-org-new-model-v2")
+    assert (mine["spec"]["minReplicaCount"], mine["spec"]["maxReplicaCount"]) == (0, 3)
+
+
+@pytest.mark.parametrize(
+    ("engine", "message"),
+    [
+        ({"pods": 2}, "k8s.pods is gone: .* set k8s.min_replicas and k8s.max_replicas"),
+        ({"min_replicas": 3, "max_replicas": 2}, r"min_replicas \(3\) is above"),
+        ({"min_replicas": -1}, "min_replicas"),
+    ],
+)
+def test_render_refuses_replica_bounds_it_cannot_keep(
+    tmp_path: Path, engine: Obj, message: str
+) -> None:
+    (tmp_path / "fairq.yaml").write_text(yaml.safe_dump({"models": [{"name": "m", "k8s": engine}]}))
+    with pytest.raises(ValueError, match=message):
+        k8s.render(tmp_path)
+
+
+def test_render_refuses_a_model_that_lists_its_endpoints(tmp_path: Path) -> None:
+    model = {"name": "m", "endpoints": ["http://somewhere:8000"]}
+    (tmp_path / "fairq.yaml").write_text(yaml.safe_dump({"models": [model]}))
+    with pytest.raises(ValueError, match="found by DNS"):
+        k8s.render(tmp_path)
 
 
 def test_render_rejects_two_models_with_the_same_kubernetes_name(tmp_path: Path) -> None:
@@ -146,20 +174,38 @@ CRD_SCHEMAS = {
                                "properties": {"name": _STR}},
             "minReplicaCount": {"type": "integer", "minimum": 0},
             "maxReplicaCount": {"type": "integer", "minimum": 1},
-            "pollingInterval": {"type": "integer"},
-            "cooldownPeriod": {"type": "integer"},
-            "advanced": {"type": "object", "properties": {"scalingModifiers": {
-                "type": "object", "required": ["formula", "target"],
-                "properties": {"formula": _STR, "target": _STR,
-                               "metricType": {"enum": ["AverageValue", "Value"]}},
-                "additionalProperties": False}}},
+            "pollingInterval": {"type": "integer", "minimum": 1},
+            "cooldownPeriod": {"type": "integer", "minimum": 0},
+            "advanced": {"type": "object", "additionalProperties": False, "properties": {
+                "scalingModifiers": {
+                    "type": "object", "required": ["formula", "target"],
+                    "properties": {"formula": _STR, "target": _STR,
+                                   "metricType": {"enum": ["AverageValue", "Value"]}},
+                    "additionalProperties": False},
+                # KEDA passes behavior to its HPA as it is: validate() checks it against
+                # autoscaling/v2's own schema.
+                "horizontalPodAutoscalerConfig": {
+                    "type": "object", "additionalProperties": False,
+                    "properties": {"name": _STR, "behavior": {"type": "object"}}}}},
             "triggers": {"type": "array", "minItems": 1, "items": {
                 "type": "object", "required": ["type", "metadata"],
                 "properties": {
                     "type": _STR, "name": _STR,
+                    "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
                     "metadata": {"type": "object",
                                  "additionalProperties": {"type": "string"}},
                     "authenticationRef": {"type": "object", "required": ["name"]}},
+                # The prometheus scaler's fields (kedacore/keda-docs, scalers/prometheus.md).
+                "if": {"properties": {"type": {"const": "prometheus"}}},
+                "then": {"properties": {"metadata": {
+                    "required": ["serverAddress", "query", "threshold"],
+                    "properties": {
+                        "ignoreNullValues": {"enum": ["true", "false"]},
+                        "unsafeSsl": {"enum": ["true", "false"]}},
+                    "propertyNames": {"enum": [
+                        "serverAddress", "query", "threshold", "activationThreshold",
+                        "namespace", "customHeaders", "ignoreNullValues", "queryParameters",
+                        "unsafeSsl", "authModes"]}}}},
                 "additionalProperties": False}},
         },
         "additionalProperties": False,
@@ -188,10 +234,23 @@ CRD_SCHEMAS = {
 }  # fmt: skip
 
 
+def _hpa_with(behavior: Obj) -> Obj:
+    """An autoscaling/v2 HPA carrying ``behavior``, as KEDA builds its own from it."""
+    return {
+        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "keda-hpa", "namespace": "fairq"},
+        "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "x"},
+                 "maxReplicas": 2, "behavior": behavior},
+    }  # fmt: skip
+
+
 def validate(obj: Obj) -> None:
     """Raise unless ``obj`` is valid for every claimed Kubernetes version (or CRD schema)."""
     if obj["kind"] in CRD_SCHEMAS:
         jsonschema.validate(obj, CRD_SCHEMAS[obj["kind"]])
+        behavior = obj["spec"].get("advanced", {}).get("horizontalPodAutoscalerConfig", {})
+        if "behavior" in behavior:
+            validate(_hpa_with(behavior["behavior"]))
         return
     for version in KUBERNETES_VERSIONS:
         kubernetes_validate.validate(obj, version, strict=True)
@@ -220,6 +279,17 @@ def test_the_validation_catches_a_misspelled_field_and_a_wrong_type() -> None:
     scaled["spec"]["triggers"][0]["metadata"]["pendingEntriesCount"] = 48
     with pytest.raises(jsonschema.ValidationError):
         validate(scaled)
+    engine = named(rendered("production"), "ScaledObject", "engine-llama-3-1-8b")
+    for field, value in (("activationTreshold", "0"), ("threshold", 64)):
+        wrong = copy.deepcopy(engine)
+        wrong["spec"]["triggers"][0]["metadata"][field] = value
+        with pytest.raises(jsonschema.ValidationError):
+            validate(wrong)
+    behavior = copy.deepcopy(engine)
+    down = behavior["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+    down["stabilizationWindow"] = 300
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(behavior)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -344,29 +414,94 @@ def _config(objects: list[Obj]) -> Obj:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_each_model_endpoint_is_a_service_in_front_of_its_models_engine(overlay: str) -> None:
+def test_each_models_discovery_names_a_headless_service_in_front_of_its_engines(
+    overlay: str,
+) -> None:
     objects = rendered(overlay)
     models = _config(objects)["models"]
     assert [m["name"] for m in models] == source_models()
     for model in models:
-        for url in model["endpoints"]:
-            host, port = url.removeprefix("http://").split(":")
-            service = named(objects, "Service", host)
-            assert int(port) in [p["port"] for p in service["spec"]["ports"]]
-            engines = [
-                (w, pod)
-                for w, pod in pod_specs(objects)
-                if _selects(
-                    {"matchLabels": service["spec"]["selector"]},
-                    w["spec"]["template"]["metadata"]["labels"],
-                )
-            ]
-            assert len(engines) == 1, f"{host}: one Deployment behind each endpoint"
-            workload, pod = engines[0]
-            labels = workload["spec"]["template"]["metadata"]["labels"]
-            assert labels["fairq.io/model"] == k8s.label_value(model["name"])
-            assert labels["app.kubernetes.io/component"] == "engine"
-            _check_engine_container(pod["containers"][0], model["name"])
+        assert "endpoints" not in model, "found by DNS, not listed"
+        found = model["discovery"]
+        host, namespace, *domain = found["dns"].split(".")
+        assert (namespace, domain) == ("fairq", ["svc", "cluster", "local"])
+        service = named(objects, "Service", host)
+        # Headless, ready pods only: one DNS record per pod fairq may admit to.
+        assert service["spec"]["clusterIP"] == "None"
+        assert service["spec"]["publishNotReadyAddresses"] is False
+        assert found["port"] in [p["port"] for p in service["spec"]["ports"]]
+        engines = [
+            (w, pod)
+            for w, pod in pod_specs(objects)
+            if _selects(
+                {"matchLabels": service["spec"]["selector"]},
+                w["spec"]["template"]["metadata"]["labels"],
+            )
+        ]
+        assert len(engines) == 1, f"{host}: one Deployment behind each Service"
+        workload, pod = engines[0]
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        assert labels["fairq.io/model"] == k8s.label_value(model["name"])
+        assert labels["app.kubernetes.io/component"] == "engine"
+        assert "replicas" not in workload["spec"], "KEDA sets them; an apply must not"
+        _check_engine_container(pod["containers"][0], model["name"])
+        _check_drain(pod, found["interval_s"])
+
+
+def _check_drain(pod: Obj, discovery_interval_s: float) -> None:
+    """The engine's preStop drains it: after fairq stopped sending, until it holds no
+    request, within the pod's grace period."""
+    command = pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    if command[0] == "python3":  # vLLM's image: the script an init container put there
+        (init,) = pod["initContainers"]
+        assert init["args"][:2] == ["k8s", "install-drain"]
+        assert command[1] == f"{init['args'][2]}/fairq_drain.py"
+    else:
+        assert command[:3] == ["fairq", "k8s", "drain"]
+    options = dict(zip(command[-6::2], command[-5::2], strict=True))
+    assert options["--url"] == "http://127.0.0.1:8000"
+    assert float(options["--settle-s"]) > discovery_interval_s
+    bound = float(options["--settle-s"]) + float(options["--timeout-s"])
+    assert pod["terminationGracePeriodSeconds"] > bound
+
+
+@pytest.mark.parametrize("overlay", ["production", "simulator"])
+def test_keda_scales_each_engine_on_its_models_demand_to_zero_and_back(overlay: str) -> None:
+    objects = rendered(overlay)
+    source = yaml.safe_load((K8S_DIR / "fairq.yaml").read_text())
+    for entry in source["models"]:
+        name = f"engine-{k8s.slug(entry['name'])}"
+        scaled = named(objects, "ScaledObject", name)
+        spec = scaled["spec"]
+        assert named(objects, "Deployment", spec["scaleTargetRef"]["name"])
+        engine = k8s.EngineSpec.model_validate(entry.get("k8s", {}))
+        assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (
+            engine.min_replicas, engine.max_replicas,
+        )  # fmt: skip
+        assert spec["pollingInterval"] <= 10, "a model at zero wakes within one poll"
+        down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+        assert down["stabilizationWindowSeconds"] >= 60 and spec["cooldownPeriod"] >= 60
+        (trigger,) = spec["triggers"]
+        assert trigger["type"] == "prometheus"
+        meta = trigger["metadata"]
+        assert f'model="{entry["name"]}"' in meta["query"] and "fairq_model_demand" in meta["query"]
+        assert meta["activationThreshold"] == "0", "the first queued job wakes the model"
+        assert meta["threshold"] == str(engine.demand_per_replica)
+        assert meta["ignoreNullValues"] == "false", "lost metrics must not remove replicas"
+    assert any(
+        named(objects, "ScaledObject", f"engine-{k8s.slug(m['name'])}")["spec"]["minReplicaCount"]
+        == 0
+        for m in source["models"]
+    ), "the shipped configuration shows a model that scales to zero"
+
+
+def test_the_demand_keda_reads_is_a_series_the_dispatcher_exports() -> None:
+    from broker import telemetry
+
+    query = named(rendered("production"), "ScaledObject", "engine-llama-3-1-8b")["spec"][
+        "triggers"
+    ][0]["metadata"]["query"]
+    assert telemetry.MODEL_DEMAND.name in query and "model" in telemetry.MODEL_DEMAND.labels
 
 
 def _check_engine_container(container: Obj, model: str) -> None:
@@ -438,7 +573,7 @@ def test_every_deployment_with_more_than_one_replica_has_a_disruption_budget() -
     objects = rendered("production")
     budgets = of_kind(objects, "PodDisruptionBudget")
     for workload in of_kind(objects, "Deployment"):
-        if workload["spec"]["replicas"] > 1:
+        if workload["spec"].get("replicas", 1) > 1:  # engines: KEDA's, drained on the way
             labels = workload["spec"]["template"]["metadata"]["labels"]
             assert any(_selects(b["spec"]["selector"], labels) for b in budgets), workload
 
@@ -543,7 +678,9 @@ def test_keda_scales_workers_on_every_models_ready_stream() -> None:
 @pytest.mark.parametrize("overlay", ["simulator", "external-redis"])
 def test_without_keda_an_hpa_scales_the_workers(overlay: str) -> None:
     objects = rendered(overlay)
-    assert not of_kind(objects, "ScaledObject")
+    assert "worker" not in {
+        s["spec"]["scaleTargetRef"]["name"] for s in of_kind(objects, "ScaledObject")
+    }
     targets = {
         h["spec"]["scaleTargetRef"]["name"] for h in of_kind(objects, "HorizontalPodAutoscaler")
     }

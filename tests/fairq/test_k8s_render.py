@@ -110,7 +110,7 @@ def test_render_reports_unchanged_files_as_unchanged(tmp_path: Path) -> None:
     assert "public demo keys" in done.stderr  # the shipped keys are the demo's
 
     source = yaml.safe_load((k8s_dir / "fairq.yaml").read_text())
-    source["models"][1]["k8s"]["pods"] = 2
+    source["models"][1]["k8s"] |= {"max_replicas": 2, "drain_timeout_s": 300}
     (k8s_dir / "fairq.yaml").write_text(yaml.safe_dump(source, sort_keys=False))
     stamp = (k8s_dir / "base" / "api-keys.yaml").stat().st_mtime_ns
     done = fairq("k8s", "render", "--dir", str(k8s_dir))
@@ -119,7 +119,7 @@ def test_render_reports_unchanged_files_as_unchanged(tmp_path: Path) -> None:
     assert wrote == sorted(
         str(k8s_dir / p)
         for p in (
-            "base/fairq.yaml",
+            "components/engine-scaling/scaledobjects.yaml",
             "engines/sim/qwen2-5-coder-7b.yaml",
             "engines/vllm/qwen2-5-coder-7b.yaml",
         )
