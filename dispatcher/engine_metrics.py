@@ -3,11 +3,11 @@
 The admission policy needs four things from an engine: how many requests wait
 in its queue, how many run, how full its KV cache is, and how fast it emits
 tokens; a queued job's wait estimate also needs how fast it ends requests
-(``engine_drain_per_s``). vLLM and TGI expose them under different names; the
-engine is recognised by its queue gauge. Text comes apart with prometheus_client's own
-parser, and series are matched by exact sample name, so look-alikes such as
-``vllm:num_requests_waiting_by_reason`` or the per-request histogram
-``vllm:request_time_per_output_token_seconds`` are never mixed in.
+(``engine_drain_per_s``). vLLM, SGLang, TGI and llama.cpp expose them under different
+names; the engine is recognised by its queue gauge, and the sample says which it was.
+Text comes apart with prometheus_client's own parser, and series are matched by exact
+sample name, so look-alikes such as ``vllm:num_requests_waiting_by_reason`` or the
+per-request histogram ``vllm:request_time_per_output_token_seconds`` are never mixed in.
 
 A dispatcher reads every endpoint several times a second, and a vLLM page has hundreds
 of lines, nearly all of them buckets and series admission never reads. Before the
@@ -19,7 +19,8 @@ refused for that, and the scraper refuses a response whose content type is not
 Prometheus text. ``parse_wanted`` parses what is kept, so a caller that sees the same
 wanted lines as last time (an idle engine) may keep the sample it got from them.
 
-Names, and where they were checked:
+Names, and where they were checked (each engine's exposition text, built from these
+sources, is in ``tests/fixtures``; its README says which file and commit):
 
 - vLLM, current (V1; the real 0.32 captures in ``tests/fixtures/vllm-0.32-cpu``):
   ``vllm:num_requests_waiting``, ``vllm:num_requests_running``,
@@ -32,21 +33,46 @@ Names, and where they were checked:
   ``vllm:time_per_output_token_seconds``, both observed once per output token.
   Where a release exposes both names the current one wins.
 - SGLang (sgl-project/sglang ``python/sglang/srt/metrics/collector.py`` at commit
-  00ae9c1590d2d0bb6c0bfff39e312c34ae3dd538, label ``model_name`` and more):
+  00ae9c1590d2d0bb6c0bfff39e312c34ae3dd538; labels ``model_name``, ``engine_type``,
+  ``tp_rank``, ``pp_rank``, and ``dp_rank`` with data parallelism):
   ``sglang:num_queue_reqs``, ``sglang:num_running_reqs``, ``sglang:token_usage`` (the
   KV pool's use, 0..1), histograms ``sglang:inter_token_latency_seconds`` (its _sum
   grows by each output interval and its _count by the tokens in it; older releases:
   ``sglang:time_per_output_token_seconds``) and ``sglang:e2e_request_latency_seconds``.
+  An early metrics module (``python/sglang/srt/metrics/metrics_collector.py`` at
+  commit 029316b82e8ad792d693c422deac84e2608115c9) named the queue gauges
+  ``sglang:num_requests_waiting`` and ``sglang:num_requests_running``; they are read too.
+  The scheduler sets its gauges when it logs a prefill batch and every
+  ``--decode-log-interval`` decode steps (40 by default), so they trail the engine by
+  up to that many steps. With ``--enable-metrics-for-all-schedulers`` every tensor- and
+  pipeline-parallel rank exports the same queue, series that differ only in ``tp_rank``,
+  ``pp_rank`` or ``moe_ep_rank``: those are copies and count once (``_Dialect.copies``).
   Its ``sglang:generation_tokens_total`` moves only when a request ends, so it says
   nothing about engine steps between two scrapes and is not read.
 - TGI (huggingface/text-generation-inference ``docs/source/reference/metrics.md``
-  at commit 53fdbe617d4f3cc358842ad96914393ad6b6e4ca, and ``router/src/server.rs``,
-  which gives every ``*duration`` metric histogram buckets): ``tgi_queue_size``,
-  ``tgi_batch_current_size``, histograms ``tgi_request_mean_time_per_token_duration`` and
-  ``tgi_request_duration`` (e2e latency).
+  and ``router/src/server.rs``, which gives every ``*duration`` metric histogram
+  buckets; unchanged from commit 53fdbe617d4f3cc358842ad96914393ad6b6e4ca to
+  db931fcf42da018a3657580c64bf2720f167f9ab, the last before the project went into
+  maintenance): ``tgi_queue_size``, ``tgi_batch_current_size``, histograms
+  ``tgi_request_mean_time_per_token_duration`` and ``tgi_request_duration`` (e2e latency).
   TGI observes that histogram once per *finished request* (its mean time per
   token), not per token, so its Δsum/Δcount lags and is None while no request
   finishes. TGI has no KV-cache gauge.
+- llama.cpp's ``llama-server --metrics`` (ggml-org/llama.cpp
+  ``tools/server/server-context.cpp`` at commit
+  fb4026604c67c682f552337ec9b91eced0abd35a; older builds ``examples/server/server.cpp``,
+  e.g. at 61e588abcc3e418681e9528b46d61f5b23225fe2; no labels): the server runs
+  ``--parallel`` slots, one request each, decoded together in one batch (its batch is
+  its slot count). Gauges ``llamacpp:requests_processing`` (busy slots: running) and
+  ``llamacpp:requests_deferred`` (requests waiting for a free slot); counter
+  ``llamacpp:n_decode_total`` (``llama_decode()`` calls: the engine's steps, live);
+  counters ``llamacpp:tokens_predicted_seconds_total`` and
+  ``llamacpp:tokens_predicted_total``, added to when a request ends (its generation
+  time and tokens), so their Δ/Δ is the per-token time of the requests that ended
+  between two scrapes (None while none ends, as TGI's). Older builds also have gauge
+  ``llamacpp:kv_cache_usage_ratio`` (KV cells used over the context size); current
+  ones have no KV gauge. There is no end-to-end latency, so no drain estimate. Without
+  ``--metrics`` the page answers 501 and the endpoint is unhealthy.
 """
 
 from __future__ import annotations
@@ -54,7 +80,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -67,67 +93,88 @@ class EngineSample:
     waiting: float  # requests waiting in the engine's queue
     running: float  # requests in the running batch
     kv_usage: float | None  # KV-cache usage 0..1 (the fullest engine's); None: not reported
-    tpot_sum_s: float | None  # cumulative _sum of the per-output-token latency histogram
-    tpot_count: float | None  # cumulative _count of the same histogram
-    steps: float | None = None  # cumulative engine steps (vLLM's iteration histogram _count)
+    tpot_sum_s: float | None  # cumulative seconds of the per-output-token latency measure
+    tpot_count: float | None  # cumulative output tokens of the same measure
+    steps: float | None = None  # cumulative engine steps (None: the engine does not count them)
     generated: float | None = None  # cumulative output tokens
     e2e_sum_s: float | None = None  # cumulative _sum of the end-to-end request latency
     e2e_count: float | None = None  # its _count: requests the engine ended
+    # Whose names the page used (vllm, sglang, tgi, llamacpp): a label, not a figure, so
+    # samples of equal figures compare equal.
+    engine: str = field(default="", compare=False)
 
 
 class MetricsError(ValueError):
     """Text that is not Prometheus exposition, or lacks the engine's queue gauges."""
 
 
+def _histogram_of(*names: str) -> tuple[tuple[str, str], ...]:
+    """Histograms as (sum, count) sample-name pairs."""
+    return tuple((f"{name}_sum", f"{name}_count") for name in names)
+
+
 @dataclass(frozen=True)
 class _Dialect:
     engine: str
-    waiting: str
-    running: str
-    kv_usage: tuple[str, ...]  # gauge names, preferred first
-    tpot: tuple[str, ...]  # histogram names, preferred first
-    steps: str = ""  # histogram whose _count is the engine's steps ("": none)
-    generated: str = ""  # counter of output tokens ("": none)
-    e2e: tuple[str, ...] = ()  # histograms of a request's end-to-end latency
+    waiting: tuple[str, ...]  # gauge names, preferred first; the first is the engine's mark
+    running: tuple[str, ...]
+    kv_usage: tuple[str, ...] = ()  # gauge names, preferred first
+    tpot: tuple[tuple[str, str], ...] = ()  # (sum, count) sample names, preferred first
+    steps: str = ""  # sample counting the engine's steps ("": none)
+    generated: str = ""  # counter of output tokens, moving as they are made ("": none)
+    e2e: tuple[tuple[str, str], ...] = ()  # (sum, count) of a request's end-to-end latency
+    # Labels of series that are copies of one engine's figures (every rank of one tensor-
+    # parallel engine exporting the same queue): such series count once, not summed.
+    copies: frozenset[str] = frozenset()
 
 
 _DIALECTS = (
     _Dialect(
         engine="vllm",
-        waiting="vllm:num_requests_waiting",
-        running="vllm:num_requests_running",
+        waiting=("vllm:num_requests_waiting",),
+        running=("vllm:num_requests_running",),
         kv_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-        tpot=("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
-        steps="vllm:iteration_tokens_total",
+        tpot=_histogram_of(
+            "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"
+        ),
+        steps="vllm:iteration_tokens_total_count",  # a histogram observed once per step
         generated="vllm:generation_tokens_total",
-        e2e=("vllm:e2e_request_latency_seconds",),
+        e2e=_histogram_of("vllm:e2e_request_latency_seconds"),
     ),
     _Dialect(
         engine="sglang",
-        waiting="sglang:num_queue_reqs",
-        running="sglang:num_running_reqs",
+        waiting=("sglang:num_queue_reqs", "sglang:num_requests_waiting"),
+        running=("sglang:num_running_reqs", "sglang:num_requests_running"),
         kv_usage=("sglang:token_usage",),
-        tpot=("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
-        e2e=("sglang:e2e_request_latency_seconds",),
+        tpot=_histogram_of(
+            "sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"
+        ),
+        e2e=_histogram_of("sglang:e2e_request_latency_seconds"),
+        copies=frozenset({"tp_rank", "pp_rank", "moe_ep_rank"}),
     ),
     _Dialect(
         engine="tgi",
-        waiting="tgi_queue_size",
-        running="tgi_batch_current_size",
-        kv_usage=(),
-        tpot=("tgi_request_mean_time_per_token_duration",),
-        e2e=("tgi_request_duration",),
+        waiting=("tgi_queue_size",),
+        running=("tgi_batch_current_size",),
+        tpot=_histogram_of("tgi_request_mean_time_per_token_duration"),
+        e2e=_histogram_of("tgi_request_duration"),
+    ),
+    _Dialect(
+        engine="llamacpp",
+        waiting=("llamacpp:requests_deferred",),
+        running=("llamacpp:requests_processing",),
+        kv_usage=("llamacpp:kv_cache_usage_ratio",),
+        tpot=(("llamacpp:tokens_predicted_seconds_total", "llamacpp:tokens_predicted_total"),),
+        steps="llamacpp:n_decode_total",
     ),
 )
 
 
 def _sample_names(dialect: _Dialect) -> tuple[str, ...]:
     """The sample names ``parse_metrics`` reads for one dialect."""
-    histograms = (*dialect.tpot, *dialect.e2e)
-    names = [dialect.waiting, dialect.running, *dialect.kv_usage]
-    names += [f"{h}{suffix}" for h in histograms for suffix in ("_sum", "_count")]
-    names += [f"{dialect.steps}_count"] if dialect.steps else []
-    names += [dialect.generated] if dialect.generated else []
+    names = [*dialect.waiting, *dialect.running, *dialect.kv_usage]
+    names += [name for pair in (*dialect.tpot, *dialect.e2e) for name in pair]
+    names += [name for name in (dialect.steps, dialect.generated) if name]
     return tuple(names)
 
 
@@ -161,7 +208,8 @@ def parse_metrics(page: bytes | str, model_name: str | None = None) -> EngineSam
     """The engine's state in one scrape, summed over its series (data-parallel engines).
 
     With ``model_name``, only series whose ``model_name`` label equals it count
-    (vLLM labels every series; TGI labels none, so pass None for TGI). Raises
+    (vLLM and SGLang label every series; TGI and llama.cpp label none, so pass None
+    for them). Raises
     ``MetricsError`` when the wanted lines do not parse, name no known engine, or
     have no queue series for ``model_name``: a scrape that cannot say how long
     the queue is must never read as an empty queue.
@@ -185,15 +233,16 @@ def parse_wanted(lines: bytes, model_name: str | None = None) -> EngineSample:
     tpot_sum_s, tpot_count = _histogram(series, dialect.tpot)
     e2e_sum_s, e2e_count = _histogram(series, dialect.e2e)
     return EngineSample(
-        waiting=_queue_gauge(series, dialect.waiting, model_name),
-        running=_queue_gauge(series, dialect.running, model_name),
+        waiting=_queue_gauge(series, dialect.waiting, dialect.copies, model_name),
+        running=_queue_gauge(series, dialect.running, dialect.copies, model_name),
         kv_usage=_fullest(series, dialect.kv_usage),
         tpot_sum_s=tpot_sum_s,
         tpot_count=tpot_count,
-        steps=_total(series, f"{dialect.steps}_count") if dialect.steps else None,
+        steps=_total(series, dialect.steps) if dialect.steps else None,
         generated=_total(series, dialect.generated) if dialect.generated else None,
         e2e_sum_s=e2e_sum_s,
         e2e_count=e2e_count,
+        engine=dialect.engine,
     )
 
 
@@ -251,9 +300,9 @@ def _parse(text: str) -> dict[str, list[tuple[Mapping[str, str], float]]]:
 
 def _dialect(series: _Series) -> _Dialect:
     for dialect in _DIALECTS:
-        if dialect.waiting in series:
+        if any(name in series for name in dialect.waiting):
             return dialect
-    known = ", ".join(d.waiting for d in _DIALECTS)
+    known = ", ".join(name for d in _DIALECTS for name in d.waiting)
     raise MetricsError(f"no engine queue gauge in the metrics (looked for {known})")
 
 
@@ -264,16 +313,36 @@ def _only_model(series: _Series, model_name: str) -> _Series:
     }
 
 
-def _queue_gauge(series: _Series, name: str, model_name: str | None) -> float:
-    rows = series.get(name, ())
+def _queue_gauge(
+    series: _Series, names: Sequence[str], copies: frozenset[str], model_name: str | None
+) -> float:
+    rows = next((series[name] for name in names if series.get(name)), ())
     if not rows:
         scope = f" for model_name={model_name!r}" if model_name is not None else ""
-        raise MetricsError(f"no {name} series{scope}")
-    total = math.fsum(value for _, value in rows)
+        raise MetricsError(f"no {' or '.join(names)} series{scope}")
+    total = math.fsum(_once_per_engine(rows, copies))
     # NaN or a negative count would make any queue test pass or fail at random.
     if not math.isfinite(total) or total < 0:
-        raise MetricsError(f"{name} is {total}, not a count")
+        raise MetricsError(f"{names[0]} is {total}, not a count")
     return total
+
+
+def _once_per_engine(
+    rows: Sequence[tuple[Mapping[str, str], float]], copies: frozenset[str]
+) -> list[float]:
+    """One value per engine: series that differ only in ``copies`` labels are one engine's
+    figure exported by each of its ranks (the largest stands for them); the rest are
+    separate engines (data parallelism), which the caller sums."""
+    if not copies:
+        return [value for _, value in rows]
+    engines: dict[tuple[tuple[str, str], ...], float] = {}
+    for labels, value in rows:
+        key = tuple(sorted((k, v) for k, v in labels.items() if k not in copies))
+        # max() would drop a NaN in either place; keep it, so the caller refuses it.
+        engines[key] = (
+            value if key not in engines or math.isnan(value) else max(engines[key], value)
+        )
+    return list(engines.values())
 
 
 def _fullest(series: _Series, names: Sequence[str]) -> float | None:
@@ -291,9 +360,11 @@ def _total(series: _Series, name: str) -> float | None:
     return math.fsum(value for _, value in rows) if rows else None
 
 
-def _histogram(series: _Series, names: Sequence[str]) -> tuple[float | None, float | None]:
-    for name in names:
-        sums, counts = series.get(f"{name}_sum", ()), series.get(f"{name}_count", ())
+def _histogram(
+    series: _Series, pairs: Sequence[tuple[str, str]]
+) -> tuple[float | None, float | None]:
+    for sum_name, count_name in pairs:
+        sums, counts = series.get(sum_name, ()), series.get(count_name, ())
         if sums and counts:
             return math.fsum(v for _, v in sums), math.fsum(v for _, v in counts)
     return None, None
