@@ -251,7 +251,9 @@ def _unpublished(model: ModelConfig, queues: ModelQueues, now_ms: int) -> Snapsh
             "unstarted": queues.unstarted.get(url, 0),
             "healthy": None,  # unknown: only a dispatcher scrapes the engines
         }
-        for url in model.endpoints
+        # Replicas found through DNS are known to the dispatcher only: show the listed
+        # endpoints and those with fairq's jobs in flight.
+        for url in dict.fromkeys([*model.endpoints, *queues.inflight])
     ]
     return Snapshot(
         model.name,

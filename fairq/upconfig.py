@@ -113,10 +113,10 @@ def _file_keys(settings: Settings) -> tuple[str, ...]:
 
 def _model_line(settings: Settings, index: int) -> str:
     model = settings.models[index]
-    return (
-        f"{model.name}  {model.engine} ({model.admission_policy} admission) at "
-        f"{', '.join(model.endpoints)}"
-    )
+    at = list(model.endpoints)
+    if model.discovery is not None:
+        at.append(f"the replicas of DNS {model.discovery.dns} port {model.discovery.port}")
+    return f"{model.name}  {model.engine} ({model.admission_policy} admission) at {', '.join(at)}"
 
 
 def engine_base(url: str) -> str:

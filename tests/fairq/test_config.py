@@ -212,3 +212,16 @@ def test_config_check_names_each_problem_of_a_discovery(tmp_path: Path) -> None:
         f"{path}:8: models[1].discovery.nameservers: nameserver 'kube-dns:53' must be an IP"
     )
     assert len(lines) == 5
+
+
+def test_fairq_up_names_where_a_models_replicas_are_found(tmp_path: Path) -> None:
+    from fairq.upconfig import file_plan
+
+    path = tmp_path / "fairq.yaml"
+    path.write_text(DISCOVERY)
+    assert file_plan(path).models == (
+        "llama  vllm (metrics admission) at the replicas of DNS "
+        "engine-llama.fairq.svc.cluster.local port 8000",
+        "both  vllm (metrics admission) at http://10.0.0.5:8000, the replicas of DNS "
+        "engine-both.fairq.svc.cluster.local port 8000",
+    )

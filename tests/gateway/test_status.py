@@ -92,6 +92,18 @@ async def test_read_queues_counts_each_band_and_ranks_the_top_users(
     assert queues.inflight == {} and queues.in_engine == []
 
 
+async def test_status_without_a_snapshot_shows_replicas_found_through_dns_that_have_jobs(
+    aredis: Redis, redis_url: str
+) -> None:
+    found = {"dns": "engine-m1.fairq.svc.cluster.local", "port": 8000}
+    s = make_settings(redis_url, model_fields={"endpoints": [], "discovery": found})
+    await aredis.hset(keys.inflight(MODEL), "http://10.1.0.4:8000", 2)
+    (view,) = await read_status(aredis, s, now_ms=1)
+    assert [(e["url"], e["inflight"]) for e in view["endpoints"]] == [  # type: ignore[index, union-attr]
+        ("http://10.1.0.4:8000", 2)
+    ]
+
+
 async def test_status_without_a_snapshot_reads_the_queues_and_with_one_returns_it(
     aredis: Redis, redis_url: str
 ) -> None:
