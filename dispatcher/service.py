@@ -50,6 +50,7 @@ from broker import (
     ModelSnapshot,
     Newcomer,
     OwnershipStore,
+    Pick,
     Settings,
     Unseen,
     stop_task,
@@ -60,14 +61,15 @@ from dispatcher.admission import (
     ADMISSION,
     AdmissionConfig,
     AdmissionPolicy,
+    Decision,
     EndpointState,
     Limit,
-    choose_endpoint,
     held_by_unseen,
     plan_grant,
     refusals,
 )
 from dispatcher.discovery import DnsDiscovery, LiveEndpoints
+from dispatcher.affinity import assign, open_endpoints, round_room
 from dispatcher.endpoints import METRICS_LAG_S, RateMeter, SentLog, endpoint_states
 from dispatcher.fairness import plan_with_slots, policy
 from dispatcher.ownership import Ownership
@@ -286,13 +288,13 @@ class Dispatcher:
         while not snap.empty and empty_rounds < _MAX_EMPTY_ROUNDS:
             top = snap.backlogs[0]  # strict priority: only the highest backlogged band
             states = self._states(model, snap)
-            decision = choose_endpoint(admission, states, top.band, config)
-            if decision is None:
+            decisions = open_endpoints(model.routing, admission, states, top.band, config)
+            if not decisions:
                 telemetry.refused(
                     model.name, top.band, refusals(admission, states, top.band, config)
                 )
                 break
-            room = min(decision.room, _MAX_PICKS)
+            room = min(round_room(model.routing, decisions, len(top.users)), _MAX_PICKS)
             busy = [user for user, jobs in snap.in_engine.items() if jobs > 0]
             picks = plan_with_slots(
                 fair,
@@ -300,41 +302,26 @@ class Dispatcher:
                 top.users,
                 top.join,
                 room=room,
-                served_room=decision.room_for_served,
+                served_room=sum(d.room_for_served for d in decisions),
                 in_engine=busy,
             )
             if not picks:  # the batch is full, and every backlogged user has a job in it
-                telemetry.refused(model.name, top.band, {decision.endpoint: Limit.BATCH_SLOTS})
+                full = {d.endpoint: Limit.BATCH_SLOTS for d in decisions}
+                telemetry.refused(model.name, top.band, full)
                 break
-            # The script re-checks these bounds against Redis's own counts: a plan from a
-            # stale view can never send more than the decision allowed.
-            inflight = snap.inflight.get(decision.endpoint, 0)
-            served_cap = None
-            if decision.served_room is not None:
-                served_cap = inflight + decision.room_for_served
-            fresh = sum(1 for p in picks if p.user not in busy)
-            newcomers_sent[decision.endpoint] = newcomers_sent.get(decision.endpoint, 0) + fresh
-            rate = self._rates[model.name].rate(time.monotonic())
-            dispatched, snap, plain = await self._store.dispatch(
-                model.name,
-                decision.endpoint,
-                inflight + decision.room,
-                picks,
-                depth,
-                engine_priority=model.engine_priority,
-                rate=rate,
-                served_cap=served_cap,
+            loads = {s.endpoint: s.inflight for s in states if s.healthy}
+            routes = assign(
+                model.routing, picks, decisions, loads, busy, load_bound=model.routing_load_bound
             )
-            # Sent when the script has run (after its reply), so that a scrape whose
-            # in-transit count was read before the script always counts these as sent since.
-            now = time.monotonic()
-            self._sent.record(decision.endpoint, len(dispatched), now, plain)
-            self._rates[model.name].record(len(dispatched), now)
-            if dispatched:
-                self._wake_scraper(decision.endpoint)
-            telemetry.DISPATCHED.labels(model.name, top.band).inc(len(dispatched))
-            total += len(dispatched)
-            empty_rounds = 0 if dispatched else empty_rounds + 1
+            sent = 0
+            for decision, group in routes:
+                dispatched, snap = await self._send(
+                    model, decision, group, snap=snap, busy=busy, depth=depth, sent=newcomers_sent
+                )
+                telemetry.DISPATCHED.labels(model.name, top.band).inc(dispatched)
+                sent += dispatched
+            total += sent
+            empty_rounds = 0 if sent else empty_rounds + 1
         if model.preemption:
             snap = await self._make_room(model, snap, config, newcomers_sent)
         self._views[model.name] = snap
@@ -343,6 +330,47 @@ class Dispatcher:
             self._scrape_if_held(model, snap, config)
         await self._refresh_grant(model, snap, admission, config)
         return total
+
+    async def _send(
+        self,
+        model: ModelConfig,
+        decision: Decision,
+        picks: Sequence[Pick],
+        *,
+        snap: ModelSnapshot,
+        busy: Sequence[str],
+        depth: int,
+        sent: dict[str, int],
+    ) -> tuple[int, ModelSnapshot]:
+        """Dispatch ``picks`` to the decision's endpoint; the count sent and the state after.
+        ``sent`` counts the jobs of users with none in the engine sent to each endpoint."""
+        # The script re-checks these bounds against Redis's own counts: a plan from a
+        # stale view can never send more than the decision allowed.
+        inflight = snap.inflight.get(decision.endpoint, 0)
+        served_cap = None
+        if decision.served_room is not None:
+            served_cap = inflight + decision.room_for_served
+        fresh = sum(1 for p in picks if p.user not in busy)
+        sent[decision.endpoint] = sent.get(decision.endpoint, 0) + fresh
+        rate = self._rates[model.name].rate(time.monotonic())
+        dispatched, snap, plain = await self._store.dispatch(
+            model.name,
+            decision.endpoint,
+            inflight + decision.room,
+            picks,
+            depth,
+            engine_priority=model.engine_priority,
+            rate=rate,
+            served_cap=served_cap,
+        )
+        # Sent when the script has run (after its reply), so that a scrape whose
+        # in-transit count was read before the script always counts these as sent since.
+        now = time.monotonic()
+        self._sent.record(decision.endpoint, len(dispatched), now, plain)
+        self._rates[model.name].record(len(dispatched), now)
+        if dispatched:
+            self._wake_scraper(decision.endpoint)
+        return len(dispatched), snap
 
     def _scrape_if_held(
         self, model: ModelConfig, snap: ModelSnapshot, config: AdmissionConfig
@@ -424,6 +452,8 @@ class Dispatcher:
         # (or a less urgent one) waits its turn anyway, so its credits would go unused.
         bands = self._settings.bands
         usable = bands if snap.empty else bands[: bands.index(snap.backlogs[0].band)]
+        if model.routing == "prefix":
+            usable = ()  # one grant is one endpoint: express sends would ignore affinity
         grant = plan_grant(admission, self._states(model, snap), usable, config) if usable else None
         now = time.monotonic()
         last = self._grants.get(model.name)
