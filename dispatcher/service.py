@@ -68,8 +68,8 @@ from dispatcher.admission import (
     plan_grant,
     refusals,
 )
-from dispatcher.discovery import DnsDiscovery, LiveEndpoints
 from dispatcher.affinity import assign, open_endpoints, round_room
+from dispatcher.discovery import DnsDiscovery, LiveEndpoints
 from dispatcher.endpoints import METRICS_LAG_S, RateMeter, SentLog, endpoint_states
 from dispatcher.fairness import plan_with_slots, policy
 from dispatcher.ownership import Ownership
