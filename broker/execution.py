@@ -60,6 +60,7 @@ from broker.redis.resp import RespLink
 from broker.results import (
     BODY_FIELD,
     CHUNK_FIELD,
+    FIRST_OUTPUT_SEQ,
     PROMPT_TOKENS_FIELD,
     REDONE_FIELD,
     TOKENS_FIELD,
@@ -212,10 +213,11 @@ class ExecutionStore:
                 pipe.xdel(keys.ready(model), entry_id)
             await pipe.execute()
 
-    async def start(self, claimed: Claimed, worker: str) -> int | None:
-        """Record that ``worker`` runs the job; its attempt number, or None (and acked)
-        when the job ended meanwhile and must be dropped."""
-        call = start_call(claimed.model, claimed.job_id, worker, HANDED_KEEP_MS)
+    async def start(self, claimed: Claimed, worker: str, *, accepted: bool = False) -> int | None:
+        """Record that ``worker`` runs the job (and, ``accepted``, that the engine accepted
+        its streamed request: ``start.lua``); its attempt number, or None (and acked) when
+        the job ended meanwhile and must be dropped."""
+        call = start_call(claimed.model, claimed.job_id, worker, HANDED_KEEP_MS, accepted=accepted)
         # Every job runs it: on the lean connection, when there is one.
         attempt = await call.run(self._redis if self._results is None else self._results)
         if attempt is not None:
@@ -223,8 +225,9 @@ class ExecutionStore:
         await self._redis.xack(keys.ready(claimed.model), keys.READY_GROUP, claimed.entry_id)
         return None
 
-    # Result entries get explicit ids 0-1, 0-2, ... per job (g-1, g-2, ... for an attempt
-    # of generation g: ``Claimed.resume_gen``). A write retried after a failure whose fate
+    # Result entries get explicit ids 0-2, 0-3, ... per job (g-2, g-3, ... for an attempt
+    # of generation g: ``Claimed.resume_gen``; g-1 is the acceptance mark of ``start.lua``,
+    # g-0 the fence of ``park.lua``). A write retried after a failure whose fate
     # is unknown is then refused by Redis as "equal or smaller" instead of landing twice,
     # so a client never receives the same chunk twice.
     # The end entry gets a time-based id, so nothing can be added after it either.
@@ -253,8 +256,8 @@ class ExecutionStore:
 
     @staticmethod
     def entry_id(job: Claimed, n: int) -> bytes:
-        """The id of the ``n``-th result entry (from 1) the job's attempt writes."""
-        return b"%d-%d" % (job.resume_gen or 0, n)
+        """The id of the ``n``-th output entry (from 1) the job's attempt writes."""
+        return b"%d-%d" % (job.resume_gen or 0, n + FIRST_OUTPUT_SEQ - 1)
 
     async def written(self, job: Claimed) -> list[WrittenEntry]:
         """The chunk entries earlier attempts of a resumed job wrote (``resume_gen``): what

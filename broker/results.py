@@ -8,6 +8,9 @@ A job's result stream ``fq:{m}:out:{id}`` holds, in order:
         [pt: <token ids>]    ids of its events' tokens, of its prompt (the first entry), and
         [td: <count>]        how many earlier token groups a resumed attempt generated again
     {b: <JSON body>}       the whole response of a non-streamed request
+    {ok: ''}               the engine accepted the streamed request (``start.lua``): no
+                           output, but its client's response headers may go out now
+    {pk: 1}                a fence: the job was taken back out of the engine (``park.lua``)
     {end: <state>, e: <error JSON or ''>}   exactly one, last (written by complete/cancel.lua)
 
 ``ResultReader`` multiplexes every stream that a process follows over a single
@@ -27,11 +30,11 @@ followers (a client that reconnected while its first connection is not yet
 seen to be gone): the read starts at the earliest of their positions and each
 gets only the entries after its own.
 
-Entry ids are what SSE event ids are made of (``gateway.sse``): chunk
-entries are ``0-1``, ``0-2``, ... (an attempt after the job's g-th mid-answer
-preemption writes ``g-1``, ``g-2``, ... after the fence ``g-0``: ``park.lua``) and the
-end entry's id is time-based, larger than all of them. ``read_after`` serves a client
-that resumes a job that has ended already.
+Entry ids are what SSE event ids are made of (``gateway.sse``): the acceptance
+mark, if written, is ``0-1``, output entries are ``0-2``, ``0-3``, ... (an attempt after
+the job's g-th preemption writes ``g-1``, ``g-2``, ... after the fence ``g-0``:
+``park.lua``) and the end entry's id is time-based, larger than all of them.
+``read_after`` serves a client that resumes a job that has ended already.
 """
 
 from __future__ import annotations
@@ -65,8 +68,12 @@ BODY_FIELD = b"b"
 TOKENS_FIELD = b"t"  # after d: comma-separated ids per event, ';' between events
 PROMPT_TOKENS_FIELD = b"pt"  # comma-separated
 REDONE_FIELD = b"td"
+ACCEPTED_FIELD = b"ok"
 _END_FIELD = b"end"
 _ERROR_FIELD = b"e"
+# The sequence of an attempt's first output entry (``<generation>-2``): ``-0`` is the
+# fence of a take-back, ``-1`` the acceptance mark.
+FIRST_OUTPUT_SEQ = 2
 
 
 class ResultEvent(NamedTuple):
@@ -78,11 +85,14 @@ class ResultEvent(NamedTuple):
     body: bytes | None = None
     end: JobState | None = None
     error: dict[str, object] | None = None
+    accepted: bool = False  # the acceptance mark: no output, the headers may go out
 
     @classmethod
     def parse(cls, entry_id: bytes, fields: dict[bytes, bytes]) -> ResultEvent:
         end = fields.get(_END_FIELD)
         if end is None:
+            if ACCEPTED_FIELD in fields:
+                return cls(entry_id, accepted=True)
             return cls(entry_id, chunk=fields.get(CHUNK_FIELD), body=fields.get(BODY_FIELD))
         error = fields.get(_ERROR_FIELD)
         return cls(

@@ -24,18 +24,22 @@ the connection broke in the middle of an entry's events. The ids cost one
 split and join per entry, no parsing.
 
 A new stream's response headers are held back until its first event that decides
-the answer (``hold``): output, or the job's end. A job that ends with an error
-before any output (the engine refused the request, it was cancelled or expired, the
-gateway is stopping) then gets the status and error object a non-streamed request
-gets, not a 200 with an error event that an OpenAI client cannot tell from a broken
-stream. The hold lasts one lull at most (``HEARTBEAT_S`` of nothing): then the 200
-goes out with a keep-alive comment, and a later error is an event as before, so no
-silence on the connection is longer than the heartbeat's, held or not. The headers
-and the first token leave together: the first token wakes the stream's task, which
-sends both (a token that finds the task idle is otherwise written by the reader
-itself), one wake-up per stream. The client leaving while its headers wait cancels
-the job as before. A resumed stream (``Last-Event-ID``) is not held: its client had
-its 200, and output, before.
+the answer (``hold``): the engine's acceptance of the request (the mark ``start.lua``
+writes when the engine answered 200, a step or more before the first token), output,
+or the job's end. A job that ends with an error before that (the engine refused the
+request, it was cancelled or expired, the gateway is stopping) then gets the status
+and error object a non-streamed request gets, not a 200 with an error event that an
+OpenAI client cannot tell from a broken stream. The hold lasts one lull at most
+(``HEARTBEAT_S`` of nothing): then the 200 goes out with a keep-alive comment, and a
+later error is an event as before, so no silence on the connection is longer than the
+heartbeat's, held or not. Headers sent at the acceptance leave the client time to
+handle them (httpx builds its ``Response``, the openai client its ``Stream``) while
+the engine computes the first token; where no mark came (a retried engine call, output
+that landed first), the headers and the first token leave together: the first token
+wakes the stream's task, which sends both (a token that finds the task idle is
+otherwise written by the reader itself), one wake-up per stream. The client leaving
+while its headers wait cancels the job as before. A resumed stream (``Last-Event-ID``)
+is not held: its client had its 200, and output, before.
 """
 
 from __future__ import annotations
@@ -133,8 +137,9 @@ def _end_frame(event: ResultEvent, skip: int = 0) -> bytes:
 
 
 def _decides(event: ResultEvent) -> bool:
-    """Whether the event ends a hold: output, an end, or a lull (a fence entry is none)."""
-    return event.chunk is not None or _ends(event) or event is _LULL
+    """Whether the event ends a hold: the engine's acceptance, output, an end, or a lull
+    (a fence entry is none)."""
+    return event.accepted or event.chunk is not None or _ends(event) or event is _LULL
 
 
 def _ends(event: ResultEvent) -> bool:

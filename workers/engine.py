@@ -227,17 +227,18 @@ async def stream_events(
     *,
     keep_usage: bool,
     idle_timeout_s: float,
-    on_response: Callable[[], None] | None = None,
+    on_response: Callable[[bool], None] | None = None,
 ) -> None:
     """Stream a response, handing complete SSE events to ``on_events`` as they arrive
     (several at once when they came together), from inside the client's protocol.
 
     ``idle_timeout_s`` bounds the silence between two pieces: the engine's hang.
     ``on_response`` is called once the engine answered with its headers (it has the
-    request), before the first event.
+    request), before the first event: with True when it accepted the request (200).
     """
     cutter = _EventCutter(accounting, keep_usage, on_events)
-    await _post_ok(client, url, payload, idle_timeout_s, cutter.feed, on_headers=on_response)
+    on_headers = None if on_response is None else lambda status: on_response(status == 200)
+    await _post_ok(client, url, payload, idle_timeout_s, cutter.feed, on_headers=on_headers)
     if not accounting.done:
         raise EngineError(
             f"the engine's stream from {url} ended before the response was complete",
@@ -276,12 +277,19 @@ async def _post_ok(
     payload: bytes,
     idle_timeout_s: float,
     on_body: Callable[[bytes], None],
-    **hooks: Callable[[], None] | None,
+    *,
+    on_headers: Callable[[int], None] | None = None,
+    on_written: Callable[[], None] | None = None,
 ) -> None:
     """POST to the engine; every failure, an error status included, as an ``EngineError``."""
     try:
         reply = await client.post(
-            url, payload, idle_timeout_s=idle_timeout_s, on_body=on_body, **hooks
+            url,
+            payload,
+            idle_timeout_s=idle_timeout_s,
+            on_body=on_body,
+            on_headers=on_headers,
+            on_written=on_written,
         )
     except HttpClientError as exc:
         raise _transport_error(exc, url) from exc

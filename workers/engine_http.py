@@ -112,7 +112,7 @@ class _Connection(asyncio.Protocol):
     def _reset(self) -> None:
         self._done: asyncio.Future[Reply] | None = None
         self._on_body: Callable[[bytes], None] | None = None
-        self._on_headers: Callable[[], None] | None = None
+        self._on_headers: Callable[[int], None] | None = None
         self._status = 0
         self._error_body = bytearray()
         self._idle_s = 0.0
@@ -128,7 +128,7 @@ class _Connection(asyncio.Protocol):
         head_and_body: bytes,
         idle_s: float,
         on_body: Callable[[bytes], None],
-        on_headers: Callable[[], None] | None,
+        on_headers: Callable[[int], None] | None,
     ) -> asyncio.Future[Reply]:
         """Send one request; the future ends with the reply or the call's error."""
         assert self._transport is not None and self._done is None
@@ -176,7 +176,7 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self._status = self._parser.get_status_code()
         if self._on_headers is not None:
-            self._on_headers()
+            self._on_headers(self._status)
 
     def on_body(self, piece: bytes) -> None:
         if self._status == 200:
@@ -255,14 +255,14 @@ class EngineClient:
         *,
         idle_timeout_s: float,
         on_body: Callable[[bytes], None],
-        on_headers: Callable[[], None] | None = None,
+        on_headers: Callable[[int], None] | None = None,
         on_written: Callable[[], None] | None = None,
     ) -> Reply:
         """POST ``body`` (JSON) to ``url``; the body of a 200 goes to ``on_body`` piece by piece.
 
         ``on_body`` runs inside the protocol's callback: it must not block, and an
         exception it raises ends the call (the connection is closed) and is raised
-        here. ``on_headers`` is called when the response's headers arrived,
+        here. ``on_headers`` is called with the status when the response's headers arrived,
         ``on_written`` once the request is handed to the socket. A cancelled call
         closes its connection, which tells the engine to stop.
         """

@@ -62,7 +62,11 @@ def backoff_s(settings: Settings, attempt: int) -> float:
 @dataclass
 class _Progress:
     first_ms: int | None = None  # set when the first output went to the writer
-    on_sent: Callable[[], None] | None = None  # see ``JobRunner.run``
+    on_sent: Callable[[bool], None] | None = None  # see ``JobRunner.run``
+
+    def sent_plain(self) -> None:
+        if self.on_sent is not None:
+            self.on_sent(False)
 
     @property
     def wrote(self) -> bool:
@@ -84,11 +88,12 @@ class JobRunner:
         self._contexts = ContextLengths()
         self.retries = 0  # engine calls made again
 
-    async def run(self, job: Claimed, on_sent: Callable[[], None] | None = None) -> Outcome:
+    async def run(self, job: Claimed, on_sent: Callable[[bool], None] | None = None) -> Outcome:
         """Execute the job at its endpoint; engine failures become a failed outcome.
 
         ``on_sent`` is called when the engine has the request: a streamed request's
-        response headers arrived, or a non-streamed request is about to be sent.
+        response headers arrived (with True when the engine accepted it: its client's
+        headers may go out), or a non-streamed request is about to be sent (False).
         """
         progress = _Progress(on_sent=on_sent)
         plan = await self._attempt(job)
@@ -180,7 +185,7 @@ class JobRunner:
             payload,
             accounting,
             idle_timeout_s=self._settings.engine_read_timeout_s,
-            on_sent=progress.on_sent,
+            on_sent=progress.sent_plain,
         )
         progress.first_ms = int(time.time() * 1000)
         self._writer.body(job, body)

@@ -253,19 +253,22 @@ class Worker:
         # The engine call starts at once; start.lua runs alongside it (one round trip
         # less before the first token) and may tell us the job ended meanwhile. It waits
         # until the engine has the request (briefly at most), so that its round trip does
-        # not delay the request's own write on this busy event loop.
-        sent = asyncio.get_running_loop().create_future()
+        # not delay the request's own write on this busy event loop. When the engine
+        # accepted a streamed request, start.lua also marks that in its result stream, so
+        # its client's response headers go out then and not with the first token.
+        sent: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
 
-        def mark_sent(*_: object) -> None:
+        def mark_sent(accepted: bool) -> None:
             if not sent.done():
-                sent.set_result(None)
+                sent.set_result(accepted)
 
         run = asyncio.ensure_future(runner.run(job, mark_sent))
-        run.add_done_callback(mark_sent)
+        run.add_done_callback(lambda _: mark_sent(False))
         try:
+            accepted = False
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(sent, _START_AFTER_SENT_S)
-            attempt = await self._start(job)
+                accepted = await asyncio.wait_for(sent, _START_AFTER_SENT_S)
+            attempt = await self._start(job, accepted)
         except BaseException:  # the job was cancelled meanwhile (or the worker stops)
             run.cancel()  # either way the entry stays pending or is acked: nothing is lost
             self._writer.discard(job.job_id)
@@ -289,14 +292,14 @@ class Worker:
         if await self._writer.finish(job, outcome):
             self.telemetry.ended(job, outcome)
 
-    async def _start(self, job: Claimed) -> int | None:
+    async def _start(self, job: Claimed, accepted: bool) -> int | None:
         """start.lua, retried while Redis is unreachable (a restart): a job given up here
         would stay ``dispatched`` with its entry pending and nobody running it. A retry
         after a lost reply is safe: start.lua answers its own worker as it did before."""
         backoff = Backoff()
         while True:
             try:
-                return await self._store.start(job, self.name)
+                return await self._store.start(job, self.name, accepted=accepted)
             except RedisError as exc:
                 log.warning(
                     "starting job %s failed (%s); retrying in %.2fs",

@@ -98,10 +98,10 @@ redis.call('HDEL', job, 'ft')  -- it starts again: unstarted until its next firs
 -- the start it lost is not counted against job_max_attempts.
 redis.call('HSET', job, 'st', 'queued', 'p', payload, 'wk', '-')
 redis.call('HDEL', job, 'ep', 're')
--- Fence off the old writer. Entry ids are <generation>-<n>: the first attempt writes 0-1,
--- 0-2...; the fence is <g>-0 for the g-th time the job is taken back, and the next attempt
--- writes <g>-1... Every write of an earlier attempt, however many are still on their way,
--- has a smaller id than the fence, so Redis refuses it.
+-- Fence off the old writer. Entry ids are <generation>-<n>: the first attempt writes 0-1
+-- (start.lua's acceptance mark), 0-2...; the fence is <g>-0 for the g-th time the job is
+-- taken back, and the next attempt writes <g>-1... Every write of an earlier attempt,
+-- however many are still on their way, has a smaller id than the fence, so Redis refuses it.
 local taken = redis.call('HINCRBY', job, 'pk', 1)
 redis.call('XADD', ARGV[10] .. job_id, taken .. '-0', 'pk', 1)
 redis.call('HSET', job, 'rsq', taken)

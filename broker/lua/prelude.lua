@@ -79,12 +79,14 @@ end
 
 -- The first output entry of a job's result stream (`results`), or nil when it holds none.
 -- park.lua adds a fence entry ('pk') each time it takes the job back, `taken` times at most
--- ('pk' of the job hash), and every other entry is output; so if any entry is output, one
--- of the first `taken` + 1 is.
+-- ('pk' of the job hash), start.lua at most one acceptance mark ('ok') per attempt, and
+-- every other entry is output; so if any entry is output, one of the first
+-- 2 x (`taken` + 1) is.
 local function first_output(results, taken)
-  local first = redis.call('XRANGE', results, '-', '+', 'COUNT', (tonumber(taken) or 0) + 1)
+  local count = 2 * ((tonumber(taken) or 0) + 1)
+  local first = redis.call('XRANGE', results, '-', '+', 'COUNT', count)
   for _, e in ipairs(first) do
-    if e[2][1] ~= 'pk' then
+    if e[2][1] ~= 'pk' and e[2][1] ~= 'ok' then
       return e
     end
   end

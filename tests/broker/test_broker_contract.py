@@ -36,6 +36,7 @@ from broker import (
     keys,
     parse_wake,
 )
+from broker.results import read_after
 from tests.support.contract import EP, MODEL, settings, submission
 
 
@@ -137,6 +138,36 @@ async def test_start_and_complete_end_the_job_once_and_release_capacity(r: Redis
     assert pending["pending"] == 0
     assert await r.xlen(keys.ready(MODEL)) == 0  # the entry and its payload copy are gone
     assert await r.ttl(keys.job(MODEL, job_id)) > 0
+
+
+async def test_an_accepted_start_marks_the_results_once_before_any_output(r: Redis) -> None:
+    """start.lua's acceptance mark: entry 0-1 when the engine accepted the streamed request,
+    none when it did not, and none once output has landed (the mark would come after it)."""
+    s = settings()
+    q, d, x = JobQueue(r, s), DispatchStore(r, s), ExecutionStore(r, s)
+    await x.ensure_groups([MODEL])
+    jobs = [await q.submit(submission("alice")) for _ in range(3)]
+    await d.dispatch(MODEL, EP, 4, [Pick("default", "alice", i + 1, i + 0.5) for i in range(3)], 10)
+    claimed = {c.job_id: c for c in await x.claim(r, [MODEL], "w1", count=10, block_ms=100)}
+    accepted, refused, late = (claimed[j] for j in jobs)
+    await x.load_scripts()
+    pipe = x.pipeline()
+    x.add_chunk(pipe, MODEL, late.job_id, x.entry_id(late, 1), b"data: {}\n\n")
+    await pipe.execute()
+    assert await x.start(accepted, "w1", accepted=True) == 1
+    assert await x.start(refused, "w1", accepted=False) == 1
+    assert await x.start(late, "w1", accepted=True) == 1
+
+    async def entries(job_id: str) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        return [(i, f) for i, f in await r.xrange(keys.results(MODEL, job_id))]
+
+    assert await entries(accepted.job_id) == [(b"0-1", {b"ok": b""})]
+    assert await entries(refused.job_id) == []
+    assert await entries(late.job_id) == [(b"0-2", {b"d": b"data: {}\n\n"})]
+    # Readers see the mark as no output; the worker's first output lands after it.
+    (mark,) = await read_after(r, MODEL, accepted.job_id, b"0-0")
+    assert mark.accepted and mark.chunk is None and mark.body is None and mark.end is None
+    assert x.entry_id(accepted, 1) == b"0-2"
 
 
 async def test_a_job_cancelled_before_a_worker_read_it_is_never_handed_out(r: Redis) -> None:
@@ -606,7 +637,7 @@ async def test_a_streamed_job_with_output_is_taken_back_behind_a_fence_to_go_on_
         c for c in await x.claim(r, [MODEL], "w2", count=10, block_ms=100)
         if c.job_id == parked.job_id
     ]  # fmt: skip
-    assert claimed.resume_gen == 1 and x.entry_id(claimed, 1) == b"1-1"  # what it writes
+    assert claimed.resume_gen == 1 and x.entry_id(claimed, 1) == b"1-2"  # what it writes
     assert await x.written(claimed) == [WrittenEntry(b"data: {}\n\n")]  # what its client has
 
 
@@ -622,7 +653,7 @@ async def test_a_job_taken_back_before_its_first_output_is_fenced_and_starts_afr
     # The first chunk of the worker that ran it, on its way as it was taken back, is
     # refused: its client never sees another attempt's opening.
     pipe = x.pipeline()
-    x.add_chunk(pipe, MODEL, parked.job_id, b"0-1", b"data: {}\n\n")
+    x.add_chunk(pipe, MODEL, parked.job_id, b"0-2", b"data: {}\n\n")
     (reply,) = await pipe.execute(raise_on_error=False)
     assert x.is_duplicate_write(reply)
 
@@ -633,11 +664,14 @@ async def test_a_job_taken_back_before_its_first_output_is_fenced_and_starts_afr
 
     again = await next_attempt("w2")
     assert again.resume_gen == 1 and await x.written(again) == []  # it starts afresh
-    # A fence is no output: taken back again from scratch, and once more fenced...
+    assert await x.start(again, "w2", accepted=True) == 1  # the engine took it: mark 1-1
+    # A fence or an acceptance mark is no output: taken back again from scratch (not
+    # mid-answer), and once more fenced...
     assert await d.park(MODEL, EP) == parked
-    assert await r.hget(keys.job(MODEL, parked.job_id), "rsq") == b"2"
+    job = keys.job(MODEL, parked.job_id)
+    assert await r.hget(job, "rsq") == b"2" and await r.hget(job, "pkm") is None
     # ...and retried, not failed, when the worker that ran it dies before its first output.
-    assert await x.start(await next_attempt("w3"), "w3") == 1
+    assert await x.start(await next_attempt("w3"), "w3", accepted=True) == 1
     await asyncio.sleep(0.2)
     taken = await x.reclaim(MODEL, "w4", 10)
     assert (parked.job_id, Reclaim.RETRY) in [(t.job.job_id, t.decision) for t in taken]
@@ -654,7 +688,7 @@ async def test_an_answer_begun_after_a_fence_goes_on_from_its_token_ids(r: Redis
         again = job_id == parked.job_id
         trail = TokenTrail(b"7", b"1") if again else None  # the other's engine gave no ids
         pipe = x.pipeline()
-        x.add_chunk(pipe, MODEL, job_id, b"1-1" if again else b"0-1", b"data: {}\n\n", trail=trail)
+        x.add_chunk(pipe, MODEL, job_id, b"1-2" if again else b"0-2", b"data: {}\n\n", trail=trail)
         x.add_first(pipe, MODEL, job_id)
         await pipe.execute()
     # Its first output entry, not the fence before it, holds the prompt's ids: it goes on.

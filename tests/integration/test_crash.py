@@ -87,8 +87,11 @@ async def test_a_worker_killed_before_the_first_token_has_its_job_retried_to_one
     assert failure is None
     assert events[-1].end is JobState.COMPLETED
     assert len(tokens(events)) == 1 + 6  # the role chunk and six tokens, each once
+    # The first attempt's acceptance mark (0-1), then the retry's output: its own start
+    # found the mark there and added none.
+    assert [e.id for e in events if e.accepted] == [b"0-1"]
     chunk_ids = [e.id for e in events if e.chunk]
-    assert chunk_ids == [b"0-%d" % i for i in range(1, len(chunk_ids) + 1)]
+    assert chunk_ids == [b"0-%d" % i for i in range(2, len(chunk_ids) + 2)]
     assert await ends(aredis, job_id) == [b"completed"]  # exactly one end
     job = await client.status(job_id)
     assert job.state is JobState.COMPLETED and job.attempts == 2

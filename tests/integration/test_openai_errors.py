@@ -8,9 +8,11 @@ and the priority band header is a 400 when unknown and a 403 when not the key's.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -104,6 +106,30 @@ def test_a_stream_that_succeeds_is_unchanged_by_the_held_headers(stack: Stack) -
     assert response.headers["content-type"].startswith("text/event-stream")
     assert chunks[0].id == f"chatcmpl-{response.headers['x-fairq-job-id']}"
     assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) == 4
+
+
+def test_held_headers_leave_when_the_engine_accepts_not_with_the_first_token(
+    stack: Stack,
+) -> None:
+    """The simulator answers 200 at once and then holds the first token back (a slow
+    prefill): the client has its headers long before that token."""
+    pause_s = 1.5
+    fault = {"kind": "hang", "after_tokens": 0, "hang_s": pause_s}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+            "stream": True, "sim_fault": fault}  # fmt: skip
+    headers = {"Authorization": "Bearer fq-demo-alice"}
+    with httpx.Client(base_url=stack.gateway_url, timeout=10) as http:
+        sent = time.monotonic()
+        with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as reply:
+            headers_s = time.monotonic() - sent
+            lines = reply.iter_lines()
+            first = next(line for line in lines if line.startswith("data: {"))
+            first_s = time.monotonic() - sent
+            rest = [line for line in lines if line.startswith("data: ")]
+    assert reply.status_code == 200 and "chat.completion.chunk" in first
+    assert rest[-1] == "data: [DONE]"
+    assert first_s >= pause_s
+    assert headers_s < pause_s / 2, (headers_s, first_s)
 
 
 @pytest.mark.parametrize(
