@@ -100,7 +100,12 @@ class ModelConfig(_Frozen):
     ``endpoints``, found through ``discovery``, or both (the union)."""
 
     name: str
-    engine: Literal["vllm", "tgi", "openai"] = "vllm"
+    # The engine's kind. Its /metrics are read by the names found on the page whatever this
+    # says; the kind decides the rest: "vllm" gets fairq's job id as request_id and may
+    # resume a cut stream (both vLLM-only); "sglang", "tgi" and "llamacpp" get plain
+    # OpenAI-compatible requests and metrics admission; "openai" (a server without metrics
+    # fairq reads) gets the static in-flight cap unless ``admission`` says otherwise.
+    engine: Literal["vllm", "sglang", "tgi", "llamacpp", "openai"] = "vllm"
     endpoints: tuple[str, ...] = ()
     discovery: DiscoveryConfig | None = None
     # "metrics": backpressure from the engine's /metrics; "static": the in-flight cap only

@@ -29,9 +29,14 @@ from fairq.stack import (
 )
 
 _PROBE_TIMEOUT_S = 5.0
-ENGINES = ("vllm", "tgi", "openai")
+ENGINES = ("vllm", "sglang", "tgi", "llamacpp", "openai")
 # The queue gauge that names an engine's kind (dispatcher/engine_metrics.py).
-_QUEUE_GAUGES = {"vllm": "vllm:num_requests_waiting", "tgi": "tgi_queue_size"}
+_QUEUE_GAUGES = {
+    "vllm": "vllm:num_requests_waiting",
+    "sglang": "sglang:num_queue_reqs",
+    "tgi": "tgi_queue_size",
+    "llamacpp": "llamacpp:requests_deferred",
+}
 
 
 class PlanError(Exception):
@@ -171,8 +176,8 @@ def _ask_model(base: str) -> tuple[str, list[str]]:
 
 
 def detect_engine(base: str) -> tuple[str, str]:
-    """The engine's kind from its ``/metrics`` (vLLM's or TGI's queue gauge), and how it
-    was found; ``openai`` (no metrics fairq reads) when neither is there."""
+    """The engine's kind from its ``/metrics`` (the queue gauge of vLLM, SGLang, TGI or
+    llama.cpp), and how it was found; ``openai`` (no metrics fairq reads) when none is."""
     try:
         text = httpx.get(f"{base}/metrics", timeout=_PROBE_TIMEOUT_S).text
     except httpx.HTTPError as exc:

@@ -17,7 +17,6 @@ from broker.requests import (
 )
 
 VLLM = ModelConfig(name="m", endpoints=("http://engine:8000",))
-OPENAI = ModelConfig(name="m", engine="openai", endpoints=("http://engine:8000",))
 
 
 def chat(**extra: object) -> dict[str, object]:
@@ -68,8 +67,21 @@ def test_vllm_payload_names_the_job_and_drops_the_fairness_user() -> None:
     assert "stream_options" not in payload
 
 
-def test_openai_engines_get_no_request_id() -> None:
-    assert "request_id" not in orjson.loads(engine_payload(chat(), "job-1", OPENAI))
+@pytest.mark.parametrize("engine", ["openai", "sglang", "tgi", "llamacpp"])
+def test_engines_other_than_vllm_get_no_request_id(engine: str) -> None:
+    model = ModelConfig.model_validate({"name": "m", "engine": engine, "endpoints": ["http://e"]})
+    assert "request_id" not in orjson.loads(engine_payload(chat(), "job-1", model))
+
+
+@pytest.mark.parametrize(
+    ("engine", "admission"),
+    [("sglang", "metrics"), ("llamacpp", "metrics"), ("tgi", "metrics"), ("openai", "static")],
+)
+def test_an_engine_with_metrics_fairq_reads_gets_metrics_admission(
+    engine: str, admission: str
+) -> None:
+    model = ModelConfig.model_validate({"name": "m", "engine": engine, "endpoints": ["http://e"]})
+    assert model.admission_policy == admission
 
 
 def test_streams_always_ask_the_engine_for_usage_keeping_other_options() -> None:
