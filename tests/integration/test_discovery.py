@@ -3,7 +3,8 @@ whose zone the test changes, ``fairq sim`` replicas on loopback addresses of the
 (one port, as pods behind a headless Service), a real Redis, and ``fairq dispatcher``
 and ``fairq worker`` processes. Replicas come and go under load and every job ends
 completed exactly once; a model with no record holds its jobs (its band deadlines still
-apply) and serves them once a replica is found and healthy."""
+apply) and serves them once a replica is found and healthy; the express grant names only
+a replica the records name."""
 
 from __future__ import annotations
 
@@ -249,6 +250,45 @@ async def test_a_model_without_replicas_holds_its_jobs_and_serves_them_once_one_
         await wait_all_ended(alice, held, 20)
         await check_exactly_once(redis, alice, held)
         assert {(await alice.status(j)).endpoint for j in held} == {replicas.url(host)}
+    finally:
+        await alice.aclose()
+        await redis.aclose()
+
+
+async def grant_endpoint(redis: Redis) -> str:
+    """The endpoint of the model's express grant now ("" when there is none)."""
+    value = await redis.hget(keys.meta(MODEL), keys.GRANT_ENDPOINT)
+    return (value or b"").decode()
+
+
+async def test_the_express_grant_follows_the_records_and_a_model_without_any_has_none(
+    fleet: tuple[Replicas, str], processes: ProcessGroups, redis_url: str, tmp_path: Path
+) -> None:
+    replicas, nameserver = fleet
+    a, b = "127.0.0.5", "127.0.0.6"
+    for host in (a, b):
+        replicas.start(host)
+    replicas.publish(a)
+    settings = start_fairq(processes, redis_url, tmp_path, nameserver, replicas.port)
+    redis = Redis.from_url(redis_url)
+    alice = AsyncClient(settings, api_key=ALICE_KEY)
+    try:
+        await aeventually(
+            lambda: grant_endpoint(redis), "a grant for a", until=lambda ep: ep == replicas.url(a)
+        )
+        replicas.publish(b)  # a's pod is replaced by b's
+        await aeventually(
+            lambda: grant_endpoint(redis), "a grant for b", until=lambda ep: ep == replicas.url(b)
+        )
+        replicas.publish()  # the model scaled to zero
+        await aeventually(lambda: grant_endpoint(redis), "no grant", until=lambda ep: ep == "")
+        held = await submit(alice, 3)
+        await asyncio.sleep(1.0)
+        assert {(await alice.status(j)).state for j in held} == {JobState.QUEUED}
+        replicas.publish(a)
+        await wait_all_ended(alice, held, 20)
+        await check_exactly_once(redis, alice, held)
+        assert {(await alice.status(j)).endpoint for j in held} == {replicas.url(a)}
     finally:
         await alice.aclose()
         await redis.aclose()
