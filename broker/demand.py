@@ -23,8 +23,10 @@ from typing import Literal
 
 import orjson
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from broker import keys
+from broker.errors import BrokerUnavailable
 from broker.redis import replies
 from broker.status import SCAN_USERS, entry_ms
 
@@ -62,7 +64,10 @@ def state_of(snapshot: dict[str, object]) -> ModelState:
 
 async def read_model_state(redis: Redis, model: str) -> ModelState | None:
     """The model's state by its dispatcher's latest snapshot; None without a snapshot."""
-    raw = await redis.get(keys.status(model))
+    try:
+        raw = await redis.get(keys.status(model))
+    except RedisError as exc:
+        raise BrokerUnavailable(f"could not read the status of model {model!r}: {exc}") from exc
     if not raw:
         return None
     snapshot = orjson.loads(raw)

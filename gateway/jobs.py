@@ -1,6 +1,12 @@
 """``/v1/jobs/{id}``: a caller's own jobs. Another user's job is reported as not found
 (never as forbidden), so ids cannot be probed.
 
+A queued job also says where it stands (``queue_position``) and whether its model can
+serve it now (``model_state``): "starting" while the model's dispatcher sees no ready
+engine endpoint (its engines are at zero and being woken, or none answers), so the job
+waits for an engine to start; its wait estimate is then ``null``, since what it waits
+for is the start-up, not the queue's drain.
+
 ``GET /v1/jobs/{id}/stream`` resumes a streamed job's events: send the id of the
 last event received as ``Last-Event-ID`` (or none, for everything from the
 start); the answer is the events after it, then the job's end, as the original
@@ -11,10 +17,13 @@ dead letters (admin keys only).
 from __future__ import annotations
 
 import contextlib
+from typing import Literal
 
 from fastapi import APIRouter, Header, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
+from broker.demand import read_model_state
 from broker.errors import Forbidden, NotFound, UnknownModel
 from broker.execution import ExecutionStore
 from gateway.auth import Caller
@@ -26,15 +35,48 @@ from gateway.state import gateway_of
 router = APIRouter()
 
 
-@router.get("/v1/jobs/{job_id}")
+class QueuePositionView(BaseModel):
+    jobs_ahead: int = Field(description="jobs dispatched before this one, as things stand")
+    estimated_wait_s: float | None = Field(
+        description="seconds until it is dispatched; null when unknown, and while the "
+        "model is starting (the wait is the engine's start-up)"
+    )
+
+
+class JobView(BaseModel):
+    """The fields of a job a client acts on (the body has more: see the README)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    object: Literal["fairq.job"]
+    model: str
+    status: Literal["queued", "dispatched", "running", "completed", "failed", "cancelled",
+                    "expired"]  # fmt: skip
+    queue_position: QueuePositionView | None = Field(default=None, description="a queued job only")
+    model_state: Literal["ready", "starting"] | None = Field(
+        default=None,
+        description="a queued job only: 'starting' while the model has no ready engine "
+        "endpoint (scaled to zero and waking, or none answering): the job waits in the "
+        "queue for one to start; 'ready' when one is; null when unknown (no dispatcher)",
+    )
+
+
+@router.get("/v1/jobs/{job_id}", responses={200: {"model": JobView}})
 async def get_job(job_id: str, request: Request, caller: Caller) -> Response:
-    """The job; a queued job also says how many jobs go before it and the estimated wait."""
-    queue = gateway_of(request).queue
-    job = await queue.get(job_id, caller.user)
+    """The job; a queued job also says how many jobs go before it, the estimated wait,
+    and whether its model is ready or starting."""
+    gateway = gateway_of(request)
+    job = await gateway.queue.get(job_id, caller.user)
     body = job.public()
-    position = await queue.position(job)
+    position = await gateway.queue.position(job)
     if position is not None:
-        body["queue_position"] = position.public()
+        state = await read_model_state(gateway.redis, job.model)
+        shown = position.public()
+        if state == "starting":  # the queue's drain says nothing of an engine's start-up
+            shown["estimated_wait_s"] = None
+        body["queue_position"] = shown
+        body["model_state"] = state
     return json_response(body)
 
 

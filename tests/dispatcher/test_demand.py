@@ -6,24 +6,20 @@ the other points where nothing listens (a model whose engines are at zero); real
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from broker import JobQueue, RequestKind, StreamMode, Submission
-from fairq.localredis import free_port
+from tests.support.dispatcher_process import dispatcher_process
 from tests.support.eventually import eventually
-from tests.support.processes import ProcessGroups
 from tests.support.settings import ENDPOINT, MODEL, make_config, make_settings
-from tests.support.stack import sim, wait_healthy
+from tests.support.stack import sim
 
 COLD = "cold"
 MODELS = [{"name": MODEL, "endpoints": [ENDPOINT]}, {"name": COLD, "endpoints": [ENDPOINT]}]
@@ -53,19 +49,8 @@ def dispatcher(redis_url: str, tmp_path: Path) -> Iterator[str]:
     with sim() as engine:
         models = [{"name": MODEL, "endpoints": [engine]}, {"name": COLD, "endpoints": [ENDPOINT]}]
         config = make_config(models=models, scrape_interval_s=0.05, status_interval_s=0.1)
-        (tmp_path / "fairq.yaml").write_text(yaml.safe_dump(config))
-        port = free_port()
-        env = {**os.environ, "FAIRQ_CONFIG": str(tmp_path / "fairq.yaml"),
-               "FAIRQ_REDIS_URL": redis_url, "FAIRQ_LOG_LEVEL": "WARNING",
-               "FAIRQ_METRICS_PORT": str(port), "FAIRQ_METRICS_HOST": "127.0.0.1"}  # fmt: skip
-        groups = ProcessGroups()
-        try:
-            proc = groups.start([sys.executable, "-m", "fairq", "dispatcher"], env=env)
-            url = f"http://127.0.0.1:{port}"
-            wait_healthy(f"{url}/metrics", proc, "the dispatcher")
+        with dispatcher_process(config, redis_url, tmp_path) as url:
             yield url
-        finally:
-            groups.kill_all()
 
 
 async def _submit(redis_url: str, jobs: list[tuple[str, str, str]]) -> None:
