@@ -57,7 +57,9 @@ sources, is in ``tests/fixtures``; its README says which file and commit):
   ``tgi_request_mean_time_per_token_duration`` and ``tgi_request_duration`` (e2e latency).
   TGI observes that histogram once per *finished request* (its mean time per
   token), not per token, so its Δsum/Δcount lags and is None while no request
-  finishes. TGI has no KV-cache gauge.
+  finishes. Its counter ``tgi_batch_inference_count`` (labelled ``method``, prefill or
+  decode; ``backends/v3/src/backend.rs``) grows by one per forward pass of the batch:
+  the engine's steps. TGI has no KV-cache gauge.
 - llama.cpp's ``llama-server --metrics`` (ggml-org/llama.cpp
   ``tools/server/server-context.cpp`` at commit
   fb4026604c67c682f552337ec9b91eced0abd35a; older builds ``examples/server/server.cpp``,
@@ -120,7 +122,7 @@ class _Dialect:
     running: tuple[str, ...]
     kv_usage: tuple[str, ...] = ()  # gauge names, preferred first
     tpot: tuple[tuple[str, str], ...] = ()  # (sum, count) sample names, preferred first
-    steps: str = ""  # sample counting the engine's steps ("": none)
+    steps: tuple[str, ...] = ()  # samples counting the engine's steps, preferred first
     generated: str = ""  # counter of output tokens, moving as they are made ("": none)
     e2e: tuple[tuple[str, str], ...] = ()  # (sum, count) of a request's end-to-end latency
     # Labels of series that are copies of one engine's figures (every rank of one tensor-
@@ -137,7 +139,7 @@ _DIALECTS = (
         tpot=_histogram_of(
             "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"
         ),
-        steps="vllm:iteration_tokens_total_count",  # a histogram observed once per step
+        steps=("vllm:iteration_tokens_total_count",),  # a histogram observed once per step
         generated="vllm:generation_tokens_total",
         e2e=_histogram_of("vllm:e2e_request_latency_seconds"),
     ),
@@ -157,6 +159,10 @@ _DIALECTS = (
         waiting=("tgi_queue_size",),
         running=("tgi_batch_current_size",),
         tpot=_histogram_of("tgi_request_mean_time_per_token_duration"),
+        # Labelled method, prefill or decode: both are steps. A counter without the _total
+        # suffix, which prometheus-client's parser adds when it reads the TYPE line (a whole
+        # page parsed, not only its wanted lines).
+        steps=("tgi_batch_inference_count", "tgi_batch_inference_count_total"),
         e2e=_histogram_of("tgi_request_duration"),
     ),
     _Dialect(
@@ -165,7 +171,7 @@ _DIALECTS = (
         running=("llamacpp:requests_processing",),
         kv_usage=("llamacpp:kv_cache_usage_ratio",),
         tpot=(("llamacpp:tokens_predicted_seconds_total", "llamacpp:tokens_predicted_total"),),
-        steps="llamacpp:n_decode_total",
+        steps=("llamacpp:n_decode_total",),
     ),
 )
 
@@ -174,7 +180,7 @@ def _sample_names(dialect: _Dialect) -> tuple[str, ...]:
     """The sample names ``parse_metrics`` reads for one dialect."""
     names = [*dialect.waiting, *dialect.running, *dialect.kv_usage]
     names += [name for pair in (*dialect.tpot, *dialect.e2e) for name in pair]
-    names += [name for name in (dialect.steps, dialect.generated) if name]
+    names += [*dialect.steps, *([dialect.generated] if dialect.generated else [])]
     return tuple(names)
 
 
@@ -238,7 +244,7 @@ def parse_wanted(lines: bytes, model_name: str | None = None) -> EngineSample:
         kv_usage=_fullest(series, dialect.kv_usage),
         tpot_sum_s=tpot_sum_s,
         tpot_count=tpot_count,
-        steps=_total(series, dialect.steps) if dialect.steps else None,
+        steps=next((_total(series, n) for n in dialect.steps if series.get(n)), None),
         generated=_total(series, dialect.generated) if dialect.generated else None,
         e2e_sum_s=e2e_sum_s,
         e2e_count=e2e_count,

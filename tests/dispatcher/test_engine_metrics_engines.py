@@ -16,6 +16,7 @@ from dispatcher.engine_metrics import (
     recent_tpot_s,
     wanted_lines,
 )
+from dispatcher.scraper import learned_batch
 from tests.support.paths import FIXTURES
 
 
@@ -159,8 +160,15 @@ def test_tgi_queue_batch_and_mean_time_per_token_without_kv_usage() -> None:
     assert (got.waiting, got.running, got.kv_usage) == (12.0, 32.0, None)
     assert got.tpot_count == 1287.0
     assert got.tpot_sum_s == pytest.approx(700 * 0.021 + 587 * 0.034)
-    assert got.e2e_count == 1287.0 and got.steps is None and got.generated is None
+    assert got.e2e_count == 1287.0 and got.generated is None
+    assert got.steps == 905 + 61230  # forward passes of its batch, prefill and decode
 
 
-def test_tgis_batch_inference_counter_is_not_read() -> None:
-    assert b"tgi_batch_inference" not in wanted_lines(page("tgi-db931fcf/metrics_busy.txt"))
+def test_tgi_learns_its_batch_from_its_forward_passes() -> None:
+    earlier = parse_metrics(page("tgi-db931fcf/metrics_busy.txt"))
+    text = page("tgi-db931fcf/metrics_busy.txt").replace(
+        b'tgi_batch_inference_count{method="decode"} 61230',
+        b'tgi_batch_inference_count{method="decode"} 61250',
+    )
+    later = parse_metrics(text)
+    assert learned_batch(0, earlier, later) == 32  # requests waited through 20 steps
