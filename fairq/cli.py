@@ -119,12 +119,24 @@ def batch_worker() -> None:
 main.add_command(batch)
 
 
-@main.command(epilog=runtime.environment(runtime.LOG))
+_SIM_STARTUP = ("FAIRQ_SIM_STARTUP_S", "--startup-s [0]")
+
+
+@main.command(epilog=runtime.environment(runtime.LOG, _SIM_STARTUP))
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8100, show_default=True)
 @click.option("--model", "models", multiple=True, required=True, help="served model name")
 @click.option("--profile", default=None, help="profile YAML file [built-in default]")
-def sim(host: str, port: int, models: tuple[str, ...], profile: str | None) -> None:
+@click.option(
+    "--startup-s",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    envvar=_SIM_STARTUP[0],
+    help="seconds of 503 on every route after start, as a pod loading its weights [0]",
+)
+def sim(
+    host: str, port: int, models: tuple[str, ...], profile: str | None, startup_s: float
+) -> None:
     """Run the engine simulator (a stand-in vLLM pod; its timings are estimates)."""
     from workers.sim import ProfileError, load_profile, serve
 
@@ -133,7 +145,7 @@ def sim(host: str, port: int, models: tuple[str, ...], profile: str | None) -> N
     except ProfileError as exc:
         runtime.fail_config(exc)
     runtime.setup_logging()
-    serve(host, port, list(models), sim_profile)
+    serve(host, port, list(models), sim_profile, startup_s=startup_s)
 
 
 @main.command(name="hash-key", epilog=runtime.environment())

@@ -3,16 +3,22 @@
 `create_app` wires one profile, one engine loop (started and stopped by the
 app's lifespan) and one private metrics registry per app, so several simulated
 pods can run in one process.
+
+``startup_s`` makes the pod take that long to start, as a vLLM pod loading its weights:
+from the lifespan's start until then every route answers 503 (``/health`` included, so
+a readiness probe and fairq's scraper see a pod that is not ready yet), then it serves.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from workers.sim._engine import Engine, engine_running
 from workers.sim._errors import EngineStopped, RequestError
@@ -30,20 +36,27 @@ from workers.sim._wire import (
     server_info_body,
 )
 
+log = logging.getLogger(__name__)
 
-def create_app(models: list[str], profile: SimProfile) -> FastAPI:
+
+def create_app(models: list[str], profile: SimProfile, *, startup_s: float = 0.0) -> FastAPI:
     """An ASGI app that serves `models` from one simulated engine.
 
     The engine loop runs inside the app's lifespan, so the ASGI server must run
     lifespan events (uvicorn does by default); without it, requests get 503.
+    ``startup_s`` (module docstring): seconds of 503 on every route after that start.
     """
     if not models:
         raise ValueError("the engine simulator needs at least one model name")
+    if not startup_s >= 0:  # also NaN
+        raise ValueError(f"startup_s must be 0 or more seconds, not {startup_s}")
     routes = _Routes(list(models), profile)
+    starting = _Starting(startup_s)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         async with engine_running(routes.engine):
+            starting.begin()
             yield
 
     app = FastAPI(
@@ -62,7 +75,47 @@ def create_app(models: list[str], profile: SimProfile) -> FastAPI:
     app.add_route("/metrics", routes.metrics, methods=["GET"])
     if profile.dev_mode:
         app.add_route("/server_info", routes.server_info, methods=["GET"])
+    if startup_s > 0:
+        app.add_middleware(_RefuseWhileStarting, starting=starting)
     return app
+
+
+class _Starting:
+    """Whether the pod is still starting: ``startup_s`` from ``begin`` (the lifespan's
+    start); before ``begin`` it is starting too."""
+
+    def __init__(self, startup_s: float) -> None:
+        self._startup_s = startup_s
+        self._ready_at: float | None = None
+
+    def begin(self) -> None:
+        self._ready_at = time.monotonic() + self._startup_s
+        if self._startup_s > 0:
+            log.info("simulating a start-up: not ready for %.1f s", self._startup_s)
+
+    def still(self) -> bool:
+        if self._ready_at is None:
+            return True
+        if time.monotonic() < self._ready_at:
+            return True
+        self._ready_at = -1.0  # ready for good: later calls compare once and return
+        return False
+
+
+class _RefuseWhileStarting:
+    """503 to every HTTP request while the pod starts (a pure ASGI middleware: one
+    comparison per request once it is ready)."""
+
+    def __init__(self, app: ASGIApp, starting: _Starting) -> None:
+        self._app = app
+        self._starting = starting
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self._starting.still():
+            message = "the engine is starting (loading its weights); retry shortly"
+            await _error(503, "ServiceUnavailableError", message)(scope, receive, send)
+            return
+        await self._app(scope, receive, send)
 
 
 class _Routes:

@@ -33,7 +33,10 @@ class _Server(QuietSignalServer):
         await super().shutdown(sockets)
 
 
-def serve(host: str, port: int, models: list[str], profile: SimProfile) -> None:
-    """Serve `models` on host:port from one simulated engine; blocks until a signal."""
-    app = create_app(models, profile)
+def serve(
+    host: str, port: int, models: list[str], profile: SimProfile, *, startup_s: float = 0.0
+) -> None:
+    """Serve `models` on host:port from one simulated engine; blocks until a signal.
+    ``startup_s``: every route answers 503 for that long first (``create_app``)."""
+    app = create_app(models, profile, startup_s=startup_s)
     _Server(quiet_config(app, host, port, GRACEFUL_SHUTDOWN_S), app.state.sim_engine).run()
