@@ -108,7 +108,7 @@ def install(directory: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="the engine's base URL")
     parser.add_argument("--settle-s", type=float, default=0.0)
     parser.add_argument("--timeout-s", type=float, default=600.0)
