@@ -14,7 +14,8 @@ from fairq.runtime import CONFIG, REDIS, SETTING, environment
 
 @click.group(epilog=environment())
 def k8s() -> None:
-    """Kubernetes: the manifests under deploy/k8s, and the probe of pods without HTTP."""
+    """Kubernetes: the manifests under deploy/k8s, the probe of pods without HTTP, and the
+    drain an engine pod runs before it stops."""
 
 
 _DIR_OPTION = click.option(
