@@ -48,7 +48,9 @@ sources, is in ``tests/fixtures``; its README says which file and commit):
   pipeline-parallel rank exports the same queue, series that differ only in ``tp_rank``,
   ``pp_rank`` or ``moe_ep_rank``: those are copies and count once (``_Dialect.copies``).
   Its ``sglang:generation_tokens_total`` moves only when a request ends, so it says
-  nothing about engine steps between two scrapes and is not read.
+  nothing about engine steps between two scrapes and is not read; the engine's steps
+  are its counter ``sglang:cuda_graph_passes_total`` (one per forward pass, labelled
+  ``mode``).
 - TGI (huggingface/text-generation-inference ``docs/source/reference/metrics.md``
   and ``router/src/server.rs``, which gives every ``*duration`` metric histogram
   buckets; unchanged from commit 53fdbe617d4f3cc358842ad96914393ad6b6e4ca to
@@ -151,6 +153,8 @@ _DIALECTS = (
         tpot=_histogram_of(
             "sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"
         ),
+        # One per forward pass, labelled mode (decode or prefill, with CUDA graph or not).
+        steps=("sglang:cuda_graph_passes_total",),
         e2e=_histogram_of("sglang:e2e_request_latency_seconds"),
         copies=frozenset({"tp_rank", "pp_rank", "moe_ep_rank"}),
     ),
@@ -244,8 +248,8 @@ def parse_wanted(lines: bytes, model_name: str | None = None) -> EngineSample:
         kv_usage=_fullest(series, dialect.kv_usage),
         tpot_sum_s=tpot_sum_s,
         tpot_count=tpot_count,
-        steps=next((_total(series, n) for n in dialect.steps if series.get(n)), None),
-        generated=_total(series, dialect.generated) if dialect.generated else None,
+        steps=next((_total(series, n, dialect.copies) for n in dialect.steps if n in series), None),
+        generated=_total(series, dialect.generated, dialect.copies) if dialect.generated else None,
         e2e_sum_s=e2e_sum_s,
         e2e_count=e2e_count,
         engine=dialect.engine,
@@ -361,9 +365,9 @@ def _fullest(series: _Series, names: Sequence[str]) -> float | None:
     return None
 
 
-def _total(series: _Series, name: str) -> float | None:
+def _total(series: _Series, name: str, copies: frozenset[str]) -> float | None:
     rows = series.get(name, ())
-    return math.fsum(value for _, value in rows) if rows else None
+    return math.fsum(_once_per_engine(rows, copies)) if rows else None
 
 
 def _histogram(

@@ -97,7 +97,8 @@ def test_sglang_queue_running_token_usage_and_inter_token_latency() -> None:
     assert (got.tpot_sum_s, got.tpot_count) == (5742.31, 201766.0)
     e2e_s = 1100 * 8.2 + 103 * 31.0
     assert got.e2e_count == 1203.0 and got.e2e_sum_s == pytest.approx(e2e_s)
-    assert got.steps is None and got.generated is None
+    assert got.steps == 48210 + 312  # forward passes, with CUDA graphs or not
+    assert got.generated is None
     assert engine_drain_per_s(got) == pytest.approx(65 / (e2e_s / 1203))
 
 
@@ -109,6 +110,7 @@ def test_sglang_ranks_exporting_one_engines_queue_count_it_once() -> None:
     one = parse_metrics(page("sglang-00ae9c15/metrics_busy.txt"))
     every_rank = parse_metrics(page("sglang-00ae9c15/metrics_all_schedulers_tp2.txt"))
     assert (every_rank.waiting, every_rank.running) == (one.waiting, one.running) == (17, 48)
+    assert every_rank.steps == one.steps  # each rank counts the same passes
 
 
 def test_sglang_data_parallel_ranks_are_separate_queues_and_add_up() -> None:
