@@ -219,10 +219,9 @@ def parse_metrics(page: bytes | str, model_name: str | None = None) -> EngineSam
 
     With ``model_name``, only series whose ``model_name`` label equals it count
     (vLLM and SGLang label every series; TGI and llama.cpp label none, so pass None
-    for them). Raises
-    ``MetricsError`` when the wanted lines do not parse, name no known engine, or
-    have no queue series for ``model_name``: a scrape that cannot say how long
-    the queue is must never read as an empty queue.
+    for them). Raises ``MetricsError`` when the wanted lines do not parse, name no known
+    engine, or have no queue series for ``model_name``: a scrape that cannot say how
+    long the queue is must never read as an empty queue.
     """
     if isinstance(page, str):
         page = page.encode()
