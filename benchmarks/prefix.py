@@ -47,6 +47,7 @@ _QUIET = {"FAIRQ_LOG_LEVEL": "WARNING"}
 class Options:
     replicas: int
     profile: str
+    cache_tokens: int | None  # the replicas' prefix cache; None: the profile's
     loads: tuple[LoadShape, ...]
     arms: tuple[str, ...]
     seed: int
@@ -96,11 +97,14 @@ def fairq(routing: str, endpoints: Sequence[str], batch_slots: int) -> Iterator[
         stack.stop()
 
 
-def write_profile(base: str, folder: Path) -> tuple[Path, int]:
-    """The base profile as a file the replicas read, and its batch (max_num_seqs)."""
+def write_profile(base: str, cache_tokens: int | None, folder: Path) -> tuple[Path, int]:
+    """The base profile (with ``cache_tokens`` of prefix cache, if given) as a file the
+    replicas read, and its batch (max_num_seqs)."""
     from workers.sim import load_profile
 
     profile = load_profile(base)
+    if cache_tokens is not None:
+        profile = profile.model_copy(update={"prefix_cache_tokens": cache_tokens})
     path = folder / "profile.yaml"
     path.write_text(yaml.safe_dump(profile.model_dump()))
     return path, profile.max_num_seqs
@@ -126,7 +130,7 @@ def replica_counters(url: str) -> dict[str, float]:
 
 
 def run_arm(options: Options, shape: LoadShape, routing: str, folder: Path) -> dict[str, Any]:
-    profile, batch = write_profile(options.profile, folder)
+    profile, batch = write_profile(options.profile, options.cache_tokens, folder)
     with replicas(options.replicas, profile) as urls, fairq(routing, urls, batch) as stack:
         url = f"{stack.gateway_url}/v1/chat/completions"
         load = asyncio.run(run_load(url, APP_KEY, MODEL, shape, seed=options.seed,
@@ -180,6 +184,7 @@ def run(options: Options) -> dict[str, Any]:
         "benchmark": "prefix",
         "engine": "simulator (estimates)",
         "profile": options.profile,
+        "prefix_cache_tokens": options.cache_tokens,
         "replicas": options.replicas,
         "seed": options.seed,
         "machine": machine(),
@@ -204,9 +209,11 @@ def table(result: dict[str, Any]) -> str:
         for name, section in result["loads"].items()
         for arm, figures in section["arms"].items()
     ]
+    cache = result["prefix_cache_tokens"]
+    size = "the profile's prefix cache" if cache is None else f"{cache} tokens of prefix cache"
     head = (
-        f"Simulator (estimates), profile {result['profile']}, {result['replicas']} replicas "
-        f"of one model behind one fairq, seed {result['seed']}."
+        f"Simulator (estimates), profile {result['profile']} ({size}), {result['replicas']} "
+        f"replicas of one model behind one fairq, seed {result['seed']}."
     )
     return head + "\n\n" + markdown_table(COLUMNS, rows)
 
@@ -214,6 +221,7 @@ def table(result: dict[str, Any]) -> str:
 @click.command(name="prefix")
 @click.option("--replicas", default=4, show_default=True, help="simulated replicas of the model")
 @click.option("--profile", default="h100-8b", show_default=True, help="the replicas' sim profile")
+@click.option("--prefix-cache-tokens", type=int, default=None, help="per replica [the profile's]")
 @click.option("--loads", "load_names", default="chat,agent", show_default=True)
 @click.option("--arms", default=",".join(ARMS), show_default=True, help="routings to compare")
 @click.option("--chat-sessions", default=32, show_default=True)
@@ -228,6 +236,7 @@ def main(
     *,
     replicas: int,
     profile: str,
+    prefix_cache_tokens: int | None,
     load_names: str,
     arms: str,
     chat_sessions: int,
@@ -247,8 +256,16 @@ def main(
     unknown = [n for n in names if n not in shapes] + [a for a in routings if a not in ARMS]
     if unknown:
         raise click.BadParameter(f"unknown load or arm: {', '.join(unknown)}")
-    options = Options(replicas, profile, tuple(shapes[n] for n in names), tuple(routings),
-                      seed, deadline_s, out)  # fmt: skip
+    options = Options(
+        replicas=replicas,
+        profile=profile,
+        cache_tokens=prefix_cache_tokens,
+        loads=tuple(shapes[n] for n in names),
+        arms=tuple(routings),
+        seed=seed,
+        deadline_s=deadline_s,
+        out=out,
+    )
     try:
         result = run(options)
     except KeyboardInterrupt:
