@@ -77,6 +77,11 @@ class SentLog:
         while sent and sent[0][0] < now - self._keep_s:
             sent.popleft()
 
+    def forget(self, endpoint: str) -> None:
+        """``endpoint`` is gone (a replica found through DNS left): its log goes too, so
+        that replicas coming and going do not grow the log."""
+        self._sent.pop(endpoint, None)
+
     def since(self, endpoint: str, moment: float) -> Sent:
         """Jobs sent at or after ``moment`` (a scrape sent then may not show them)."""
         recent = [

@@ -193,6 +193,9 @@ class Dispatcher:
             ", ".join(change.added) or "-",
             ", ".join(change.removed) or "-",
         )
+        for endpoint in change.removed:
+            if not self._live.models_of(endpoint):
+                self._sent.forget(endpoint)
         self._watch()
         if self._wake is not None:
             self._wake.mark_stale(model)

@@ -20,6 +20,7 @@ from dispatcher.discovery import (
     make_resolver,
     resolve,
 )
+from dispatcher.endpoints import SentLog
 from tests.support.dns import dns_server, silent_dns
 from tests.support.eventually import aeventually
 
@@ -122,3 +123,11 @@ async def test_discovery_keeps_the_last_set_through_failures_and_logs_each_chang
     messages = [r.getMessage() for r in caplog.records]
     assert sum("cannot be read" in m for m in messages) == 1, messages
     assert sum("is read again" in m for m in messages) == 1, messages
+
+
+def test_a_gone_replicas_sends_are_forgotten() -> None:
+    sent = SentLog(keep_s=10)
+    sent.record("http://10.0.0.1:8000", 3, now=1.0)
+    sent.forget("http://10.0.0.1:8000")
+    assert sent.since("http://10.0.0.1:8000", 0.0).total == 0
+    assert not sent._sent  # nothing kept per replica that came and went
