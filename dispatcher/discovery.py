@@ -113,7 +113,7 @@ class DnsDiscovery:
     def __init__(self, models: Sequence[ModelConfig], on_found: OnFound) -> None:
         self._models = [m for m in models if m.discovery is not None]
         self._on_found = on_found
-        self._failing: dict[str, str] = {}  # model -> why its last read failed
+        self._failing: set[str] = set()  # models whose last read failed
 
     async def run(self) -> None:
         """Follow every model until cancelled; failures never raise."""
@@ -149,10 +149,11 @@ class DnsDiscovery:
                 found.dns,
                 reason,
             )
-        self._failing[model] = reason
+        self._failing.add(model)
 
     def _recovered(self, model: str, found: DiscoveryConfig) -> None:
-        if self._failing.pop(model, None) is not None:
+        if model in self._failing:
+            self._failing.discard(model)
             log.info("replicas of model %s: DNS %s is read again", model, found.dns)
 
 
