@@ -18,6 +18,7 @@ from broker.dispatching import (
     express_send,
     parse_wake,
 )
+from broker.engines import engine_groups
 from broker.errors import (
     BodyTooLarge,
     BrokerUnavailable,
@@ -113,6 +114,7 @@ __all__ = [
     "add_latency",
     "connect",
     "connect_blocking",
+    "engine_groups",
     "express_send",
     "hash_key",
     "job_fields",

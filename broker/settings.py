@@ -22,6 +22,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from broker.engines import check_engine_groups
+
 DEFAULT_BANDS = ("interactive", "default", "batch")
 # Model names become Redis Cluster hash tags and URL path parts: no braces, no spaces.
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
@@ -97,7 +99,9 @@ def nameserver_address(server: str) -> tuple[str, int]:
 
 class ModelConfig(_Frozen):
     """One served model and the engine pods (endpoints) that serve it: listed in
-    ``endpoints``, found through ``discovery``, or both (the union)."""
+    ``endpoints``, found through ``discovery``, or both (the union). Models that list the
+    same endpoints (or follow the same DNS name) are names of one engine, counted once for
+    all of them (``broker.engines``)."""
 
     name: str
     # The engine's kind. Its /metrics are read by the names found on the page whatever this
@@ -356,6 +360,8 @@ class Settings(BaseSettings):
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             raise ValueError("model names must be unique")
+        # Models served by one engine (broker.engines): it must be named alike by each.
+        check_engine_groups(self.models, self.bands)
         for key in self.api_keys:
             for band in key.bands or ():
                 if band not in self.bands:
