@@ -150,7 +150,8 @@ class ModelConfig(_Frozen):
     # Which endpoint with room a job goes to: "least_loaded" (the most room) or "prefix"
     # (each user's jobs to one replica, where its prefix cache holds their conversation,
     # while that replica's jobs in flight stay within routing_load_bound x the mean:
-    # dispatcher.affinity). "prefix" sends no job express (one dispatcher round each).
+    # dispatcher.affinity). With several replicas "prefix" sends no job express (each
+    # waits for one dispatcher round).
     routing: Literal["least_loaded", "prefix"] = "least_loaded"
     routing_load_bound: float = Field(default=1.25, ge=1.0)
 

@@ -455,9 +455,10 @@ class Dispatcher:
         # (or a less urgent one) waits its turn anyway, so its credits would go unused.
         bands = self._settings.bands
         usable = bands if snap.empty else bands[: bands.index(snap.backlogs[0].band)]
-        if model.routing == "prefix":
+        states = self._states(model, snap)
+        if model.routing == "prefix" and len(states) > 1:
             usable = ()  # one grant is one endpoint: express sends would ignore affinity
-        grant = plan_grant(admission, self._states(model, snap), usable, config) if usable else None
+        grant = plan_grant(admission, states, usable, config) if usable else None
         now = time.monotonic()
         last = self._grants.get(model.name)
         if last is not None and last.grant == grant:

@@ -73,3 +73,10 @@ async def test_least_loaded_fills_the_endpoint_with_most_room_and_grants_express
     sent = [ep for eps in placed.values() for ep in eps]
     assert (sent.count(EPS[0]), sent.count(EPS[1])) == (8, 1)  # the cap, then the next
     assert await r.hget(keys.meta(MODEL), "xep") is not None
+
+
+async def test_a_model_with_one_replica_keeps_express_under_prefix_routing(r: Redis) -> None:
+    fields = {"admission": "static", "routing": "prefix"}
+    s = make_settings("redis://unused", endpoints=EPS[:1], model_fields=fields)
+    await Dispatcher(s, r).dispatch_model(s.models[0])
+    assert await r.hget(keys.meta(MODEL), "xep") == EPS[0].encode()
