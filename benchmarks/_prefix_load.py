@@ -10,6 +10,8 @@ prefixes, and every session shares the system prompt of its load.
   time of a second or two between turns.
 * ``agent``: fewer sessions, each step appends a long tool result to the context,
   short pauses between steps: the context grows to thousands of tokens.
+* ``oneshot``: the control: every request a new prompt that shares nothing (no
+  system prompt, no earlier turn), so routing can gain nothing from a cache.
 
 The text is made of random words from a seeded generator, so every run sends the
 same bytes; an assistant turn is replaced by text of the answer's length (the
@@ -50,6 +52,7 @@ class LoadShape:
     output_tokens: int
     pause_s: tuple[float, float]  # uniform between turns
     start_spread_s: float  # sessions start uniformly within this
+    grows: bool = True  # False: each turn a fresh prompt that shares nothing
 
 
 def chat(sessions: int = 32, turns: int = 5) -> LoadShape:
@@ -62,6 +65,12 @@ def agent(sessions: int = 12, turns: int = 10) -> LoadShape:
     return LoadShape("agent", sessions, turns, system_tokens=2000, first_tokens=300,
                      turn_tokens=800, output_tokens=48, pause_s=(0.05, 0.2),
                      start_spread_s=1.0)  # fmt: skip
+
+
+def oneshot(sessions: int = 16, turns: int = 6) -> LoadShape:
+    return LoadShape("oneshot", sessions, turns, system_tokens=0, first_tokens=1500,
+                     turn_tokens=0, output_tokens=64, pause_s=(0.2, 0.6),
+                     start_spread_s=1.0, grows=False)  # fmt: skip
 
 
 def words(rng: random.Random, tokens: int) -> str:
@@ -85,6 +94,9 @@ class Session:
 
     def next_turn(self, shape: LoadShape) -> None:
         """The answer (as text of its length) and the next message."""
+        if not shape.grows:
+            self.messages = [{"role": "user", "content": words(self.rng, shape.first_tokens)}]
+            return
         self.messages.append({"role": "assistant", "content": words(self.rng, shape.output_tokens)})
         # An agent's tool result goes back as a user message (a ReAct observation).
         self.messages.append({"role": "user", "content": words(self.rng, shape.turn_tokens)})
@@ -96,7 +108,9 @@ def sessions(shape: LoadShape, seed: int) -> list[Session]:
     for index in range(shape.sessions):
         rng = random.Random(f"{seed}-{shape.name}-{index}")
         opening = words(rng, shape.first_tokens)
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": opening}]
+        messages = [{"role": "user", "content": opening}]
+        if shape.system_tokens:
+            messages.insert(0, {"role": "system", "content": system})
         out.append(Session(f"{shape.name}-{index:03d}", messages, rng))
     return out
 

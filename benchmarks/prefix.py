@@ -2,7 +2,8 @@
 
 One model served by several simulated replicas (each with vLLM's prefix cache,
 ``workers.sim._prefix``) behind one fairq stack, all on 127.0.0.1. For each load
-(``_prefix_load``: a multi-turn chat, an agent) each arm gets fresh replicas (cold
+(``_prefix_load``: a multi-turn chat, an agent, and a control whose prompts share
+nothing) each arm gets fresh replicas (cold
 caches), a fresh fairq with the model's ``routing`` set to the arm's, and the same
 conversations. Measured per arm: time to first token (p50, p95), output tokens/s
 over the load's wall time, the replicas' prefix-cache hit rate (vLLM's own
@@ -30,7 +31,7 @@ import httpx
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks._prefix_load import LoadRun, LoadShape, agent, chat, run_load
+from benchmarks._prefix_load import LoadRun, LoadShape, agent, chat, oneshot, run_load
 from benchmarks.stats import machine, markdown_table, pct, save
 from broker import hash_key
 from fairq.localredis import free_port
@@ -222,7 +223,13 @@ def table(result: dict[str, Any]) -> str:
 @click.option("--replicas", default=4, show_default=True, help="simulated replicas of the model")
 @click.option("--profile", default="h100-8b", show_default=True, help="the replicas' sim profile")
 @click.option("--prefix-cache-tokens", type=int, default=None, help="per replica [the profile's]")
-@click.option("--loads", "load_names", default="chat,agent", show_default=True)
+@click.option(
+    "--loads",
+    "load_names",
+    default="chat,agent,oneshot",
+    show_default=True,
+    help="chat, agent, oneshot (the control: no prompt shares a prefix)",
+)
 @click.option("--arms", default=",".join(ARMS), show_default=True, help="routings to compare")
 @click.option("--chat-sessions", default=32, show_default=True)
 @click.option("--chat-turns", default=5, show_default=True)
@@ -250,7 +257,11 @@ def main(
 ) -> None:
     """Prefix-aware routing against least-loaded on a multi-turn chat and an agent load,
     over simulated replicas of one model: TTFT, tokens/s, prefix-cache hit rate, spread."""
-    shapes = {"chat": chat(chat_sessions, chat_turns), "agent": agent(agent_sessions, agent_turns)}
+    shapes = {
+        "chat": chat(chat_sessions, chat_turns),
+        "agent": agent(agent_sessions, agent_turns),
+        "oneshot": oneshot(),
+    }
     names = [n.strip() for n in load_names.split(",") if n.strip()]
     routings = [a.strip() for a in arms.split(",") if a.strip()]
     unknown = [n for n in names if n not in shapes] + [a for a in routings if a not in ARMS]

@@ -21,7 +21,7 @@ from fairq.cli import main
 
 TINY = [
     "--replicas", "2", "--profile", "default", "--chat-sessions", "3", "--chat-turns", "2",
-    "--agent-sessions", "2", "--agent-turns", "2", "--deadline-s", "60",
+    "--agent-sessions", "2", "--agent-turns", "2", "--deadline-s", "60", "--loads", "chat,agent",
 ]  # fmt: skip
 
 
