@@ -23,7 +23,6 @@ import yaml
 from redis.asyncio import Redis
 
 from broker import AsyncClient, JobState, Settings, keys, read_queues
-from broker.results import CHUNK_FIELD
 from fairq.localredis import free_port
 from tests.support.dns import Zone, dns_server
 from tests.support.eventually import aeventually
@@ -95,8 +94,15 @@ def start_fairq(
         "interval_s": DISCOVERY_S,
         "nameservers": [nameserver],
     }
-    model = {"admission": "metrics", "endpoints": [], "discovery": discovery}
-    config = make_config(quick=True, model_fields=model, status_interval_s=0.2, **extra)
+    # No preemption: its take-backs rewrite streams (tests/integration/test_first_token.py
+    # covers them); here each stream must be the engine's one answer, as sent.
+    model = {"admission": "metrics", "endpoints": [], "discovery": discovery, "preemption": False}
+    # Leases longer than quick's: nothing here kills a worker, and on a loaded machine a
+    # worker's renewal can be late by more than quick's 800 ms.
+    leases = {"lease_ms": 10_000, "lease_renew_ms": 1000}
+    config = make_config(
+        quick=True, model_fields=model, status_interval_s=0.2, **{**leases, **extra}
+    )
     path = tmp_path / "fairq.yaml"
     path.write_text(yaml.safe_dump(config))
     env = {**os.environ, "FAIRQ_CONFIG": str(path), "FAIRQ_REDIS_URL": redis_url,
@@ -125,22 +131,21 @@ async def submit(client: AsyncClient, count: int, **body: Any) -> list[str]:
 
 
 async def check_exactly_once(redis: Redis, client: AsyncClient, jobs: list[str]) -> None:
-    """Every job completed, once: its result stream holds one end and TOKENS tokens, none
-    twice (a retry after output would repeat them)."""
+    """Every job completed, once: its result stream holds one end, and its client reads
+    TOKENS tokens, none twice (a retry after output would repeat them)."""
     for job_id in jobs:
         record = await client.status(job_id)
         assert record.state is JobState.COMPLETED, (job_id, record.state, record.error)
         entries = await redis.xrange(keys.results(MODEL, job_id))
         ends = [f for _, f in entries if b"end" in f]
         assert len(ends) == 1, (job_id, ends)
-        chunks = b"".join(f.get(CHUNK_FIELD, b"") for _, f in entries)
         tokens = [
-            line
-            for line in chunks.split(b"\n\n")
-            if line.startswith(b"data: {") and b'"content":"' in line
-            and b'"content":""' not in line
+            text
+            async for chunk in client.stream(job_id)
+            for choice in chunk.get("choices") or []
+            if (text := (choice.get("delta") or {}).get("content"))
         ]
-        assert len(tokens) == TOKENS, (job_id, len(tokens))
+        assert len(tokens) == TOKENS, (job_id, tokens)
         assert (record.usage or {}).get("completion_tokens") == TOKENS
 
 
