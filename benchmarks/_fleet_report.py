@@ -1,0 +1,185 @@
+"""The fleet benchmark's figures from what the run recorded. Pure, no I/O.
+
+A cold start is a wake: a replica the autoscaler started while its model had none
+starting or ready. Its first request is the earliest request of that model, sent after
+the model's previous wake, that had no first token yet when the wake was decided (the
+request whose demand woke the model); its time to first token runs from that request's
+send to the model's first token after it. Its excess over the replica's startup time
+splits into the steps on the way:
+
+* detect: from the request to the autoscaler's decision (the dispatcher publishes the
+  demand every status interval, the autoscaler reads it every polling interval);
+* start: from the decision to the replica's readiness (the startup time itself, the
+  host's start of the server, the readiness probe's period);
+* serve: from the record in DNS to the first token (the dispatcher's next DNS read, its
+  scrape of the new replica, the dispatch, one engine step, the stream's way back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from benchmarks._fleet_load import Request
+from benchmarks._fleet_replicas import Replica
+from benchmarks.stats import markdown_table, pct
+
+
+@dataclass(frozen=True)
+class ColdStart:
+    model: str
+    first_sent_s: float
+    requested_s: float  # the wake: the autoscaler started a replica
+    ready_s: float | None
+    published_s: float | None
+    first_token_s: float | None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.first_sent_s
+
+    def steps(self) -> dict[str, float | None]:
+        def between(a: float | None, b: float | None) -> float | None:
+            return None if a is None or b is None else b - a
+
+        return {
+            "detect_s": between(self.first_sent_s, self.requested_s),
+            "start_s": between(self.requested_s, self.ready_s),
+            "publish_s": between(self.ready_s, self.published_s),
+            "serve_s": between(self.published_s, self.first_token_s),
+        }
+
+
+def wakes(replicas: Sequence[Replica]) -> list[Replica]:
+    """The replicas started while their model had none starting or ready."""
+    out = []
+    for replica in replicas:
+        alive_before = any(
+            other.model == replica.model
+            and other.requested_s < replica.requested_s
+            and (other.retired_s is None or other.retired_s > replica.requested_s)
+            for other in replicas
+        )
+        if not alive_before:
+            out.append(replica)
+    return sorted(out, key=lambda r: r.requested_s)
+
+
+def cold_starts(requests: Sequence[Request], replicas: Sequence[Replica]) -> list[ColdStart]:
+    by_model: dict[str, list[Request]] = {}
+    for request in sorted(requests, key=lambda r: r.sent_s):
+        by_model.setdefault(request.model, []).append(request)
+    previous: dict[str, float] = {}
+    out = []
+    for wake in wakes(replicas):
+        after = previous.get(wake.model, float("-inf"))
+        previous[wake.model] = wake.requested_s
+        mine = [r for r in by_model.get(wake.model, []) if r.sent_s > after]
+        waiting = [r for r in mine if r.sent_s <= wake.requested_s and not _served_by(r, wake)]
+        if not waiting:
+            continue  # nothing was waiting: not a request's cold start (cannot happen here)
+        first = waiting[0]
+        tokens = [r.first_token_s for r in mine if r.sent_s >= first.sent_s and r.first_token_s]
+        out.append(ColdStart(wake.model, first.sent_s, wake.requested_s, wake.ready_s,
+                             wake.published_s, min(tokens) if tokens else None))  # fmt: skip
+    return out
+
+
+def _served_by(request: Request, moment: Replica) -> bool:
+    """Whether ``request`` had its first token before ``moment``'s wake."""
+    return request.first_token_s is not None and request.first_token_s < moment.requested_s
+
+
+def spread(values: Sequence[float]) -> dict[str, float | None]:
+    """Median, 95th percentile and maximum, rounded to the millisecond."""
+    if not values:
+        return {"p50": None, "p95": None, "max": None}
+    return {"p50": round(pct(values, 50), 3), "p95": round(pct(values, 95), 3),
+            "max": round(max(values), 3)}  # fmt: skip
+
+
+def cold_figures(
+    starts: Sequence[ColdStart], startup_s: float, bounds_s: dict[str, float]
+) -> dict[str, object]:
+    """The cold starts' TTFT, excess over the startup time, its steps, and how many
+    exceed each bound (``bounds_s``: name -> seconds)."""
+    ttfts = [s.ttft_s for s in starts if s.ttft_s is not None]
+    excess = [t - startup_s for t in ttfts]
+    steps: dict[str, list[float]] = {}
+    for start in starts:
+        for name, value in start.steps().items():
+            if value is not None:
+                steps.setdefault(name, []).append(value)
+    return {
+        "count": len(starts),
+        "served": len(ttfts),
+        "ttft_s": spread(ttfts),
+        "excess_s": spread(excess),
+        "steps_s": {name: spread(values) for name, values in steps.items()},
+        "below_startup": sum(1 for t in ttfts if t < startup_s),
+        "over": {name: sum(1 for e in excess if e > bound) for name, bound in bounds_s.items()},
+    }
+
+
+def lost(requests: Sequence[Request], max_tokens: int) -> list[Request]:
+    """Requests sent whose whole answer did not come exactly once."""
+    return [r for r in requests if not r.complete(max_tokens)]
+
+
+def duplicate_jobs(requests: Sequence[Request]) -> int:
+    """Job ids that answered more than one request (each request must be its own job)."""
+    ids = [r.job_id for r in requests if r.job_id is not None]
+    return len(ids) - len(set(ids))
+
+
+def _cell(spread_: object, key: str) -> object:
+    value = spread_.get(key) if isinstance(spread_, dict) else None
+    return "-" if value is None else value
+
+
+def table(result: dict[str, object]) -> str:
+    """The report's markdown: the cold starts' figures, then the run's."""
+    cold = result["cold_starts"]
+    terms = result["bound_terms_s"]
+    assert isinstance(cold, dict) and isinstance(terms, dict)
+    rows: list[tuple[object, ...]] = [
+        ("cold start TTFT", _cell(cold["ttft_s"], "p50"), _cell(cold["ttft_s"], "p95"),
+         _cell(cold["ttft_s"], "max")),
+        ("excess = TTFT - startup", _cell(cold["excess_s"], "p50"),
+         _cell(cold["excess_s"], "p95"), _cell(cold["excess_s"], "max")),
+    ]  # fmt: skip
+    steps = cold["steps_s"]
+    assert isinstance(steps, dict)
+    for name in ("detect_s", "start_s", "publish_s", "serve_s"):
+        if name in steps:
+            rows.append((f"  step: {name[:-2]}", _cell(steps[name], "p50"),
+                         _cell(steps[name], "p95"), _cell(steps[name], "max")))  # fmt: skip
+    head = (
+        f"Simulator: estimates. {result['models']} models, replica startup "
+        f"{result['startup_s']} s, {result['machine']['cores']} cores; "  # type: ignore[index]
+        f"{cold['count']} cold starts."
+    )
+    bound = ", ".join(f"{k} {v}" for k, v in terms.items())
+    lines = [head, "", markdown_table(("seconds", "p50", "p95", "max"), rows), ""]
+    over = cold["over"]
+    assert isinstance(over, dict)
+    lines.append(f"Every step on the way (s): {bound}; their sum {result['bound_s']} s: "
+                 f"cold starts over it: {over['bound']}. The issue's bound (demand publish + "
+                 f"poll + engine step) {result['issue_bound_s']} s: over it: "
+                 f"{over['issue_bound']}. TTFT below the startup time: "
+                 f"{cold['below_startup']}.")  # fmt: skip
+    run = result["run"]
+    assert isinstance(run, dict)
+    other = [
+        ("requests sent", run["requests"]),
+        ("requests lost (no whole answer exactly once)", run["lost"]),
+        ("request TTFT p50 / p95 s (all)", f"{run['ttft_p50_s']} / {run['ttft_p95_s']}"),
+        ("replicas started / stopped", f"{run['replicas_started']} / {run['replicas_stopped']}"),
+        ("most replicas at once", run["max_replicas"]),
+        ("engine answers (replicas' request_success_total)", run["engine_answers"]),
+        ("dispatcher CPU s over the load (% of one core)",
+         f"{run['dispatcher_cpu_s']} ({run['dispatcher_cpu_pct']} %)"),
+        ("load wall s", run["load_wall_s"]),
+    ]  # fmt: skip
+    lines += ["", markdown_table(("run", "value"), other)]
+    return "\n".join(lines)

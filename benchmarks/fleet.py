@@ -1,0 +1,320 @@
+"""`fairq bench fleet`: many models whose engines scale with fairq's demand, to zero and back.
+
+All on this machine: ``--models`` models (default 60), each a headless Service's DNS name
+(``_fleet_dns``) that fairq's dispatcher reads for the model's replicas (``discovery``),
+none at first. A scripted autoscaler (``_fleet_scaler``) applies KEDA's rules to each
+model's ``fairq_model_demand`` from the dispatcher's ``/metrics`` and starts and stops
+simulated replicas (``_fleet_replicas``: each answers 503 for ``--startup-s`` as a pod
+loading its weights, is published in DNS once ready, and is drained with fairq's preStop
+drain before it stops). A load of ``--users`` users streams chat completions through
+fairq's gateway to a Zipf mix of the models, so that a few are hot and the rest often at
+zero when a request comes.
+
+Reported: each cold start's time from the model's first request to its first token
+against the startup time, the excess and its steps (``_fleet_report``); requests lost
+(every request must get its whole answer exactly once); the dispatcher's CPU over the
+load; replicas started and stopped. The engines are the simulator's: estimates.
+
+Every process is stopped when the run ends, however it ends; the run is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import psutil
+import yaml
+
+from benchmarks._fleet_dns import Zone, dns_server
+from benchmarks._fleet_keda import Rules
+from benchmarks._fleet_load import LoadRun, LoadShape, run_load, zipf_mix
+from benchmarks._fleet_replicas import Fleet, dns_name, replica_hosts
+from benchmarks._fleet_report import cold_figures, cold_starts, duplicate_jobs, lost, table
+from benchmarks._fleet_scaler import Scaler
+from benchmarks.stats import machine, pct, save
+from broker import hash_key
+from fairq.localredis import free_port
+from fairq.runtime import environment
+from fairq.stack import Stack
+
+APP_KEY = "fq-bench-fleet-app"
+BATCH = 16  # the replicas' max_num_seqs
+START_TIMEOUT_S = 60.0
+ZERO_WAIT_S = 30.0  # after the cooldown, the longest wait for the fleet to reach zero
+_QUIET = {"FAIRQ_LOG_LEVEL": "WARNING"}
+# The issue's bound on a cold start's excess: one scrape of the demand, one engine step,
+# one autoscaler poll (the other terms of ``bound_terms_s`` are reported beside it).
+ISSUE_TERMS = ("demand publish (status_interval_s)", "autoscaler poll", "engine step")
+
+
+@dataclass(frozen=True)
+class Options:
+    models: int
+    startup_s: float
+    load: LoadShape
+    zipf: float
+    rules: Rules
+    poll_s: float
+    status_interval_s: float
+    discovery_interval_s: float
+    scrape_interval_s: float
+    probe_s: float
+    step_ms: float
+    hosts: int
+
+    @property
+    def bound_terms_s(self) -> dict[str, float]:
+        """Each step a cold start's first token waits for beyond the startup time, at most."""
+        return {
+            "demand publish (status_interval_s)": self.status_interval_s,
+            "autoscaler poll": self.poll_s,
+            "readiness probe": self.probe_s,
+            "DNS read (discovery interval_s)": self.discovery_interval_s,
+            "engine scrape (scrape_interval_s)": self.scrape_interval_s,
+            "engine step": self.step_ms / 1000,
+        }
+
+
+def say(message: str) -> None:
+    click.echo(f"fleet: {message}", err=True)
+
+
+def model_names(count: int) -> list[str]:
+    """In order of popularity: the first is the hottest."""
+    return [f"fleet-m{i:03d}" for i in range(count)]
+
+
+def profile(options: Options) -> dict[str, Any]:
+    """The replicas' sim profile: a small engine whose step is ``step_ms``."""
+    return {"max_num_seqs": BATCH, "step_base_ms": options.step_ms, "step_per_seq_ms": 0.5,
+            "default_output_tokens": options.load.max_tokens,
+            "enable_prefix_caching": False}  # fmt: skip
+
+
+def fairq_config(options: Options, nameserver: str, port: int) -> dict[str, Any]:
+    """Every model found through its DNS name (no endpoint listed), and one trusted app key
+    that names each user."""
+    models = [
+        {"name": name, "engine": "vllm", "endpoints": [], "batch_slots": BATCH,
+         "discovery": {"dns": dns_name(name), "port": port, "nameservers": [nameserver],
+                       "interval_s": options.discovery_interval_s}}
+        for name in model_names(options.models)
+    ]  # fmt: skip
+    key = {"sha256": hash_key(APP_KEY), "user": "app", "trusted_app": True}
+    return {"models": models, "api_keys": [key], "max_queued_per_user": 10_000,
+            "status_interval_s": options.status_interval_s,
+            "scrape_interval_s": options.scrape_interval_s}  # fmt: skip
+
+
+@contextlib.contextmanager
+def fairq(config: dict[str, Any]) -> Iterator[Stack]:
+    stack = Stack(config, gateway_port=free_port(), workers=1, batch_workers=0, env=_QUIET)
+    stack.start(START_TIMEOUT_S)  # stops what it started if it fails
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def cpu_s(pids: dict[str, int]) -> dict[str, float]:
+    out = {}
+    for name, pid in pids.items():
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(pid).cpu_times()
+            out[name] = times.user + times.system
+    return out
+
+
+async def drive(
+    options: Options, stack: Stack, fleet: Fleet, pids: dict[str, int]
+) -> dict[str, Any]:
+    """The autoscaler and the load; then the fleet back to zero and every replica stopped."""
+    names = tuple(model_names(options.models))
+    scaler = Scaler(fleet, options.rules, stack.metrics_url("dispatcher-0"), options.poll_s, names)
+    stop = asyncio.Event()
+    scaling = asyncio.create_task(scaler.run(stop))
+    try:
+        before = cpu_s(pids)
+        url = f"{stack.gateway_url}/v1/chat/completions"
+        load = await run_load(url, APP_KEY, zipf_mix(names, options.zipf), options.load)
+        after = cpu_s(pids)
+        say(f"load done: {len(load.requests)} requests; waiting for the fleet to reach zero")
+        deadline = time.monotonic() + options.rules.cooldown_s + ZERO_WAIT_S
+        while time.monotonic() < deadline and any(fleet.live(m) for m in names):
+            await asyncio.sleep(0.2)
+        at_zero = not any(fleet.live(m) for m in names)
+    finally:
+        stop.set()
+        await scaling
+        await fleet.stop_all(timeout_s=90.0)
+    return {"load": load, "scaler": scaler, "cpu_before": before, "cpu_after": after,
+            "at_zero": at_zero}  # fmt: skip
+
+
+def run(options: Options) -> dict[str, Any]:
+    zone = Zone()
+    names = model_names(options.models)
+    for name in names:
+        zone.set(dns_name(name), [])  # each Service exists, with no ready pod
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="fairq-bench-fleet-") as folder:
+        profile_path = Path(folder) / "profile.yaml"
+        profile_path.write_text(yaml.safe_dump(profile(options)))
+        with (
+            dns_server(zone) as nameserver,
+            fairq(fairq_config(options, nameserver, port)) as stack,
+            replica_hosts(options.hosts, str(profile_path)) as hosts,
+        ):
+            pids = {name: p.pid for name, p in stack.processes.items()}
+            pids |= {f"replica-host-{i}": pid for i, pid in enumerate(hosts.values())}
+            pids["bench (load, autoscaler, DNS)"] = os.getpid()
+            say(f"{options.models} models at zero; load for {options.load.duration_s:g} s")
+            fleet = Fleet(list(hosts), zone, port, options.startup_s, options.probe_s,
+                          settle_s=options.discovery_interval_s + 0.3)  # fmt: skip
+
+            async def main() -> dict[str, Any]:
+                try:
+                    return await drive(options, stack, fleet, pids)
+                finally:
+                    await fleet.aclose()
+
+            outcome = asyncio.run(main())
+            outcome["dead"] = stack.dead()
+            outcome["fleet"] = fleet
+    return report(options, outcome)
+
+
+def report(options: Options, outcome: dict[str, Any]) -> dict[str, Any]:
+    load: LoadRun = outcome["load"]
+    fleet: Fleet = outcome["fleet"]
+    scaler: Scaler = outcome["scaler"]
+    terms = options.bound_terms_s
+    bound = round(sum(terms.values()), 3)
+    starts = cold_starts(load.requests, fleet.replicas)
+    wall = load.ended_s - load.began_s
+    cpu = {n: round(outcome["cpu_after"][n] - outcome["cpu_before"].get(n, 0.0), 2)
+           for n in outcome["cpu_after"]}  # fmt: skip
+    gone = lost(load.requests, options.load.max_tokens)
+    ttfts = [r.first_token_s - r.sent_s for r in load.requests if r.first_token_s is not None]
+    errors = sorted(
+        {r.error for r in gone if r.error} | {r.error for r in fleet.replicas if r.error}
+    )
+    run_figures = {
+        "requests": len(load.requests),
+        "lost": len(gone),
+        "duplicate_job_ids": duplicate_jobs(load.requests),
+        "engine_answers": sum(r.served or 0 for r in fleet.replicas),
+        "ttft_p50_s": round(pct(ttfts, 50), 3) if ttfts else None,
+        "ttft_p95_s": round(pct(ttfts, 95), 3) if ttfts else None,
+        "replicas_started": sum(1 for r in fleet.replicas if r.listening_s is not None),
+        "replicas_stopped": sum(1 for r in fleet.replicas if r.stopped_s is not None),
+        "replicas_drained_idle": sum(1 for r in fleet.replicas if r.drain_status == 0),
+        "drains_timed_out": sum(1 for r in fleet.replicas if r.drain_status == 1),
+        "max_replicas": scaler.max_replicas_seen,
+        "autoscaler_polls": scaler.polls,
+        "autoscaler_failed_polls": scaler.failed_polls,
+        "back_to_zero": outcome["at_zero"],
+        "dispatcher_cpu_s": cpu.get("dispatcher-0"),
+        "dispatcher_cpu_pct": round(100 * cpu.get("dispatcher-0", 0.0) / wall, 1) if wall else None,
+        "cpu_s_over_load": cpu,
+        "load_wall_s": round(wall, 1),
+        "errors": errors[:10] + ([f"process exited: {outcome['dead']}"] if outcome["dead"] else []),
+    }
+    issue_bound = round(sum(terms[t] for t in ISSUE_TERMS), 3)
+    bounds = {"bound": bound, "issue_bound": issue_bound}
+    return {
+        "benchmark": "fleet",
+        "engine": "simulator (estimates)",
+        "machine": machine(),
+        "models": options.models,
+        "startup_s": options.startup_s,
+        "options": {k: v for k, v in asdict(options).items() if k not in ("load", "rules")}
+        | {"load": asdict(options.load), "rules": asdict(options.rules)},
+        "bound_terms_s": terms,
+        "bound_s": bound,
+        "issue_bound_s": issue_bound,
+        "cold_starts": cold_figures(starts, options.startup_s, bounds),
+        "cold_start_list": [asdict(s) | {"ttft_s": s.ttft_s} for s in starts],
+        "run": run_figures,
+    }
+
+
+def failures(result: dict[str, Any]) -> list[str]:
+    """What makes the run a failure: a request lost, a cold start faster than its startup
+    (the measurement is wrong), a process that died, no cold start at all."""
+    out = []
+    run_figures, cold = result["run"], result["cold_starts"]
+    if run_figures["lost"]:
+        out.append(f"{run_figures['lost']} requests lost")
+    if run_figures["duplicate_job_ids"]:
+        out.append(f"{run_figures['duplicate_job_ids']} job ids answered two requests")
+    if cold["below_startup"]:
+        out.append(f"{cold['below_startup']} cold starts under the startup time")
+    if not cold["count"]:
+        out.append("no cold start happened")
+    out += [e for e in run_figures["errors"] if e.startswith("process exited")]
+    return out
+
+
+@click.command(name="fleet", epilog=environment())
+@click.option("--models", default=60, show_default=True, type=click.IntRange(1, 200))
+@click.option("--startup-s", default=3.0, show_default=True, help="each replica's start-up")
+@click.option("--users", default=24, show_default=True, help="users, one request at a time each")
+@click.option("--duration-s", default=120.0, show_default=True, help="of sending")
+@click.option("--think-s", default="0.5,2.0", show_default=True, help="min,max between requests")
+@click.option("--max-tokens", default=32, show_default=True, help="per answer")
+@click.option("--zipf", default=1.1, show_default=True, help="the models' popularity exponent")
+@click.option("--demand-per-replica", default=2.0, show_default=True, help="trigger threshold")
+@click.option("--max-replicas", default=3, show_default=True, help="per model")
+@click.option("--cooldown-s", default=10.0, show_default=True, help="KEDA's cooldownPeriod")
+@click.option("--scale-down-period-s", default=2.0, show_default=True, help="one replica per")
+@click.option("--poll-s", default=0.5, show_default=True, help="the autoscaler's polling interval")
+@click.option("--status-interval-s", default=0.5, show_default=True, help="the demand's refresh")
+@click.option("--discovery-interval-s", default=0.5, show_default=True, help="DNS reads")
+@click.option("--scrape-interval-s", default=0.2, show_default=True, help="fairq's engine scrape")
+@click.option("--probe-s", default=0.1, show_default=True, help="the readiness probe's period")
+@click.option("--step-ms", default=25.0, show_default=True, help="the replicas' engine step")
+@click.option("--hosts", default=2, show_default=True, help="replica host processes")
+@click.option("--seed", default=1, show_default=True)
+@click.option("--tail-s", default=60.0, show_default=True, help="wait for answers after sending")
+@click.option("--out", default="bench-out/fleet", show_default=True, type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="print the figures as JSON")
+def main(**kw: Any) -> None:
+    """Many models on simulated replicas that scale with fairq's demand, to zero and back:
+    cold-start time to first token against the startup time, requests lost, the
+    dispatcher's CPU. Engines are simulated (estimates)."""
+    low, _, high = str(kw["think_s"]).partition(",")
+    load = LoadShape(users=kw["users"], duration_s=kw["duration_s"],
+                     think_s=(float(low), float(high or low)), max_tokens=kw["max_tokens"],
+                     tail_s=kw["tail_s"], seed=kw["seed"])  # fmt: skip
+    rules = Rules(demand_per_replica=kw["demand_per_replica"], max_replicas=kw["max_replicas"],
+                  cooldown_s=kw["cooldown_s"],
+                  scale_down_period_s=kw["scale_down_period_s"])  # fmt: skip
+    options = Options(models=kw["models"], startup_s=kw["startup_s"], load=load, zipf=kw["zipf"],
+                      rules=rules, poll_s=kw["poll_s"], status_interval_s=kw["status_interval_s"],
+                      discovery_interval_s=kw["discovery_interval_s"],
+                      scrape_interval_s=kw["scrape_interval_s"], probe_s=kw["probe_s"],
+                      step_ms=kw["step_ms"], hosts=kw["hosts"])  # fmt: skip
+    try:
+        result = run(options)
+    except KeyboardInterrupt:
+        say("interrupted; every process was stopped")
+        sys.exit(130)
+    text = table(result)
+    save(kw["out"], "fleet", result, text)
+    click.echo(json.dumps(result, indent=1) if kw["as_json"] else text)
+    failed = failures(result)
+    if failed:
+        say(f"FAILED: {'; '.join(failed)}")
+        sys.exit(1)
