@@ -159,8 +159,11 @@ class _Benchmarks(click.Group):
     """Loads a benchmark's module only when it runs: the harness (and matplotlib) stays
     out of every other ``fairq`` command's start-up."""
 
-    _COMMANDS = {"fairness": "benchmarks.fairness", "fleet": "benchmarks.fleet",
-                 "prefix": "benchmarks.prefix"}
+    _COMMANDS = {
+        "fairness": "benchmarks.fairness",
+        "fleet": "benchmarks.fleet",
+        "prefix": "benchmarks.prefix",
+    }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(self._COMMANDS)
