@@ -88,9 +88,7 @@ def _touch(a: ModelConfig, b: ModelConfig) -> bool:
 def _same_engine(group: Sequence[ModelConfig]) -> None:
     first = group[0]
     for model in group[1:]:
-        if set(model.endpoints) != set(first.endpoints) or _discovered(model) != _discovered(
-            first
-        ):
+        if set(model.endpoints) != set(first.endpoints) or _discovered(model) != _discovered(first):
             raise ValueError(
                 f"models {first.name!r} and {model.name!r} share an engine (an endpoint or "
                 "a discovery DNS name in common) but name it differently: models served by "

@@ -4,6 +4,12 @@ Three sources meet here: the scraper's view of the engine (its queue, batch,
 time per token, health), Redis's counts of fairq's own jobs (in flight, and
 sent without a first token yet), and this process's log of what it sent since
 each scrape. ``endpoint_states`` is pure: plain values in, ``EndpointState`` out.
+
+An engine that serves several models (``broker.engines``) has one queue and one batch:
+its state counts fairq's jobs of every one of them (``others``: the snapshots of the
+models it shares the engine with). The scrape is the engine's already (its series of
+every model name are summed), and so are the log of sends and the unseen jobs (both are
+per endpoint).
 """
 
 from __future__ import annotations
@@ -98,25 +104,29 @@ def endpoint_states(
     *,
     now: float,
     stale_s: float,
+    others: Sequence[ModelSnapshot] = (),
 ) -> list[EndpointState]:
-    """One state per endpoint; ``views`` None means the model does not use metrics."""
+    """One state per endpoint; ``views`` None means the model does not use metrics.
+    ``others``: the latest snapshots of the models that share the engine, whose jobs in
+    flight and without a first token count too."""
+    shared = (snapshot, *others)
     return [
-        _state(ep, snapshot, None if views is None else views[ep], sent, now=now, stale_s=stale_s)
+        _state(ep, shared, None if views is None else views[ep], sent, now=now, stale_s=stale_s)
         for ep in endpoints
     ]
 
 
 def _state(
     endpoint: str,
-    snapshot: ModelSnapshot,
+    shared: Sequence[ModelSnapshot],
     view: EndpointView | None,
     sent: SentLog,
     *,
     now: float,
     stale_s: float,
 ) -> EndpointState:
-    inflight = snapshot.inflight.get(endpoint, 0)
-    unstarted = snapshot.unstarted.get(endpoint, 0)
+    inflight = sum(snap.inflight.get(endpoint, 0) for snap in shared)
+    unstarted = sum(snap.unstarted.get(endpoint, 0) for snap in shared)
     if view is None:
         return EndpointState(endpoint, inflight, unstarted)
     sample, scraped_at = view.sample, view.scraped_at

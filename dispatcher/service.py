@@ -26,6 +26,17 @@ DNS records name now. A replica found is scraped at once and admitted to after i
 first good scrape; one gone gets nothing more (nor express grants) and is no longer
 scraped, while its jobs in flight end where they are or are reclaimed as ever. With no
 endpoint, a model's jobs wait in its queue.
+
+Models served by one engine (``broker.engines``: a base model and its LoRA adapters, or
+aliases) are owned as one, under the lease of the first of them, and dispatched by one
+loop, in turn (``dispatcher.sharing``): each turn's admission counts fairq's jobs of all
+of them at each endpoint (``endpoint_states``' ``others``), and only that loop sends to
+the engine, so two of the models can never both take the same room. The script's
+re-check bounds each model's own count by a cap planned from the whole engine's; no
+script crosses models (each touches one model's Redis Cluster slot), so the loop is what
+keeps the models in step, and such models get no express grant (enqueue.lua would send
+on one model's grant while the loop sends another's jobs into the same room): each of
+their jobs waits for one dispatcher round.
 """
 
 from __future__ import annotations
@@ -53,6 +64,7 @@ from broker import (
     Pick,
     Settings,
     Unseen,
+    engine_groups,
     stop_task,
     telemetry,
 )
@@ -74,6 +86,7 @@ from dispatcher.endpoints import METRICS_LAG_S, RateMeter, SentLog, endpoint_sta
 from dispatcher.fairness import plan_with_slots, policy
 from dispatcher.ownership import Ownership
 from dispatcher.scraper import EndpointView, Scraper
+from dispatcher.sharing import next_turn
 from dispatcher.wake import WakeListener
 
 log = logging.getLogger(__name__)
@@ -100,6 +113,10 @@ class Dispatcher:
         self._settings = settings
         self._redis = redis
         self._models = tuple(models if models is not None else settings.models)
+        # Models served by one engine, owned and dispatched together (the first names them)
+        self._engines = engine_groups(self._models)
+        self._engine_of = {m.name: group for group in self._engines for m in group}
+        self._turns: dict[str, str] = {}  # engine's first model -> the model served last
         self._store = DispatchStore(redis, settings)
         self._sent = SentLog(keep_s=settings.metrics_stale_s * 2)
         self._rates = {m.name: RateMeter() for m in self._models}
@@ -118,7 +135,9 @@ class Dispatcher:
         """Dispatch the models this replica owns (``dispatcher.ownership``) until ``stop``."""
         for model in self._models:
             await self._store.ensure_ready_group(model.name)
-        wake = WakeListener(self._redis, [m.name for m in self._models], self._express_sent)
+        shared = [[m.name for m in group] for group in self._engines if len(group) > 1]
+        names = [m.name for m in self._models]
+        wake = WakeListener(self._redis, names, self._express_sent, together=shared)
         self._wake = wake
         async with asyncio.TaskGroup() as tasks:
             self._scraper = self._make_scraper(wake)
@@ -129,7 +148,7 @@ class Dispatcher:
 
             ownership = Ownership(
                 OwnershipStore(self._redis),
-                [m.name for m in self._models],
+                [group[0].name for group in self._engines],  # one lease per engine
                 self.name,
                 self._settings.dispatcher_lease_ms,
                 own,
@@ -153,16 +172,19 @@ class Dispatcher:
         stop: asyncio.Event,
         tasks: asyncio.TaskGroup,
     ) -> None:
-        """Start a loop for every model newly owned and stop the loops of models lost."""
-        self.owned = owned
+        """Start a loop for every engine newly owned (``owned``: the leases held, each named
+        by the engine's first model) and stop the loops of those lost."""
+        self.owned = frozenset(m.name for g in self._engines if g[0].name in owned for m in g)
         for name in set(loops) - owned:
             loops.pop(name).cancel()
-            self._views.pop(name, None)
-            self._grants.pop(name, None)
-        for model in self._models:
-            if model.name in owned and model.name not in loops:
-                wake.mark_stale(model.name)
-                loops[model.name] = tasks.create_task(self._model_loop(model, wake, stop))
+            for model in self._engine_of[name]:
+                self._views.pop(model.name, None)
+                self._grants.pop(model.name, None)
+        for group in self._engines:
+            if group[0].name in owned and group[0].name not in loops:
+                for model in group:
+                    wake.mark_stale(model.name)
+                loops[group[0].name] = tasks.create_task(self._model_loop(group, wake, stop))
         self._watch()
         log.info("dispatcher %s owns models: %s", self.name, ", ".join(sorted(owned)) or "none")
 
@@ -238,29 +260,36 @@ class Dispatcher:
         )
 
     async def _model_loop(
-        self, model: ModelConfig, wake: WakeListener, stop: asyncio.Event
+        self, group: Sequence[ModelConfig], wake: WakeListener, stop: asyncio.Event
     ) -> None:
+        """Dispatch one engine's models (most engines serve one) until ``stop``."""
         backoff = Backoff()
-        event = wake.event(model.name)
+        event = wake.event(group[0].name)  # the group's models share it
+        names = [m.name for m in group]
         while not stop.is_set():
-            if not wake.urgent(model.name) and self._idle(model.name):
+            if not any(wake.urgent(n) for n in names) and all(self._idle(n) for n in names):
                 # Nothing is queued and no job arrived: the round only refreshes room and
                 # the express grant. Let the request that caused this wake-up (an express
                 # send, a first token) have the CPU first, and take any others with it.
                 await asyncio.sleep(_LAZY_ROUND_S)
             event.clear()  # before reading state, so a wake-up during the round is not lost
             try:
-                await self.dispatch_model(model, wake.take(model.name))
+                if len(group) == 1:
+                    await self.dispatch_model(group[0], wake.take(names[0]))
+                else:
+                    await self.dispatch_engine(group, {n: wake.take(n) for n in names})
                 backoff.reset()
             except RedisError as exc:
-                log.warning("dispatch for model %s failed (%s); retrying", model.name, exc)
-                wake.mark_stale(model.name)
+                log.warning("dispatch for models %s failed (%s); retrying", names, exc)
+                for name in names:
+                    wake.mark_stale(name)
                 await backoff.wait()
                 continue
             try:
                 await asyncio.wait_for(event.wait(), self._settings.dispatcher_idle_tick_s)
             except TimeoutError:
-                wake.mark_stale(model.name)  # the idle tick always reads afresh
+                for name in names:
+                    wake.mark_stale(name)  # the idle tick always reads afresh
 
     def _idle(self, model: str) -> bool:
         """No backlog in the model's last known state."""
@@ -275,15 +304,57 @@ class Dispatcher:
         With ``newcomers`` (users backlogged since the last round) the round plans from
         the view the last dispatch returned, saving a read; None reads the state afresh.
         """
+        return await self._dispatch(model, await self._view(model, newcomers))
+
+    async def dispatch_engine(
+        self,
+        group: Sequence[ModelConfig],
+        newcomers: dict[str, Sequence[Newcomer] | None],
+    ) -> int:
+        """Dispatch the models of one engine in turn, one job per turn
+        (``dispatcher.sharing``), until none may send; returns the count. Every model's
+        view is brought up to date first: each turn's room counts the jobs of all of them."""
+        for model in group:
+            self._views[model.name] = await self._view(model, newcomers.get(model.name))
+        order = [m.name for m in group]
+        bands = self._settings.bands
+        done: set[str] = set()  # found no room this round
+        total = 0
+        while True:
+            tops = {
+                name: bands.index(view.backlogs[0].band)
+                for name in order
+                if not (view := self._views[name]).empty
+            }
+            turn = next_turn(order, tops, self._turns.get(order[0]), done)
+            if turn is None:
+                break
+            model = group[order.index(turn)]
+            sent = await self._dispatch(model, self._views.pop(turn), quota=1)
+            if sent:
+                self._turns[order[0]] = turn
+                total += sent
+            else:
+                done.add(turn)
+        return total
+
+    async def _view(
+        self, model: ModelConfig, newcomers: Sequence[Newcomer] | None
+    ) -> ModelSnapshot:
+        """The model's state: its last view plus ``newcomers``, or read afresh (None)."""
+        cached = self._views.pop(model.name, None)
+        if cached is not None and newcomers is not None:
+            return cached.with_newcomers(self._settings.bands, newcomers)
+        depth = _depth(model, _admission_config(model, self._settings.bands))
+        return await self._store.snapshot(model.name, depth, in_engine=_batch_rule(model))
+
+    async def _dispatch(self, model: ModelConfig, snap: ModelSnapshot, quota: int = 0) -> int:
+        """Send from ``snap`` until the backlog is empty, no endpoint has room, or
+        ``quota`` jobs went (0: no quota); keeps the state after as the model's view."""
         fair = policy(model.policy)
         admission = ADMISSION[model.admission_policy]
         config = _admission_config(model, self._settings.bands)
         depth = _depth(model, config)
-        cached = self._views.pop(model.name, None)
-        if cached is not None and newcomers is not None:
-            snap = cached.with_newcomers(self._settings.bands, newcomers)
-        else:
-            snap = await self._store.snapshot(model.name, depth, in_engine=_batch_rule(model))
         total, empty_rounds = 0, 0
         # endpoint -> jobs of users with none in the engine, sent express since the last
         # round or dispatched in this one
@@ -298,6 +369,8 @@ class Dispatcher:
                 )
                 break
             room = min(round_room(model.routing, decisions, len(top.users)), _MAX_PICKS)
+            if quota:
+                room = min(room, quota - total)
             busy = [user for user, jobs in snap.in_engine.items() if jobs > 0]
             picks = plan_with_slots(
                 fair,
@@ -325,6 +398,8 @@ class Dispatcher:
                 sent += dispatched
             total += sent
             empty_rounds = 0 if sent else empty_rounds + 1
+            if quota and total >= quota:
+                break
         if model.preemption:
             snap = await self._make_room(model, snap, config, newcomers_sent)
         self._views[model.name] = snap
@@ -458,6 +533,8 @@ class Dispatcher:
         states = self._states(model, snap)
         if model.routing == "prefix" and len(states) > 1:
             usable = ()  # one grant is one endpoint: express sends would ignore affinity
+        if len(self._engine_of[model.name]) > 1:
+            usable = ()  # the engine's room is shared: only the group's loop may use it
         grant = plan_grant(admission, states, usable, config) if usable else None
         now = time.monotonic()
         last = self._grants.get(model.name)
@@ -486,6 +563,11 @@ class Dispatcher:
         views = None
         if model.admission_policy == "metrics" and self._scraper is not None:
             views = {ep: self._scraper.view(ep) for ep in self._live.of(model.name)}
+        others = [
+            view
+            for m in self._engine_of[model.name]
+            if m.name != model.name and (view := self._views.get(m.name)) is not None
+        ]
         return endpoint_states(
             self._live.of(model.name),
             snap,
@@ -493,6 +575,7 @@ class Dispatcher:
             self._sent,
             now=time.monotonic(),
             stale_s=self._settings.metrics_stale_s,
+            others=others,
         )
 
 

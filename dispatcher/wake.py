@@ -7,6 +7,9 @@ hints instead of reading the backlog again. Any other change, and a lost
 connection, marks the cached view stale. An express send (a job enqueue.lua
 sent straight to an endpoint) is also reported to ``on_express`` at once, so
 admission counts it before the engine's metrics can show it.
+
+Models that share an engine are dispatched by one loop (``dispatcher.service``): their
+wake-ups set one event (``together``), so that loop waits on one thing.
 """
 
 from __future__ import annotations
@@ -42,10 +45,16 @@ class WakeListener:
         redis: Redis,
         models: Sequence[str],
         on_express: Callable[[str, ExpressSend], None] | None = None,  # (model, the send)
+        together: Sequence[Sequence[str]] = (),  # models whose wake-ups set one event
     ) -> None:
         self._redis = redis
         self._on_express = on_express
-        self._by_channel = {keys.wake_channel(m).encode(): _ModelWake(m) for m in models}
+        shared = {m: asyncio.Event() for group in together for m in group[:1]}
+        event_of = {m: shared[group[0]] for group in together for m in group}
+        self._by_channel = {
+            keys.wake_channel(m).encode(): _ModelWake(m, event_of.get(m) or asyncio.Event())
+            for m in models
+        }
         self._by_model = {m: self._by_channel[keys.wake_channel(m).encode()] for m in models}
 
     def event(self, model: str) -> asyncio.Event:

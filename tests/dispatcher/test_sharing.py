@@ -1,0 +1,56 @@
+"""The rule between models of one engine (dispatcher.sharing) and the engine's state
+counting the jobs of all of them (dispatcher.endpoints), on hand-made cases."""
+
+from __future__ import annotations
+
+from broker import ModelSnapshot
+from dispatcher.admission import ADMISSION, AdmissionConfig
+from dispatcher.endpoints import SentLog, endpoint_states
+from dispatcher.sharing import next_turn
+
+ORDER = ["base", "lora-a", "lora-b"]
+
+
+def turns(tops: dict[str, int], count: int, after: str | None = None) -> list[str]:
+    served = []
+    for _ in range(count):
+        after = next_turn(ORDER, tops, after)
+        assert after is not None
+        served.append(after)
+    return served
+
+
+def test_backlogged_models_take_the_engine_in_turn_one_job_each() -> None:
+    assert turns({"base": 1, "lora-a": 1, "lora-b": 1}, 6) == ORDER * 2
+
+
+def test_the_turn_goes_on_after_the_model_served_last() -> None:
+    assert turns({"base": 1, "lora-b": 1}, 3, after="base") == ["lora-b", "base", "lora-b"]
+    # A model served last that has no backlog now still marks where the turn goes on.
+    assert next_turn(ORDER, {"base": 1, "lora-b": 1}, "lora-a") == "lora-b"
+
+
+def test_the_most_urgent_band_of_any_model_goes_first() -> None:
+    tops = {"base": 1, "lora-a": 0, "lora-b": 2}  # lora-a has interactive jobs queued
+    assert turns(tops, 3) == ["lora-a"] * 3
+
+
+def test_a_model_without_room_waits_and_its_band_still_holds_less_urgent_ones_back() -> None:
+    tops = {"base": 0, "lora-a": 0, "lora-b": 1}
+    assert next_turn(ORDER, tops, None, done={"base"}) == "lora-a"
+    assert next_turn(ORDER, tops, None, done={"base", "lora-a"}) is None
+    assert next_turn(ORDER, {}, None) is None
+
+
+def test_the_engine_state_counts_the_jobs_of_every_model_it_serves() -> None:
+    a = ModelSnapshot([], {"http://e": 2, "http://f": 1}, {"http://e": 1})
+    b = ModelSnapshot([], {"http://e": 3}, {"http://e": 2})
+    states = endpoint_states(
+        ["http://e", "http://f"], a, None, SentLog(5.0), now=0.0, stale_s=2.0, others=[b]
+    )
+    assert [(s.inflight, s.unstarted) for s in states] == [(5, 3), (1, 0)]
+    # The static cap of 6 per endpoint is the engine's: one more job, not four.
+    config = AdmissionConfig({"default": 3}, 0.15, inflight_cap=6)
+    assert ADMISSION["static"].decide(states[0], "default", config).room == 1
+    alone = endpoint_states(["http://e"], a, None, SentLog(5.0), now=0.0, stale_s=2.0)
+    assert ADMISSION["static"].decide(alone[0], "default", config).room == 4
