@@ -1,12 +1,20 @@
 """The rule between models of one engine (dispatcher.sharing) and the engine's state
-counting the jobs of all of them (dispatcher.endpoints), on hand-made cases."""
+counting the jobs of all of them (dispatcher.endpoints), on hand-made cases; and
+dispatcher replicas owning such models as one, against a real Redis."""
 
 from __future__ import annotations
 
-from broker import ModelSnapshot
+import asyncio
+
+from redis.asyncio import Redis
+
+from broker import ModelSnapshot, keys
 from dispatcher.admission import ADMISSION, AdmissionConfig
 from dispatcher.endpoints import SentLog, endpoint_states
+from dispatcher.service import Dispatcher
 from dispatcher.sharing import next_turn
+from tests.support.eventually import aeventually
+from tests.support.settings import make_settings
 
 ORDER = ["base", "lora-a", "lora-b"]
 
@@ -54,3 +62,31 @@ def test_the_engine_state_counts_the_jobs_of_every_model_it_serves() -> None:
     assert ADMISSION["static"].decide(states[0], "default", config).room == 1
     alone = endpoint_states(["http://e"], a, None, SentLog(5.0), now=0.0, stale_s=2.0)
     assert ADMISSION["static"].decide(alone[0], "default", config).room == 4
+
+
+async def test_replicas_own_the_models_of_one_engine_together(redis_url: str) -> None:
+    engine, other = "http://127.0.0.1:9", "http://127.0.0.1:19"
+    models = [
+        {"name": "base", "endpoints": [engine]},
+        {"name": "solo", "endpoints": [other]},
+        {"name": "base-lora", "endpoints": [engine]},
+    ]
+    settings = make_settings(redis_url, models=models, dispatcher_lease_ms=300)
+    stop = asyncio.Event()
+    async with Redis.from_url(redis_url) as r:
+        replicas = [Dispatcher(settings, r), Dispatcher(settings, r)]
+        tasks = [asyncio.create_task(d.run(stop)) for d in replicas]
+
+        def split() -> bool:
+            return all(d.owned for d in replicas)  # two leases (engines), one each
+
+        try:
+            await aeventually(split, "both replicas to own an engine", 5, interval_s=0.02)
+            owned = sorted(sorted(d.owned) for d in replicas)
+            assert owned == [["base", "base-lora"], ["solo"]]
+            # One lease for the engine, the first model's: none of its own for the adapter.
+            assert await r.get(keys.owner("base")) is not None
+            assert await r.get(keys.owner("base-lora")) is None
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
