@@ -293,6 +293,7 @@ class ExecutionStore:
             prompt_cost=config.prompt_token_cost if config else 1.0,
             output_cost=config.output_token_cost if config else 1.0,
             dead_letter=outcome.dead_letter,
+            attempt_entry=job.entry_id,
         ).queue(pipe)
 
     def add_first(self, pipe: ResultPipeline, model: str, job_id: str) -> None:

@@ -211,12 +211,39 @@ class Worker:
 
     def _spawn(self, job: Claimed, work: Coroutine[Any, Any, None]) -> None:
         job_id = job.job_id
+        earlier = self._running.get(job_id)
+        if earlier is not None:
+            # The job was taken back out of the engine (park.lua) and dispatched here again
+            # before this worker read the notice that drops its earlier attempt: that
+            # attempt is stale. It is dropped, and the new one starts once it has ended, so
+            # that the two never share the job's buffers, entry numbers or flags.
+            log.info("job %s: a new attempt replaces the one running here", job_id)
+            self._drop(job_id)
+            work = self._after(earlier, job_id, work)
         task = asyncio.create_task(work)
         self._running[job_id] = task
         self._jobs[job_id] = job
-        task.add_done_callback(lambda _t: self._release(job_id))
+        task.add_done_callback(lambda _t: self._release(job_id, task))
 
-    def _release(self, job_id: str) -> None:
+    async def _after(
+        self, earlier: asyncio.Task[None], job_id: str, work: Coroutine[Any, Any, None]
+    ) -> None:
+        """Run ``work`` once the dropped ``earlier`` attempt of the same job has ended."""
+        try:
+            await asyncio.wait([earlier])  # its outcome is its own (cancelled, as a rule)
+        except BaseException:
+            work.close()  # never started: nothing to undo
+            raise
+        # The earlier attempt's marks and whatever it left buffered (an end it was writing
+        # when dropped: complete.lua would refuse it) are not this attempt's.
+        self._dropped.discard(job_id)
+        self._finishing.discard(job_id)
+        self._writer.discard(job_id)
+        await work
+
+    def _release(self, job_id: str, task: asyncio.Task[None]) -> None:
+        if self._running.get(job_id) is not task:
+            return  # an earlier attempt that a new one replaced: the new one holds the job
         self._running.pop(job_id, None)
         self._jobs.pop(job_id, None)
         self._dropped.discard(job_id)
@@ -309,7 +336,14 @@ class Worker:
                 )
                 await backoff.wait()
 
-    async def _cancel_job(self, job_id: str) -> None:
+    async def _cancel_job(self, notice: str) -> None:
+        """A notice on the cancel channel: ``<job id>`` (the job ended: drop it) or
+        ``<job id> <ready entry id>`` (park.lua took that attempt back: drop it only if it
+        is the one running here, not a later attempt already dispatched here again)."""
+        job_id, _, entry = notice.partition(" ")
+        job = self._jobs.get(job_id)
+        if entry and (job is None or job.entry_id.decode() != entry):
+            return
         self._drop(job_id)
 
     def _lose(self, job_id: str) -> None:

@@ -16,8 +16,11 @@
 -- ARGV[9] cost of a prompt token   ARGV[10] cost of an output token   ARGV[11] the job's user
 -- ARGV[12] the worker ending the job ('' from a caller that is no worker: no check)
 -- ARGV[13] the job id when it ends as a dead letter (recorded in KEYS[8]), else ''
+-- ARGV[14] the ready entry of the attempt that ends ('' from a caller that is no worker)
 -- A worker may end only a job it runs: one whose lease lapsed (a long pause) and that
--- another worker reclaimed is left alone, entry included (it is the other worker's now).
+-- another worker reclaimed is left alone, entry included (it is the other worker's now);
+-- so is one that park.lua took back and dispatched again (another ready entry), even to
+-- the same worker: the earlier attempt's end is stale.
 -- A job charged by its estimated cost at dispatch (token-fair) has the charge corrected to
 -- its reported usage, if its user is still backlogged (an idle user's score is gone).
 -- Returns 1 when this call ended the job, 0 when it had already ended (e.g. cancelled);
@@ -26,6 +29,9 @@ local f = redis.call('HMGET', KEYS[1], 'st', 're', 'ep', 'wk')
 local st, entry, endpoint = f[1], f[2], f[3]
 if ARGV[12] ~= '' and f[4] and f[4] ~= ARGV[12] then
   return 0
+end
+if ARGV[14] ~= '' and f[1] ~= nil and entry ~= ARGV[14] then
+  return 0  -- an earlier attempt's: the job was taken back (its entry is gone with it)
 end
 if entry then
   drop_entry(KEYS[3], ARGV[2], entry)

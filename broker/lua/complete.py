@@ -26,8 +26,11 @@ def complete_call(
     prompt_cost: float,
     output_cost: float,
     dead_letter: bool,
+    attempt_entry: bytes | str = "",
 ) -> Call[bool]:
     """``worker``: '' from a caller that is no worker (no check of who holds the job);
+    ``attempt_entry``: the ready entry of the worker's attempt ('': no check that the job
+    was not taken back and dispatched again meanwhile);
     ``state``: completed or failed; ``ttl_s``: of the job and its results; ``error`` and
     ``usage``: JSON or ''; the costs of a prompt and an output token correct a token-fair
     charge to the usage; ``dead_letter``: record the job in the dead-letter index. Its
@@ -58,5 +61,6 @@ def complete_call(
         user,
         worker,
         job_id if dead_letter else "",
+        attempt_entry,
     ]
     return Call(_SCRIPT, job_keys, args, one)

@@ -12,8 +12,9 @@
 -- way when the job is taken back, even its first, is refused), and 'rsq' tells the next
 -- attempt the generation of the entry ids it writes (the worker builds the continuation,
 -- or starts afresh when nothing was written before the fence).
--- The worker running it is told on the cancel channel, drops it (closing the engine
--- request, which aborts it there) and writes nothing more for it.
+-- The worker running it is told on the cancel channel ("<job id> <ready entry id>"), drops
+-- that attempt (closing the engine request, which aborts it there) and writes nothing more
+-- for it.
 -- The job leaves its endpoint as an ended one does (prelude.lua's release) and joins its
 -- user's queue as a new one does (join_queue).
 -- KEYS[1] ready stream    fq:{m}:ready
@@ -114,5 +115,7 @@ end
 redis.call('RPUSH', ARGV[4] .. band .. ':' .. victim, job_id)
 join_queue({queued = KEYS[6], backlog = ARGV[5] .. band, meta = KEYS[7], join = 'join:' .. band,
   wake = ARGV[8]}, band, victim, redis.call('HGET', job, 'tnf'))
-redis.call('PUBLISH', ARGV[9], job_id)
+-- The notice names the attempt (its ready entry): the job may be dispatched again, even to
+-- the same worker, before that worker reads it, and the next attempt must not be dropped.
+redis.call('PUBLISH', ARGV[9], job_id .. ' ' .. entry)
 return {job_id, victim}

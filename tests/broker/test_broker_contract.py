@@ -7,6 +7,7 @@ DispatchStore, ExecutionStore) and checks the state the contract promises.
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import replace
 
 import orjson
@@ -578,7 +579,10 @@ async def test_park_takes_the_heaviest_users_newest_job_back_to_the_head_of_thei
     for _ in range(20):  # the first reads may only confirm the subscription
         message = message or await pubsub.get_message(timeout=0.1)
     await pubsub.aclose()
-    assert message is not None and message["data"].decode() == jobs[-1]  # its worker drops it
+    # Its worker drops that attempt: the notice names the job and the attempt's ready entry.
+    assert message is not None
+    job_id, entry = message["data"].decode().split(" ")
+    assert job_id == jobs[-1] and re.fullmatch(r"\d+-\d+", entry)
     snap = await d.snapshot(MODEL, 10, in_engine=True)
     assert snap.inflight == {EP: 3} and snap.unstarted == {EP: 3}
     assert snap.in_engine == {"alice": 2}
@@ -675,6 +679,37 @@ async def test_a_job_taken_back_before_its_first_output_is_fenced_and_starts_afr
     await asyncio.sleep(0.2)
     taken = await x.reclaim(MODEL, "w4", 10)
     assert (parked.job_id, Reclaim.RETRY) in [(t.job.job_id, t.decision) for t in taken]
+
+
+async def test_an_attempt_taken_back_cannot_end_the_job_it_ran_even_on_the_same_worker(
+    r: Redis,
+) -> None:
+    """park.lua took w1's attempt back and the job came to w1 again: the earlier attempt's
+    end (its engine finished before w1 read the notice) is refused; the new one's counts."""
+    _, d = await _in_engine(r, "alice", 2)
+    x = ExecutionStore(r, settings())
+    await x.load_scripts()
+    first = {c.job_id: c for c in await x.claim(r, [MODEL], "w1", count=10, block_ms=100)}
+    for claimed in first.values():
+        assert await x.start(claimed, "w1") == 1
+    parked = await d.park(MODEL, EP)
+    assert parked is not None
+    await d.dispatch(MODEL, EP, 10, [Pick("default", "alice", 9, 8.5)], 10)
+    (again,) = await x.claim(r, [MODEL], "w1", count=10, block_ms=100)
+    assert again.job_id == parked.job_id and again.entry_id != first[parked.job_id].entry_id
+    assert await x.start(again, "w1") == 1
+    done = Outcome(JobState.COMPLETED, usage={"completion_tokens": 1}, finish_reason="stop")
+
+    async def end(claimed: Claimed) -> int:
+        pipe = x.pipeline()
+        x.add_complete(pipe, claimed, done)
+        (reply,) = await pipe.execute()
+        return int(reply)
+
+    assert await end(first[parked.job_id]) == 0  # stale: the job runs on
+    assert await r.hget(keys.job(MODEL, parked.job_id), "st") == b"running"
+    assert await end(again) == 1
+    assert await r.hget(keys.job(MODEL, parked.job_id), "st") == b"completed"
 
 
 async def test_an_answer_begun_after_a_fence_goes_on_from_its_token_ids(r: Redis) -> None:
