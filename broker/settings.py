@@ -151,7 +151,8 @@ class ModelConfig(_Frozen):
     # (each user's jobs to one replica, where its prefix cache holds their conversation,
     # while that replica's jobs in flight stay within routing_load_bound x the mean:
     # dispatcher.affinity). With several replicas "prefix" sends no job express (each
-    # waits for one dispatcher round).
+    # waits for one dispatcher round). Set "prefix" for chat and agent traffic; the default
+    # suits prompts that share nothing, where "prefix" only costs (docs/performance.md).
     routing: Literal["least_loaded", "prefix"] = "least_loaded"
     routing_load_bound: float = Field(default=1.25, ge=1.0)
 
