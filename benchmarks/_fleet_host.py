@@ -25,6 +25,7 @@ import socket
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import click
 import orjson
@@ -36,9 +37,13 @@ from starlette.routing import Route
 
 from broker import QuietSignalServer, quiet_config
 from workers.sim import SimProfile, create_app, load_profile
-from workers.sim._engine import Engine
 
 _STOP_GRACE_S = 3  # a replica's open connections after its engine aborted what it ran
+
+
+class _Engine(Protocol):
+    def abort_all(self) -> None:
+        """End every request it holds (a stopped pod's streams end without [DONE])."""
 
 
 class _ReplicaServer(uvicorn.Server):
@@ -54,7 +59,7 @@ class _Replica:
     server: _ReplicaServer
     task: asyncio.Task[None]
     model: str
-    engine: Engine
+    engine: _Engine
 
 
 class Host:
