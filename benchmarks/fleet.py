@@ -221,6 +221,7 @@ def report(options: Options, outcome: dict[str, Any]) -> dict[str, Any]:
         "replicas_stopped": sum(1 for r in fleet.replicas if r.stopped_s is not None),
         "replicas_drained_idle": sum(1 for r in fleet.replicas if r.drain_status == 0),
         "drains_timed_out": sum(1 for r in fleet.replicas if r.drain_status == 1),
+        "stopped_before_ready": sum(1 for r in fleet.replicas if r.published_s is None),
         "max_replicas": scaler.max_replicas_seen,
         "autoscaler_polls": scaler.polls,
         "autoscaler_failed_polls": scaler.failed_polls,
