@@ -61,6 +61,7 @@ from broker import (
     ModelSnapshot,
     Newcomer,
     OwnershipStore,
+    Parked,
     Pick,
     Settings,
     Unseen,
@@ -476,11 +477,13 @@ class Dispatcher:
         engine (``DispatchStore.park``: the heaviest user's newest without output, else
         their oldest that can be resumed mid-answer; a user's only job never), so the
         newcomer is first in the engine's queue and, when one of those was running, gets
-        its slot at the next step. Returns the snapshot to plan from next (read again if
-        anything was taken back)."""
+        its slot at the next step. On an engine shared by several models the job is taken
+        from the model with the most jobs there that has one to give (a newcomer of one
+        model is not held back by another's flood). Returns the snapshot to plan from next
+        (read again if anything was taken back; so are the other models' views)."""
         top = snap.backlogs[0] if snap.backlogs else None
         queued = [u for u, _ in top.users if not snap.in_engine.get(u)] if top else []
-        parked = 0
+        parked: set[str] = set()  # the models whose jobs were taken back
         for state in self._states(model, snap):
             batch = config.room_in(state)
             if batch is None:
@@ -490,17 +493,33 @@ class Dispatcher:
             # Every job beyond the batch waits in the engine's queue, ahead of a newcomer
             # queued now; a newcomer sent beyond it needs one running job out of its way.
             for _ in range(min(state.inflight - batch, _MAX_PARKS)):
-                taken = await self._store.park(model.name, state.endpoint)
+                taken = await self._park_one(model, snap, state.endpoint)
                 if taken is None:
                     break
-                parked += 1
-                telemetry.PREEMPTIONS.labels(model.name).inc()
-                log.debug(
-                    "took job %s of %s back out of %s", taken.job_id, taken.user, state.endpoint
-                )
-        if not parked:
+                parked.add(taken[0])
+        for other in self._engine_of[model.name]:
+            if other.name in parked and other.name != model.name:
+                self._views[other.name] = await self._view(other, None)
+        if model.name not in parked:
             return snap
         return await self._store.snapshot(model.name, _depth(model, config), in_engine=True)
+
+    async def _park_one(
+        self, model: ModelConfig, snap: ModelSnapshot, endpoint: str
+    ) -> tuple[str, Parked] | None:
+        """Take one job back out of ``endpoint`` (``DispatchStore.park``), of the model of
+        its engine with the most jobs there that has one to give; (that model, the job)."""
+        loads = {model.name: snap.inflight.get(endpoint, 0)}
+        for other in self._engine_of[model.name]:
+            if other.name != model.name and (view := self._views.get(other.name)) is not None:
+                loads[other.name] = view.inflight.get(endpoint, 0)
+        for name in sorted(loads, key=lambda n: -loads[n]):
+            taken = await self._store.park(name, endpoint)
+            if taken is not None:
+                telemetry.PREEMPTIONS.labels(name).inc()
+                log.debug("took job %s of %s back out of %s", taken.job_id, taken.user, endpoint)
+                return name, taken
+        return None
 
     def _wake_scraper(self, endpoint: str) -> None:
         """A job went to ``endpoint``: read it at the scrape interval again if it was idle."""

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from broker import Client, JobState, keys
 from fairq.localredis import free_port
 from fairq.stack import Stack
+from tests.support.eventually import eventually
 from tests.support.settings import ALICE_KEY, API_KEYS, BOB_KEY, make_settings
 
 pytestmark = pytest.mark.integration
@@ -94,9 +95,19 @@ class Flood:
     order: list[str]  # the models of the jobs, in the order they were dispatched
 
 
-def flood(redis_url: str, tmp_path: Path, *, lora_host: str = "127.0.0.1") -> Flood:
-    """Alice floods ``base`` and Bob ``base-lora``, interleaved, through one engine (which
-    ``base-lora`` reaches at ``lora_host``); every job must complete."""
+@dataclass
+class SharedEngine:
+    """A ``fairq sim`` serving both names, two dispatcher replicas and a worker."""
+
+    stack: Stack
+    url: str  # where ``base`` reaches the engine
+    lora_url: str  # where ``base-lora`` does
+    alice: Client  # Alice's key
+    bob: Client  # Bob's key
+
+
+def shared_engine(redis_url: str, tmp_path: Path, lora_host: str = "127.0.0.1") -> SharedEngine:
+    """The stack (to start with ``with``), ``base-lora`` reaching the engine at ``lora_host``."""
     port = free_port()
     url, lora_url = f"http://127.0.0.1:{port}", f"http://{lora_host}:{port}"
     profile = tmp_path / "small.yaml"
@@ -107,9 +118,17 @@ def flood(redis_url: str, tmp_path: Path, *, lora_host: str = "127.0.0.1") -> Fl
         redis_url=redis_url, dispatchers=2, workers=1, batch_workers=0, gateway=False,
     )  # fmt: skip
     settings = make_settings(redis_url, **config)
-    probe = Probe({BASE: url, LORA: lora_url}, url, redis_url)
     alice, bob = Client(settings, api_key=ALICE_KEY), Client(settings, api_key=BOB_KEY)
-    with stack, probe, alice, bob:
+    return SharedEngine(stack, url, lora_url, alice, bob)
+
+
+def flood(redis_url: str, tmp_path: Path, *, lora_host: str = "127.0.0.1") -> Flood:
+    """Alice floods ``base`` and Bob ``base-lora``, interleaved, through one engine (which
+    ``base-lora`` reaches at ``lora_host``); every job must complete."""
+    engine = shared_engine(redis_url, tmp_path, lora_host)
+    probe = Probe({BASE: engine.url, LORA: engine.lora_url}, engine.url, redis_url)
+    alice, bob = engine.alice, engine.bob
+    with engine.stack, probe, alice, bob:
         prompt = [{"role": "user", "content": "hello"}]
         jobs: list[tuple[Client, str, str]] = []
         for _ in range(FLOOD):
@@ -154,3 +173,31 @@ def test_two_urls_of_one_engine_are_two_engines_to_fairq(redis_url: str, tmp_pat
     # target that each keeps alone.
     probe = flood(redis_url, tmp_path, lora_host="localhost").probe
     assert max(probe.waiting) > TARGET or max(probe.inflight) > BATCH + TARGET
+
+
+def test_a_newcomer_of_one_name_takes_a_slot_from_the_other_names_flood(
+    redis_url: str, tmp_path: Path
+) -> None:
+    # Alice's long answers under one name fill the engine's batch; Bob's one short job
+    # under the other name gets a slot at once (one of hers is taken back, to go on later)
+    # rather than waiting for one of her answers to end.
+    engine = shared_engine(redis_url, tmp_path)
+    prompt = [{"role": "user", "content": "hello"}]
+    with engine.stack, engine.alice, engine.bob, redis.Redis.from_url(redis_url) as r:
+        long = [engine.alice.submit(BASE, messages=prompt, max_tokens=300) for _ in range(4)]
+
+        def batch_full() -> bool:
+            return int(r.hget(keys.inflight(BASE), engine.url) or 0) >= BATCH
+
+        eventually(batch_full, "Alice's answers to fill the batch", 10, interval_s=0.01)
+        time.sleep(0.2)  # her answers are well under way: each takes over a second
+        short = engine.bob.submit(LORA, messages=prompt, max_tokens=4)
+        engine.bob.result(short)
+        bob = engine.bob.status(short)
+        for job_id in long:
+            engine.alice.result(job_id)
+        alice = [engine.alice.status(job_id) for job_id in long]
+    assert {record.state for record in [bob, *alice]} == {JobState.COMPLETED}
+    assert bob.first_token_ms is not None and bob.enqueued_ms is not None
+    assert bob.first_token_ms - bob.enqueued_ms < 500
+    assert all(a.ended_ms and a.ended_ms > (bob.ended_ms or 0) for a in alice)
