@@ -35,6 +35,7 @@ from benchmarks._prefix_load import LoadRun, LoadShape, agent, chat, oneshot, ru
 from benchmarks.stats import machine, markdown_table, pct, save
 from broker import hash_key
 from fairq.localredis import free_port
+from fairq.runtime import environment
 from fairq.stack import Stack
 
 MODEL = "bench-prefix"
@@ -219,7 +220,7 @@ def table(result: dict[str, Any]) -> str:
     return head + "\n\n" + markdown_table(COLUMNS, rows)
 
 
-@click.command(name="prefix")
+@click.command(name="prefix", epilog=environment())
 @click.option("--replicas", default=4, show_default=True, help="simulated replicas of the model")
 @click.option("--profile", default="h100-8b", show_default=True, help="the replicas' sim profile")
 @click.option("--prefix-cache-tokens", type=int, default=None, help="per replica [the profile's]")
