@@ -19,10 +19,32 @@ fairness policy and token costs, ``default_output_tokens`` and ``resume_streams`
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from broker.settings import DiscoveryConfig, ModelConfig
+
+class _Discovery(Protocol):
+    @property
+    def dns(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def scheme(self) -> str: ...
+
+
+class EngineModel(Protocol):
+    """What this module reads of a model (``broker.settings.ModelConfig``, which imports
+    this module: hence a shape, not the class)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def endpoints(self) -> tuple[str, ...]: ...
+    @property
+    def discovery(self) -> _Discovery | None: ...
+    def queue_target(self, band: str) -> int: ...
+
+
+M = TypeVar("M", bound=EngineModel)
 
 # Settings of one engine: models that share it must agree on each of them.
 ENGINE_WIDE = (
@@ -39,12 +61,12 @@ ENGINE_WIDE = (
 )
 
 
-def engine_groups(models: Sequence[ModelConfig]) -> tuple[tuple[ModelConfig, ...], ...]:
+def engine_groups(models: Sequence[M]) -> tuple[tuple[M, ...], ...]:
     """The models grouped by the engine they share, in configuration order (a model that
     shares with none is a group of one). Raises ``ValueError`` naming the models when
     models share an engine but name it differently, or disagree on an engine-wide
     setting; ``bands`` are checked by ``check_engine_groups``."""
-    groups: list[list[ModelConfig]] = []
+    groups: list[list[M]] = []
     for model in models:
         joined = [g for g in groups if any(_touch(model, other) for other in g)]
         merged = [m for g in joined for m in g] + [model]
@@ -56,7 +78,7 @@ def engine_groups(models: Sequence[ModelConfig]) -> tuple[tuple[ModelConfig, ...
     return tuple(tuple(g) for g in ordered)
 
 
-def check_engine_groups(models: Sequence[ModelConfig], bands: Sequence[str]) -> None:
+def check_engine_groups(models: Sequence[EngineModel], bands: Sequence[str]) -> None:
     """``engine_groups``' checks, and that models sharing an engine have one queue target
     per band (the engine's queue is one)."""
     for group in engine_groups(models):
@@ -70,14 +92,14 @@ def check_engine_groups(models: Sequence[ModelConfig], bands: Sequence[str]) -> 
                     )
 
 
-def _discovered(model: ModelConfig) -> tuple[str, int, str] | None:
-    found: DiscoveryConfig | None = model.discovery
+def _discovered(model: EngineModel) -> tuple[str, int, str] | None:
+    found = model.discovery
     if found is None:
         return None
     return found.dns.lower().rstrip("."), found.port, found.scheme
 
 
-def _touch(a: ModelConfig, b: ModelConfig) -> bool:
+def _touch(a: EngineModel, b: EngineModel) -> bool:
     """Whether ``a`` and ``b`` name an engine in common."""
     found = _discovered(a)
     return bool(set(a.endpoints) & set(b.endpoints)) or (
@@ -85,7 +107,7 @@ def _touch(a: ModelConfig, b: ModelConfig) -> bool:
     )
 
 
-def _same_engine(group: Sequence[ModelConfig]) -> None:
+def _same_engine(group: Sequence[EngineModel]) -> None:
     first = group[0]
     for model in group[1:]:
         if set(model.endpoints) != set(first.endpoints) or _discovered(model) != _discovered(first):
@@ -103,14 +125,14 @@ def _same_engine(group: Sequence[ModelConfig]) -> None:
                 )
 
 
-def _disagree(first: ModelConfig, model: ModelConfig, setting: str) -> str:
+def _disagree(first: EngineModel, model: EngineModel, setting: str) -> str:
     return (
         f"models {first.name!r} and {model.name!r} share an engine, so they must agree on "
         f"{setting}: one engine has one"
     )
 
 
-def _where(model: ModelConfig) -> str:
+def _where(model: EngineModel) -> str:
     found = _discovered(model)
     listed = ", ".join(model.endpoints) or "none"
     return f"endpoints {listed}" + (f", discovery {found[0]}:{found[1]}" if found else "")
