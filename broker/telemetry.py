@@ -11,6 +11,7 @@ Each component exports what it alone knows; Prometheus joins them by name:
     worker      jobs running, jobs ended by state, queue wait and time to first token;
                 reclaims, dead letters, engine retries, expired jobs, resumed answers
     batch       requests of batches by state (``batch_request_ended``; see below)
+    keda scaler the activity it pushed to KEDA per model (``dispatcher.keda``)
 
 Counters and histograms are registered here; the gauges a collector builds at scrape
 time from a component's latest view (``dispatcher.status``, ``workers.telemetry``) are
@@ -21,10 +22,10 @@ job, never per token. Labels are bounded: model, band, endpoint and state come f
 the configuration or enums; a user appears only in the top-N gauge, whose series
 are rebuilt on every collection (a user who left the top N leaves the output).
 
-The dispatcher, the worker and the batch worker serve ``/metrics`` on a port of their own
-(``serve_metrics``: loopback unless ``metrics_host`` says otherwise, a port per kind of
-component unless ``metrics_port`` says one, 0: none); the gateway serves it on its HTTP
-port.
+The dispatcher, the worker, the batch worker and the KEDA scaler serve ``/metrics`` on a
+port of their own (``serve_metrics``: loopback unless ``metrics_host`` says otherwise, a
+port per kind of component unless ``metrics_port`` says one, 0: none); the gateway serves
+it on its HTTP port.
 """
 
 from __future__ import annotations
@@ -105,6 +106,10 @@ RESUMES = Counter(
     "fairq_worker_resumes_total",
     "Answers taken back mid-way that went on: from token ids (exact) or from their text",
     ["how"],
+)
+# The KEDA external scaler (dispatcher.keda): what it told KEDA's StreamIsActive calls.
+KEDA_PUSHES = Counter(
+    "fairq_keda_pushes", "Activity sent to KEDA's open streams, by model", ["model", "active"]
 )
 
 
@@ -198,7 +203,7 @@ def batch_ended(status: str) -> None:
 
 # Each component's /metrics port when ``metrics_port`` is not set: one of each on a host
 # does not collide, and Prometheus finds each where it expects it.
-METRICS_PORTS = {"dispatcher": 9464, "worker": 9465, "batch worker": 9466}
+METRICS_PORTS = {"dispatcher": 9464, "worker": 9465, "batch worker": 9466, "keda scaler": 9468}
 
 
 def serve_metrics(settings: Settings, component: str) -> int | None:

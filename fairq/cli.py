@@ -18,6 +18,7 @@ from fairq import runtime
 from fairq.batch_cli import batch
 from fairq.config_cli import config
 from fairq.k8s_cli import k8s
+from fairq.keda_scaler_cli import keda_scaler
 from fairq.redis_cli import redis
 from fairq.stack import DEMO_MODELS
 from fairq.status_cli import job, jobs, status, top
@@ -183,6 +184,7 @@ def bench() -> None:
 
 
 main.add_command(k8s)
+main.add_command(keda_scaler)
 main.add_command(config)
 for _command in (status, top, jobs, job):
     main.add_command(_command)

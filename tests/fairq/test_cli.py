@@ -120,6 +120,7 @@ READS = {
                       "FAIRQ_METRICS_HOST", "[127.0.0.1]"),
     ("worker",): ("FAIRQ_REDIS_URL", "FAIRQ_WORKER_CONCURRENCY", "[64]", "[9465;"),
     ("batch-worker",): ("FAIRQ_CONFIG", "FAIRQ_REDIS_URL", "FAIRQ_METRICS_PORT", "[9466;"),
+    ("keda-scaler",): ("FAIRQ_CONFIG", "FAIRQ_REDIS_URL", "FAIRQ_METRICS_PORT", "[9468;"),
     ("status",): ("FAIRQ_CONFIG", "FAIRQ_REDIS_URL"),
     ("top",): ("FAIRQ_CONFIG", "FAIRQ_REDIS_URL"),
     ("jobs",): ("FAIRQ_CONFIG", "FAIRQ_REDIS_URL"),

@@ -1,0 +1,130 @@
+"""``fairq keda-scaler`` with real parts: the process, a real Redis, fairq's own client
+enqueueing and cancelling, and a real gRPC client (grpcio, KEDA's generated stubs) in the
+place of KEDA.
+
+A model with nothing queued is inactive; a job enqueued is pushed on the open
+StreamIsActive stream within ``PUSH_BOUND_S`` (the enqueue's wake message, not a poll:
+the poll is set far longer); GetMetrics says the demand and GetMetricSpec the trigger's
+target; the job ending pushes inactive; SIGTERM ends the stream and the process cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+from grpc import aio
+
+from broker import AsyncClient
+from dispatcher.keda._proto import externalscaler_pb2 as pb
+from dispatcher.keda._proto import externalscaler_pb2_grpc as pb_grpc
+from fairq.localredis import free_port
+from tests.support.eventually import aeventually
+from tests.support.processes import ProcessGroups
+from tests.support.settings import ALICE_KEY, MODEL, make_config, make_settings
+
+pytestmark = pytest.mark.integration
+
+POLL_S = 30.0  # the scaler's backstop poll: far longer than any wait below
+PUSH_BOUND_S = 0.1  # enqueue -> active=true on the stream
+REF = pb.ScaledObjectRef(
+    name="engine-m1", namespace="fairq", scalerMetadata={"model": MODEL, "demandPerReplica": "4"}
+)
+
+
+async def started_scaler(
+    processes: ProcessGroups, redis_url: str, folder: Path
+) -> tuple[subprocess.Popen[Any], aio.Channel]:
+    config = make_config()
+    (folder / "fairq.yaml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    env = {**os.environ, "FAIRQ_CONFIG": str(folder / "fairq.yaml"), "FAIRQ_REDIS_URL": redis_url,
+           "FAIRQ_METRICS_PORT": "0", "FAIRQ_LOG_LEVEL": "WARNING"}  # fmt: skip
+    command = ["keda-scaler", "--port", str(port), "--poll-s", str(POLL_S)]
+    proc = processes.start([sys.executable, "-m", "fairq", *command], env=env)
+    channel = aio.insecure_channel(f"127.0.0.1:{port}")
+    stub = pb_grpc.ExternalScalerStub(channel)
+
+    async def answers() -> bool:
+        assert proc.poll() is None, "the scaler exited before it answered"
+        return (await stub.IsActive(REF, timeout=1)).result is False
+
+    await aeventually(answers, "the scaler to answer IsActive", ignoring=(aio.AioRpcError,))
+    return proc, channel
+
+
+@pytest.fixture
+async def scaler(
+    processes: ProcessGroups, redis_url: str, tmp_path: Path
+) -> AsyncIterator[tuple[subprocess.Popen[Any], pb_grpc.ExternalScalerStub]]:
+    proc, channel = await started_scaler(processes, redis_url, tmp_path)
+    try:
+        yield proc, pb_grpc.ExternalScalerStub(channel)
+    finally:
+        await channel.close()
+
+
+async def test_the_first_job_is_pushed_at_once_and_its_end_too(
+    scaler: tuple[subprocess.Popen[Any], pb_grpc.ExternalScalerStub], redis_url: str
+) -> None:
+    proc, stub = scaler
+    alice = AsyncClient(make_settings(redis_url=redis_url), api_key=ALICE_KEY)
+    stream = stub.StreamIsActive(REF)
+    try:
+        first = await asyncio.wait_for(stream.read(), 5)
+        assert first.result is False, "nothing queued: inactive"
+        assert (await stub.IsActive(REF)).result is False
+
+        sent = time.perf_counter()
+        job_id = await alice.submit(MODEL, prompt="hi", max_tokens=4)
+        pushed = await asyncio.wait_for(stream.read(), 5)
+        took_s = time.perf_counter() - sent
+        assert pushed.result is True
+        assert took_s < PUSH_BOUND_S, f"pushed {took_s * 1000:.1f} ms after the enqueue"
+        assert (await stub.IsActive(REF)).result is True
+
+        request = pb.GetMetricsRequest(scaledObjectRef=REF, metricName="fairq-demand")
+        (value,) = (await stub.GetMetrics(request)).metricValues
+        assert (value.metricName, value.metricValueFloat, value.metricValue) == (
+            "fairq-demand", 1.0, 1,
+        )  # fmt: skip
+        (spec,) = (await stub.GetMetricSpec(REF)).metricSpecs
+        assert (spec.metricName, spec.targetSizeFloat) == ("fairq-demand", 4.0)
+
+        await alice.cancel(job_id)  # the job ends: the model has no demand left
+        ended = await asyncio.wait_for(stream.read(), 5)
+        assert ended.result is False
+        assert (await stub.IsActive(REF)).result is False
+
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(stream.read(), 5) is aio.EOF, "the stream ends cleanly"
+        assert await asyncio.to_thread(proc.wait, 10) == 0
+    finally:
+        stream.cancel()
+        await alice.aclose()
+
+
+async def test_a_trigger_for_a_model_it_does_not_serve_is_refused_saying_what_to_fix(
+    scaler: tuple[subprocess.Popen[Any], pb_grpc.ExternalScalerStub],
+) -> None:
+    _, stub = scaler
+    ref = pb.ScaledObjectRef(name="engine-x", scalerMetadata={"model": "nobody-serves-this"})
+    with pytest.raises(aio.AioRpcError) as refused:
+        await stub.IsActive(ref)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'nobody-serves-this' is not in this scaler's configuration" in str(
+        refused.value.details()
+    )
+    with pytest.raises(aio.AioRpcError) as no_model:
+        await stub.GetMetricSpec(pb.ScaledObjectRef(name="engine-y"))
+    assert "names no model" in str(no_model.value.details())
