@@ -8,7 +8,7 @@ import asyncio
 
 from redis.asyncio import Redis
 
-from broker import ModelSnapshot, keys
+from broker import DispatchStore, Grant, ModelSnapshot, keys
 from dispatcher.admission import ADMISSION, AdmissionConfig
 from dispatcher.endpoints import SentLog, endpoint_states
 from dispatcher.service import Dispatcher
@@ -90,3 +90,16 @@ async def test_replicas_own_the_models_of_one_engine_together(redis_url: str) ->
         finally:
             stop.set()
             await asyncio.gather(*tasks)
+
+
+async def test_models_sharing_an_engine_hold_no_express_grant(aredis: Redis) -> None:
+    # A grant written before the models shared the engine (an older configuration) is
+    # revoked at the first round: enqueue.lua would send on it into the shared room.
+    engine = "http://127.0.0.1:9"
+    models = [{"name": n, "endpoints": [engine], "admission": "static"} for n in ("a", "b")]
+    settings = make_settings(None, models=models)
+    store = DispatchStore(aredis, settings)
+    assert await store.grant("b", Grant(engine, {"interactive": 3}), 0, 60_000)
+    assert await aredis.hget(keys.meta("b"), keys.GRANT_ENDPOINT) == engine.encode()
+    await Dispatcher(settings, aredis).dispatch_engine(settings.models, {})
+    assert await aredis.hget(keys.meta("b"), keys.GRANT_ENDPOINT) is None
