@@ -3,9 +3,24 @@
 A Kubernetes headless Service has one record per ready pod, so a model's replicas can
 be followed without API permissions. The pure part turns records into endpoint URLs
 (``endpoint_urls``), keeps each model's live set, the listed endpoints first, then the
-ones found (``LiveEndpoints``), and says what changed (``Change``). ``DnsDiscovery`` is
-the I/O: it reads the records of each model every ``interval_s`` and hands a changed set
-to its caller, who scrapes what was added and stops admitting to what was removed.
+ones found (``LiveEndpoints``), says what changed (``Change``), how long to wait before
+the next read (``read_delay``) and which record types to ask (``Families``).
+``DnsDiscovery`` is the I/O: it reads the records of each model every ``interval_s`` and
+hands a changed set to its caller, who scrapes what was added and stops admitting to what
+was removed.
+
+A model that is waking -- requests queued and no healthy endpoint: its replica is
+starting -- is read every ``waking_interval_s`` instead, so its first replica is found
+soon after its record appears; the caller says which models wake (``waking``) and cuts a
+long wait short when one starts to (``hurry``). An idle fleet reads no more than before.
+
+Record types: a Service is single-stack (A or AAAA records only) or dual-stack (both, one
+of each per pod). A read asks only the types that had records at the last read that found
+any (one question instead of two for a single-stack Service); both again when none were
+found (a model at zero: its next replicas may come under either), when the types asked
+find none (so zero endpoints is never a half answer), and every ``FULL_READ_EVERY`` reads
+(a family added to the Service later is seen). A dual-stack Service is asked both types,
+as before: each of its records is an endpoint.
 
 One read ends one of three ways:
 
@@ -20,6 +35,7 @@ One read ends one of three ways:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 from collections.abc import Callable, Iterable, Sequence
@@ -36,6 +52,7 @@ from broker import DiscoveryConfig, ModelConfig, nameserver_address
 log = logging.getLogger(__name__)
 
 _RECORD_TYPES = (dns.rdatatype.A, dns.rdatatype.AAAA)
+FULL_READ_EVERY = 10  # reads of the types that answered before, then one of both
 # A read's time bound: within the interval, so a slow server never stacks reads up, and
 # long enough for a resolver's retries to another server.
 _MAX_LIFETIME_S = 5.0
@@ -100,6 +117,38 @@ def _index(live: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
     return {endpoint: tuple(models) for endpoint, models in models_of.items()}
 
 
+def read_delay(found: DiscoveryConfig, waking: bool) -> float:
+    """How long until the next read of a model's records: ``waking_interval_s`` while it
+    wakes (never longer than ``interval_s``), else ``interval_s``."""
+    return min(found.waking_interval_s, found.interval_s) if waking else found.interval_s
+
+
+RecordType = dns.rdatatype.RdataType
+
+
+@dataclass
+class Families:
+    """The record types one model's reads ask (module docstring). Pure."""
+
+    answered: tuple[RecordType, ...] = ()  # the types with records at the last read with any
+    reads: int = 0  # reads of ``answered`` alone since the last read of both
+
+    def to_ask(self) -> tuple[RecordType, ...]:
+        if not self.answered or self.reads >= FULL_READ_EVERY:
+            return _RECORD_TYPES
+        return self.answered
+
+    def record(self, asked: Sequence[RecordType], had: Iterable[RecordType]) -> None:
+        """A read asked ``asked`` and found records of the types ``had``."""
+        both = set(asked) == set(_RECORD_TYPES)
+        self.reads = 0 if both else self.reads + 1
+        found = set(had)
+        if found:
+            self.answered = tuple(kind for kind in _RECORD_TYPES if kind in found)
+        elif both:
+            self.answered = ()
+
+
 class ResolveFailed(Exception):
     """The records could not be read (not: there are none); the message says why."""
 
@@ -108,12 +157,28 @@ OnFound = Callable[[str, tuple[str, ...]], None]  # (model, endpoint URLs) after
 
 
 class DnsDiscovery:
-    """Reads the records of every model with ``discovery``, each every ``interval_s``."""
+    """Reads the records of every model with ``discovery``, each every ``interval_s``, or
+    every ``waking_interval_s`` while ``waking(model)`` says it wakes."""
 
-    def __init__(self, models: Sequence[ModelConfig], on_found: OnFound) -> None:
+    def __init__(
+        self,
+        models: Sequence[ModelConfig],
+        on_found: OnFound,
+        waking: Callable[[str], bool] | None = None,
+    ) -> None:
         self._models = [m for m in models if m.discovery is not None]
         self._on_found = on_found
+        self._waking = waking
         self._failing: set[str] = set()  # models whose last read failed
+        self._hurry = {m.name: asyncio.Event() for m in self._models}
+        self._slow: set[str] = set()  # models waiting ``interval_s`` for their next read
+
+    def hurry(self, model: str) -> None:
+        """``model`` started to wake: if it waits ``interval_s`` now, read it at once (then
+        every ``waking_interval_s`` while it wakes). A model already read often is left as
+        it is: a burst of requests never makes a burst of reads."""
+        if model in self._slow:
+            self._hurry[model].set()
 
     async def run(self) -> None:
         """Follow every model until cancelled; failures never raise."""
@@ -123,15 +188,38 @@ class DnsDiscovery:
 
     async def _follow(self, model: str, found: DiscoveryConfig) -> None:
         resolver = make_resolver(found)
+        families = Families()
         while True:
             try:
-                urls = await resolve(resolver, found)
+                urls = await resolve(resolver, found, families)
             except ResolveFailed as exc:
                 self._failed(model, found, str(exc))
             else:
                 self._recovered(model, found)
                 self._hand_on(model, urls)
-            await asyncio.sleep(found.interval_s)
+            await self._wait(model, found)
+
+    async def _wait(self, model: str, found: DiscoveryConfig) -> None:
+        if self._is_waking(model):
+            await asyncio.sleep(read_delay(found, waking=True))
+            return
+        hurry = self._hurry[model]
+        hurry.clear()
+        self._slow.add(model)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(hurry.wait(), read_delay(found, waking=False))
+        finally:
+            self._slow.discard(model)
+
+    def _is_waking(self, model: str) -> bool:
+        if self._waking is None:
+            return False
+        try:
+            return self._waking(model)
+        except Exception:
+            log.exception("waking(%r) failed", model)  # read at the usual interval
+            return False
 
     def _hand_on(self, model: str, urls: tuple[str, ...]) -> None:
         try:
@@ -175,14 +263,30 @@ def make_resolver(found: DiscoveryConfig) -> dns.asyncresolver.Resolver:
     return resolver
 
 
-async def resolve(resolver: dns.asyncresolver.Resolver, found: DiscoveryConfig) -> tuple[str, ...]:
+async def resolve(
+    resolver: dns.asyncresolver.Resolver,
+    found: DiscoveryConfig,
+    families: Families | None = None,
+) -> tuple[str, ...]:
     """The endpoint URLs of ``found``'s A and AAAA records now; () when the name has none.
-    Raises ``ResolveFailed`` when either read failed: a part of the answer could remove
-    replicas that are there."""
-    reads = await asyncio.gather(
-        *(_addresses(resolver, found.dns, kind) for kind in _RECORD_TYPES)
-    )
+    ``families`` (kept between one model's reads) says which types to ask and learns
+    which answered; None asks both. Raises ``ResolveFailed`` when any question failed: a
+    part of the answer could remove replicas that are there."""
+    families = families or Families()
+    asked = families.to_ask()
+    reads = await _ask(resolver, found.dns, asked)
+    if not any(reads) and set(asked) != set(_RECORD_TYPES):
+        # None of the types that answered before: ask the others too before calling it zero.
+        rest = tuple(kind for kind in _RECORD_TYPES if kind not in asked)
+        asked, reads = (*asked, *rest), reads + await _ask(resolver, found.dns, rest)
+    families.record(asked, (kind for kind, got in zip(asked, reads, strict=True) if got))
     return endpoint_urls((a for addresses in reads for a in addresses), found.scheme, found.port)
+
+
+async def _ask(
+    resolver: dns.asyncresolver.Resolver, name: str, kinds: Sequence[RecordType]
+) -> list[list[str]]:
+    return list(await asyncio.gather(*(_addresses(resolver, name, kind) for kind in kinds)))
 
 
 async def _addresses(

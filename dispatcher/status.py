@@ -8,6 +8,14 @@ admission decision per endpoint and band -- and writes the result as the model's
 status snapshot (``fq:{m}:status``, short TTL). The same latest view feeds the
 Prometheus collector, so a scrape of ``/metrics`` never touches Redis.
 
+A round publishes ``_CONCURRENT`` models at a time and the next one starts
+``status_interval_s`` after it began, so at many models the period is still the interval
+(one model after another, 60 models took about as long as the wait between rounds).
+Demand that appears is published at once: a job that comes for a model whose published
+demand is 0 (``publish_at_once``: its wake message, ``Dispatcher.when_queued``) has the
+model published now, not at the next round, since that series is what wakes its engines
+from zero; at most once per model per interval, so a busy model costs no more.
+
 The history (for the dashboard's chart) is built here from the workers' latency
 stream: one point every ``HISTORY_STEP_S`` with the queue depth and the median and
 95th percentile of the time to first token of the jobs that ended in that step. The
@@ -44,6 +52,7 @@ from broker import (
     publish_status,
     read_latencies,
     read_queues,
+    stop_task,
     telemetry,
 )
 from broker.demand import read_oldest_ms
@@ -54,6 +63,7 @@ from dispatcher.service import Dispatcher
 
 log = logging.getLogger(__name__)
 
+_CONCURRENT = 8  # models a round publishes at once (each a few Redis round trips)
 HISTORY_STEP_S = 2.0
 HISTORY_POINTS = 150  # five minutes
 NEWCOMERS_KEPT = 1000  # newcomer TTFTs kept for the quantiles (within the history's span)
@@ -125,6 +135,22 @@ class ModelStatus:
     # band -> enqueue time (ms since the epoch) of its oldest queued job; None: none queued
     oldest_ms: dict[str, int | None] = field(default_factory=dict)
 
+    @property
+    def demand(self) -> int:
+        """Jobs queued in every band plus jobs in flight: what scales the model's engines."""
+        return sum(self.queues.inflight.values()) + sum(b.queued for b in self.queues.bands)
+
+
+def publish_at_once(
+    status: ModelStatus | None, last_at: float | None, now: float, interval_s: float
+) -> bool:
+    """Whether a job that came for a model has the model published now: its published
+    demand was 0 (or nothing is published yet), and it was not published so in the last
+    ``interval_s`` (``last_at``: when it last was; None: never)."""
+    if status is not None and status.demand > 0:
+        return False
+    return last_at is None or now - last_at >= interval_s
+
 
 class StatusPublisher:
     def __init__(self, settings: Settings, redis: Redis, dispatcher: Dispatcher) -> None:
@@ -133,21 +159,68 @@ class StatusPublisher:
         self._dispatcher = dispatcher
         self._history = {m.name: _History() for m in dispatcher.models}
         self.latest: dict[str, ModelStatus] = {}
+        self._due: set[str] = set()  # models to publish at once
+        self._at_once: dict[str, float] = {}  # model -> when it was last published at once
+        self._poke: asyncio.Event | None = None  # while ``run`` runs: a model is due
+        dispatcher.when_queued(self._queued)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Publish the snapshot of every model this replica owns every ``status_interval_s``
-        until ``stop``."""
-        while not stop.is_set():
-            owned = self._dispatcher.owned  # the lease holder of a model publishes its status
-            for name in set(self.latest) - owned:
-                del self.latest[name]
-            for model in (m for m in self._dispatcher.models if m.name in owned):
+        """Publish the snapshot of every model this replica owns every ``status_interval_s``,
+        and a model whose demand appears at once, until ``stop``."""
+        self._poke = poke = asyncio.Event()
+        stopping = asyncio.create_task(_set_on(stop, poke))
+        interval_s = self._settings.status_interval_s
+        try:
+            next_round = time.monotonic()
+            while not stop.is_set():
+                poke.clear()  # before the work: a model due meanwhile is not lost
+                began = time.monotonic()
+                if began >= next_round:
+                    next_round = began + interval_s  # the round's own time is in the period
+                    self._due.clear()
+                    await self._round()
+                elif self._due:
+                    due, self._due = self._due, set()
+                    owned = self._dispatcher.owned
+                    await self._publish_each(
+                        [m for m in self._dispatcher.models if m.name in due and m.name in owned]
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(poke.wait(), max(0.0, next_round - time.monotonic()))
+        finally:
+            self._poke = None
+            await stop_task(stopping)
+
+    async def _round(self) -> None:
+        owned = self._dispatcher.owned  # the lease holder of a model publishes its status
+        for name in set(self.latest) - owned:
+            del self.latest[name]
+        await self._publish_each([m for m in self._dispatcher.models if m.name in owned])
+
+    async def _publish_each(self, models: Sequence[ModelConfig]) -> None:
+        """Publish ``models``, ``_CONCURRENT`` at a time; a failure is logged, not raised."""
+        slots = asyncio.Semaphore(_CONCURRENT)
+
+        async def one(model: ModelConfig) -> None:
+            async with slots:
                 try:
                     await self.publish(model)
                 except RedisError as exc:
                     log.warning("status of model %s not published (%s)", model.name, exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self._settings.status_interval_s)
+
+        await asyncio.gather(*(one(model) for model in models))
+
+    def _queued(self, model: str) -> None:
+        """A job came for ``model`` (its wake message): publish it at once if its published
+        demand was 0 (``publish_at_once``)."""
+        if self._poke is None or model in self._due or model not in self._dispatcher.owned:
+            return
+        now = time.monotonic()
+        interval_s = self._settings.status_interval_s
+        if publish_at_once(self.latest.get(model), self._at_once.get(model), now, interval_s):
+            self._at_once[model] = now
+            self._due.add(model)
+            self._poke.set()
 
     async def publish(self, model: ModelConfig) -> Snapshot:
         s = self._settings
@@ -193,6 +266,12 @@ class StatusPublisher:
             row["kept_slots"] = None if batch is None else config.reserve(batch)
             rows.append(row)
         return rows
+
+
+async def _set_on(stop: asyncio.Event, poke: asyncio.Event) -> None:
+    """Set ``poke`` once ``stop`` is set: the publisher waits on one event."""
+    await stop.wait()
+    poke.set()
 
 
 def _engine_row(state: EndpointState, view: EndpointView | None, now: float) -> dict[str, object]:
@@ -279,9 +358,8 @@ def _demand_families(latest: dict[str, ModelStatus], now: float) -> Iterator[Met
             since_ms = status.oldest_ms.get(b.band)
             age = 0.0 if since_ms is None else max(0.0, now - since_ms / 1000)
             oldest.add_metric([model, b.band], round(age, 3))
-        running = sum(status.queues.inflight.values())
-        inflight.add_metric([model], running)
-        demand.add_metric([model], running + sum(b.queued for b in status.queues.bands))
+        inflight.add_metric([model], sum(status.queues.inflight.values()))
+        demand.add_metric([model], status.demand)
         ready.add_metric([model], sum(1 for row in status.endpoints if row.get("healthy") is True))
     yield from (oldest, inflight, demand, ready)
 

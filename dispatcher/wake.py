@@ -6,7 +6,10 @@ is also kept as a hint, so the loop can plan from its cached view plus the
 hints instead of reading the backlog again. Any other change, and a lost
 connection, marks the cached view stale. An express send (a job enqueue.lua
 sent straight to an endpoint) is also reported to ``on_express`` at once, so
-admission counts it before the engine's metrics can show it.
+admission counts it before the engine's metrics can show it. Every message that says a
+job came (queued, or sent express) is then reported to ``on_queued``: a model whose
+demand was 0 is published and its replicas are read at once rather than at their next
+period (``dispatcher.status``, ``dispatcher.discovery``).
 
 Models that share an engine are dispatched by one loop (``dispatcher.service``): their
 wake-ups set one event (``together``), so that loop waits on one thing.
@@ -46,9 +49,11 @@ class WakeListener:
         models: Sequence[str],
         on_express: Callable[[str, ExpressSend], None] | None = None,  # (model, the send)
         together: Sequence[Sequence[str]] = (),  # models whose wake-ups set one event
+        on_queued: Callable[[str], None] | None = None,  # (model): a job came
     ) -> None:
         self._redis = redis
         self._on_express = on_express
+        self._on_queued = on_queued
         shared = {m: asyncio.Event() for group in together for m in group[:1]}
         event_of = {m: shared[group[0]] for group in together for m in group}
         self._by_channel = {
@@ -104,7 +109,8 @@ class WakeListener:
                 sent = express_send(message["data"])
                 if sent is not None and self._on_express is not None:
                     self._on_express(wake.model, sent)
-                wake.urgent = wake.urgent or newcomer is not None or message["data"] == b"q"
+                came = newcomer is not None or message["data"] == b"q"
+                wake.urgent = wake.urgent or came
                 if newcomer is None:
                     wake.stale = wake.stale or message["data"] != b"q"
                 elif len(wake.newcomers) < _MAX_HINTS:
@@ -113,5 +119,7 @@ class WakeListener:
                     wake.newcomers.clear()
                     wake.stale = True
                 wake.event.set()
+                if (came or sent is not None) and self._on_queued is not None:
+                    self._on_queued(wake.model)
         finally:
             await pubsub.aclose()

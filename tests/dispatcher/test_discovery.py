@@ -1,7 +1,9 @@
 """Replicas found through DNS (``dispatcher.discovery``): records to endpoint URLs and to
-what changed (pure), and reads of a real DNS server on 127.0.0.1: records, a name with
-none or none at all (zero endpoints), a failing or silent server (the last set stands,
-logged once per change of state)."""
+what changed, the delay to the next read and the record types asked (pure), and reads of
+a real DNS server on 127.0.0.1: records, a name with none or none at all (zero
+endpoints), a failing or silent server (the last set stands, logged once per change of
+state), one question a read for a single-stack name, reads every waking interval while a
+model wakes."""
 
 from __future__ import annotations
 
@@ -9,15 +11,19 @@ import asyncio
 import logging
 
 import pytest
+from dns.rdatatype import AAAA, A
 
 from broker import DiscoveryConfig, ModelConfig
 from dispatcher.discovery import (
+    FULL_READ_EVERY,
     Change,
     DnsDiscovery,
+    Families,
     LiveEndpoints,
     ResolveFailed,
     endpoint_urls,
     make_resolver,
+    read_delay,
     resolve,
 )
 from dispatcher.endpoints import SentLog
@@ -131,3 +137,79 @@ def test_a_gone_replicas_sends_are_forgotten() -> None:
     sent.forget("http://10.0.0.1:8000")
     assert sent.since("http://10.0.0.1:8000", 0.0).total == 0
     assert not sent._sent  # nothing kept per replica that came and went
+
+
+def test_a_waking_model_is_read_at_its_waking_interval_never_slower_than_the_usual() -> None:
+    found = DiscoveryConfig(dns=NAME, port=8000, interval_s=5.0, waking_interval_s=0.2)
+    assert read_delay(found, waking=False) == 5.0
+    assert read_delay(found, waking=True) == 0.2
+    quick = DiscoveryConfig(dns=NAME, port=8000, interval_s=0.1, waking_interval_s=0.2)
+    assert read_delay(quick, waking=True) == 0.1
+
+
+def test_reads_ask_the_record_type_that_answered_and_both_now_and_then() -> None:
+    families = Families()
+    assert families.to_ask() == (A, AAAA)  # nothing known yet
+    families.record((A, AAAA), [A])  # a single-stack IPv4 Service
+    for _ in range(FULL_READ_EVERY):
+        assert families.to_ask() == (A,)
+        families.record((A,), [A])
+    assert families.to_ask() == (A, AAAA)  # a family added to the Service is seen
+    families.record((A, AAAA), [A, AAAA])  # dual-stack: both, each record an endpoint
+    assert families.to_ask() == (A, AAAA)
+    families.record((A, AAAA), [AAAA])
+    assert families.to_ask() == (AAAA,)
+    families.record((AAAA, A), [])  # none of either (the read asked the other too): zero
+    assert families.to_ask() == (A, AAAA)  # its next replicas may come under either
+
+
+async def test_a_single_stack_name_costs_one_question_a_read_and_zero_is_asked_of_both() -> None:
+    with dns_server() as (zone, server):
+        zone.set(NAME, ["10.1.0.4"])
+        found = _found(server)
+        resolver, families = make_resolver(found), Families()
+        assert await resolve(resolver, found, families) == ("http://10.1.0.4:8000",)
+        assert zone.questions == 2
+        assert await resolve(resolver, found, families) == ("http://10.1.0.4:8000",)
+        assert zone.questions == 3  # A only
+        zone.set(NAME, ["fd00::5"])  # A gone, AAAA there: the same read asks AAAA too
+        assert await resolve(resolver, found, families) == ("http://[fd00::5]:8000",)
+        assert zone.questions == 5
+        assert await resolve(resolver, found, families) == ("http://[fd00::5]:8000",)
+        assert zone.questions == 6  # AAAA only
+        zone.set(NAME, [])
+        assert await resolve(resolver, found, families) == ()
+        assert await resolve(resolver, found, families) == ()
+        assert zone.questions == 10  # at zero: both, every read
+
+
+async def test_a_waking_model_is_read_often_from_the_hurry_on_and_slowly_after() -> None:
+    waking = False
+    with dns_server() as (zone, server):
+        zone.set(NAME, [])
+        found = DiscoveryConfig(dns=NAME, port=8000, interval_s=30.0, waking_interval_s=0.05,
+                                nameservers=(server,))  # fmt: skip
+        model = ModelConfig(name="llama", discovery=found)
+        discovery = DnsDiscovery([model], lambda m, u: None, waking=lambda m: waking)
+        task = asyncio.create_task(discovery.run())
+        try:
+            await aeventually(lambda: zone.questions >= 2, "the first read")
+            await asyncio.sleep(0.2)
+            asked = zone.questions
+            discovery.hurry("llama")  # not waking: a read now, then the usual interval
+            await aeventually(lambda: zone.questions >= asked + 2, "a read at once")
+            await asyncio.sleep(0.3)
+            assert zone.questions == asked + 2
+            waking = True
+            discovery.hurry("llama")
+            await aeventually(lambda: zone.questions >= asked + 20, "reads every 0.05 s", 3)
+            for _ in range(50):  # a burst of requests is no burst of reads
+                discovery.hurry("llama")
+            waking = False
+            await asyncio.sleep(0.2)  # the read under way ends, then the 30 s wait
+            stopped = zone.questions
+            await asyncio.sleep(0.4)
+            assert zone.questions == stopped
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
