@@ -25,7 +25,8 @@ A model's endpoints are live (``dispatcher.discovery``): the listed ones and tho
 DNS records name now. A replica found is scraped at once and admitted to after its
 first good scrape; one gone gets nothing more (nor express grants) and is no longer
 scraped, while its jobs in flight end where they are or are reclaimed as ever. With no
-endpoint, a model's jobs wait in its queue.
+endpoint, a model's jobs wait in its queue, and while they do its records are read every
+``waking_interval_s`` (``_waking``), from the moment a job comes (``_queued``).
 
 Models served by one engine (``broker.engines``: a base model and its LoRA adapters, or
 aliases) are owned as one, under the lease of the first of them, and dispatched by one
@@ -47,7 +48,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -123,6 +124,9 @@ class Dispatcher:
         self._rates = {m.name: RateMeter() for m in self._models}
         self._scraper: Scraper | None = None
         self._live = LiveEndpoints(self._models)  # model -> its endpoints now
+        self._config = {m.name: m for m in self._models}
+        self._discovery: DnsDiscovery | None = None  # while ``run`` runs
+        self._queued_hooks: list[Callable[[str], None]] = []
         self._wake: WakeListener | None = None  # while ``run`` runs
         self._views: dict[str, ModelSnapshot] = {}  # model -> state after its last dispatch
         self._grants: dict[str, _Written] = {}
@@ -138,7 +142,9 @@ class Dispatcher:
             await self._store.ensure_ready_group(model.name)
         shared = [[m.name for m in group] for group in self._engines if len(group) > 1]
         names = [m.name for m in self._models]
-        wake = WakeListener(self._redis, names, self._express_sent, together=shared)
+        wake = WakeListener(
+            self._redis, names, self._express_sent, together=shared, on_queued=self._queued
+        )
         self._wake = wake
         async with asyncio.TaskGroup() as tasks:
             self._scraper = self._make_scraper(wake)
@@ -158,8 +164,8 @@ class Dispatcher:
             if self._scraper is not None:
                 background.append(tasks.create_task(self._scraper.run()))
             if any(m.discovery is not None for m in self._models):
-                discovery = DnsDiscovery(self._models, self._found)
-                background.append(tasks.create_task(discovery.run()))
+                self._discovery = DnsDiscovery(self._models, self._found, waking=self._waking)
+                background.append(tasks.create_task(self._discovery.run()))
             await stop.wait()
             # Ownership first: it gives the leases back, so other replicas take over now.
             for task in [background[1], background[0], *background[2:], *loops.values()]:
@@ -223,6 +229,30 @@ class Dispatcher:
         if self._wake is not None:
             self._wake.mark_stale(model)
             self._wake.event(model).set()
+
+    def when_queued(self, hook: Callable[[str], None]) -> None:
+        """Call ``hook(model)`` whenever a job of ``model`` comes (queued or sent express),
+        as its wake message arrives: the status publisher's cue (``dispatcher.status``)."""
+        self._queued_hooks.append(hook)
+
+    def _queued(self, model: str) -> None:
+        for hook in self._queued_hooks:
+            hook(model)
+        if self._discovery is not None and self._waking(model):
+            self._discovery.hurry(model)
+
+    def _waking(self, model: str) -> bool:
+        """Whether ``model``'s requests wait for a replica: owned here, a backlog (or a job
+        came since its last round: ``urgent``), and no healthy endpoint."""
+        if model not in self.owned:
+            return False
+        came = self._wake is not None and self._wake.urgent(model)
+        if not came and self._idle(model):
+            return False
+        live = self._live.of(model)
+        if self._config[model].admission_policy != "metrics" or self._scraper is None:
+            return not live
+        return not any(self._scraper.view(endpoint).healthy for endpoint in live)
 
     def _make_scraper(self, wake: WakeListener) -> Scraper | None:
         """One scraper for every endpoint of the models admitted by metrics; a finished
