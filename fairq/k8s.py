@@ -11,19 +11,24 @@ is plain YAML, committed, that ``kubectl apply -k`` takes with no plugin:
                                model finding its engines by DNS (``discovery``): the
                                headless Service's records, one per ready pod
     base/api-keys.yaml         the Secret of the API keys, their hashes only (``k8s_keys``)
+    base/keda-scaler.yaml      ``fairq keda-scaler``, the engines' KEDA trigger
+                               (``k8s_scaler``; with ``engine_trigger: external-push``)
+    base/kustomization.yaml    the base's resources: the hand-written ones and these
     engines/vllm/              per model: a vLLM Deployment + headless Service
     engines/sim/               the same names running ``fairq sim`` (clusters without GPUs)
     components/keda/scaledobject.yaml   the workers: one redis-streams trigger per model
     components/engine-scaling/scaledobjects.yaml   per model: its engine Deployment's
                                replicas follow the model's demand (``fairq_model_demand``)
 
-Engines scale to zero and back (``docs/operations.md``, "Scale to zero"): KEDA polls
-Prometheus for the demand the dispatcher that owns the model exports (queued in every
-band plus in flight). Any demand activates a model at zero, and a model keeps its
-replicas while a job of it is in flight. An engine pod that is stopped first leaves
-the Service's records (fairq sends it nothing new), then its preStop hook waits until
-the engine runs and holds no request (``fairq.engine_drain``), within the pod's grace
-period.
+Engines scale to zero and back (``docs/operations.md``, "Scale to zero") on each
+model's demand (queued in every band plus in flight). By default KEDA's trigger is
+``external-push``: fairq's own scaler reads the demand from Redis and pushes a model's
+first job to KEDA at once. ``engine_trigger: prometheus`` has KEDA poll Prometheus for
+the series the dispatcher that owns the model exports instead. Any demand activates a
+model at zero, and a model keeps its replicas while a job of it is in flight. An engine
+pod that is stopped first leaves the Service's records (fairq sends it nothing new), then
+its preStop hook waits until the engine runs and holds no request
+(``fairq.engine_drain``), within the pod's grace period.
 
 Rendering is deterministic, so ``fairq k8s render --check`` (and the tests) can
 tell when a committed file is stale, and ``write`` leaves a file that would not change
@@ -39,7 +44,7 @@ import yaml
 
 from broker import keys
 from broker.settings import ModelConfig
-from fairq import k8s_engines, k8s_keys
+from fairq import k8s_engines, k8s_keys, k8s_scaler
 from fairq.k8s_spec import ENGINE_PORT, ClusterSpec, EngineSpec, Model, label_value, slug
 
 __all__ = [
@@ -91,7 +96,11 @@ def render(k8s_dir: Path) -> dict[Path, str]:
     files = {
         Path("base/fairq.yaml"): _HEADER + _dump(config),
         Path("base/api-keys.yaml"): _HEADER + _dump(keys_secret),
+        Path("base/kustomization.yaml"): _HEADER + _BASE_COMMENT + _dump(_base(cluster)),
     }
+    if cluster.engine_trigger == "external-push":
+        scaler = k8s_scaler.manifests(cluster)
+        files[Path("base/keda-scaler.yaml")] = _HEADER + _dump_all(scaler)
     for kind, build in (("vllm", k8s_engines.vllm), ("sim", k8s_engines.sim)):
         names = []
         for model in models:
@@ -125,11 +134,13 @@ def write(k8s_dir: Path) -> dict[Path, str]:
     file with what became of it: ``wrote``, ``unchanged`` (left as it was) or ``removed``."""
     files = render(k8s_dir)
     done: dict[Path, str] = {}
+    optional = [k8s_dir / "base" / "keda-scaler.yaml"]
     for kind in ("vllm", "sim"):
-        for old in (k8s_dir / "engines" / kind).glob("*.yaml"):
-            if old.relative_to(k8s_dir) not in files:
-                old.unlink()
-                done[old.relative_to(k8s_dir)] = "removed"
+        optional += (k8s_dir / "engines" / kind).glob("*.yaml")
+    for old in optional:
+        if old.is_file() and old.relative_to(k8s_dir) not in files:
+            old.unlink()
+            done[old.relative_to(k8s_dir)] = "removed"
     for path, text in files.items():
         target = k8s_dir / path
         if target.is_file() and target.read_text() == text:
@@ -139,6 +150,30 @@ def write(k8s_dir: Path) -> dict[Path, str]:
         target.write_text(text)
         done[path] = "wrote"
     return dict(sorted(done.items()))
+
+
+_BASE_COMMENT = """\
+# fairq's own components: gateway, dispatchers, workers, batch workers, the KEDA scaler of
+# the engines, their config, secrets, disruption budgets and network policies. No Redis
+# and no engines: an overlay adds them (../redis or an external Redis; ../engines/vllm or
+# ../engines/sim). fairq reads its configuration once at start-up: the ConfigMap's name
+# carries a hash of the content, so a changed fairq.yaml rolls every pod that mounts it.
+"""
+_BASE_RESOURCES = ["namespace.yaml", "secrets.yaml", "api-keys.yaml", "gateway.yaml",
+                   "dispatcher.yaml", "worker.yaml", "batch-worker.yaml",
+                   "network-policies.yaml"]  # fmt: skip
+
+
+def _base(cluster: ClusterSpec) -> dict[str, Any]:
+    scaler = ["keda-scaler.yaml"] if cluster.engine_trigger == "external-push" else []
+    return {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "namespace": cluster.namespace,
+        "labels": [{"pairs": {"app.kubernetes.io/part-of": "fairq"}, "includeSelectors": False}],
+        "resources": [*_BASE_RESOURCES, *scaler],
+        "configMapGenerator": [{"name": "fairq-config", "files": ["fairq.yaml"]}],
+    }
 
 
 def _scaled_object(cluster: ClusterSpec, models: list[Model]) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """A model's engine manifests: the Deployment (vLLM, or ``fairq sim`` on clusters without
 GPUs) with its preStop drain, the headless Service fairq discovers its pods by, and the
-KEDA ScaledObject that scales the Deployment on the model's demand (``fairq.k8s``)."""
+KEDA ScaledObject that scales the Deployment on the model's demand, through fairq's own
+scaler or Prometheus (``fairq.k8s``)."""
 
 from __future__ import annotations
 
@@ -217,9 +218,8 @@ def sim(cluster: ClusterSpec, model: Model) -> Iterator[dict[str, Any]]:
 
 
 def scaled_object(cluster: ClusterSpec, model: Model) -> dict[str, Any]:
-    """KEDA scales the model's engine Deployment on its demand in Prometheus."""
+    """KEDA scales the model's engine Deployment on its demand (``k8s.engine_trigger``)."""
     engine = model.engine
-    selector = f'namespace="{cluster.namespace}",model="{model.name}"'
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
@@ -232,7 +232,8 @@ def scaled_object(cluster: ClusterSpec, model: Model) -> dict[str, Any]:
             "scaleTargetRef": {"name": model.service},
             "minReplicaCount": engine.min_replicas,
             "maxReplicaCount": engine.max_replicas,
-            # KEDA itself polls at this pace while the model is at zero: the wake's delay.
+            # KEDA asks at this pace: the prometheus trigger's wake delay at zero; the
+            # external-push trigger wakes at once and uses it for the replicas above one.
             "pollingInterval": cluster.engine_polling_s,
             # The last replica goes only after this long without demand (KEDA's own step
             # to zero); the HPA's window below holds the steps between 1 and N.
@@ -248,24 +249,42 @@ def scaled_object(cluster: ClusterSpec, model: Model) -> dict[str, Any]:
                     }
                 }
             },
-            "triggers": [
-                {
-                    "type": "prometheus",
-                    "name": "demand",
-                    "metricType": "AverageValue",
-                    "metadata": {
-                        "serverAddress": cluster.prometheus_address,
-                        # max: during a lease hand-over two dispatchers may both report.
-                        "query": f"max(fairq_model_demand{{{selector}}})",
-                        "threshold": str(engine.demand_per_replica),
-                        # Active (at least one replica) as soon as one job is queued or
-                        # in flight: the first request wakes a model at zero.
-                        "activationThreshold": "0",
-                        # No series (Prometheus lost the dispatchers): an error, so KEDA
-                        # keeps the replicas, rather than a 0 that would remove them.
-                        "ignoreNullValues": "false",
-                    },
-                }
-            ],
+            "triggers": [_trigger(cluster, model)],
+        },
+    }
+
+
+def _trigger(cluster: ClusterSpec, model: Model) -> dict[str, Any]:
+    per_replica = str(model.engine.demand_per_replica)
+    if cluster.engine_trigger == "external-push":
+        # `fairq keda-scaler` (dispatcher.keda): active while a job of the model is queued
+        # or in flight, pushed on its first enqueue; replicas = ceil(demand / per replica).
+        metadata = {
+            "scalerAddress": cluster.scaler_address(),
+            "model": model.name,
+            "demandPerReplica": per_replica,
+        }
+        return {
+            "type": "external-push",
+            "name": "demand",
+            "metricType": "AverageValue",
+            "metadata": metadata,
+        }
+    selector = f'namespace="{cluster.namespace}",model="{model.name}"'
+    return {
+        "type": "prometheus",
+        "name": "demand",
+        "metricType": "AverageValue",
+        "metadata": {
+            "serverAddress": cluster.prometheus_address,
+            # max: during a lease hand-over two dispatchers may both report.
+            "query": f"max(fairq_model_demand{{{selector}}})",
+            "threshold": per_replica,
+            # Active (at least one replica) as soon as one job is queued or in flight:
+            # the first request wakes a model at zero, within a poll and a scrape.
+            "activationThreshold": "0",
+            # No series (Prometheus lost the dispatchers): an error, so KEDA keeps the
+            # replicas, rather than a 0 that would remove them.
+            "ignoreNullValues": "false",
         },
     }

@@ -6,11 +6,13 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ENGINE_PORT = 8000
+SCALER_NAME = "keda-scaler"  # its Deployment and Service (fairq.k8s_scaler)
+SCALER_PORT = 9467
 _SLUG_MAX = 48  # "engine-" + slug stays within a Service name's 63 characters
 
 
@@ -69,16 +71,27 @@ class ClusterSpec(_Strict):
     worker_max_replicas: int = Field(default=20, ge=1)
     # Where KEDA's operator (another namespace) reaches Redis; default: the in-cluster one.
     keda_redis_address: str | None = None
-    # Engines: the Prometheus KEDA asks for each model's demand (it must scrape the
-    # dispatchers: components/prometheus), how often KEDA asks (also how soon a model at
-    # zero wakes), and how long demand must stay low before replicas are removed.
+    # Engines: what KEDA's trigger on each model's demand is. external-push: fairq's own
+    # scaler (`fairq keda-scaler`, rendered into the base) reads the demand from Redis and
+    # pushes a model's first job to KEDA at once. prometheus: KEDA polls the dispatchers'
+    # fairq_model_demand in Prometheus (it must scrape them: components/prometheus), so a
+    # model at zero wakes within a poll plus a scrape.
+    engine_trigger: Literal["external-push", "prometheus"] = "external-push"
+    keda_namespace: str = "keda"  # where KEDA's operator runs: it alone may call the scaler
     prometheus_address: str = "http://prometheus-operated.monitoring.svc.cluster.local:9090"
+    # How often KEDA polls (the prometheus trigger's wake delay; with external-push, how
+    # often KEDA reads the demand for the replicas above one), and how long demand must
+    # stay low before replicas are removed.
     engine_polling_s: int = Field(default=5, ge=1)
     engine_scale_down_s: int = Field(default=300, ge=0)
     discovery_interval_s: float = Field(default=5.0, gt=0)  # how often fairq reads DNS
 
     def redis_address(self) -> str:
         return self.keda_redis_address or f"redis.{self.namespace}.svc.cluster.local:6379"
+
+    def scaler_address(self) -> str:
+        """Where KEDA's operator (another namespace) reaches ``fairq keda-scaler``."""
+        return f"{SCALER_NAME}.{self.namespace}.svc.cluster.local:{SCALER_PORT}"
 
 
 @dataclass(frozen=True)

@@ -195,17 +195,30 @@ CRD_SCHEMAS = {
                     "metadata": {"type": "object",
                                  "additionalProperties": {"type": "string"}},
                     "authenticationRef": {"type": "object", "required": ["name"]}},
-                # The prometheus scaler's fields (kedacore/keda-docs, scalers/prometheus.md).
-                "if": {"properties": {"type": {"const": "prometheus"}}},
-                "then": {"properties": {"metadata": {
-                    "required": ["serverAddress", "query", "threshold"],
-                    "properties": {
-                        "ignoreNullValues": {"enum": ["true", "false"]},
-                        "unsafeSsl": {"enum": ["true", "false"]}},
-                    "propertyNames": {"enum": [
-                        "serverAddress", "query", "threshold", "activationThreshold",
-                        "namespace", "customHeaders", "ignoreNullValues", "queryParameters",
-                        "unsafeSsl", "authModes"]}}}},
+                "allOf": [
+                    # The prometheus scaler's fields (kedacore/keda-docs, scalers/prometheus.md).
+                    {"if": {"properties": {"type": {"const": "prometheus"}}},
+                     "then": {"properties": {"metadata": {
+                        "required": ["serverAddress", "query", "threshold"],
+                        "properties": {
+                            "ignoreNullValues": {"enum": ["true", "false"]},
+                            "unsafeSsl": {"enum": ["true", "false"]}},
+                        "propertyNames": {"enum": [
+                            "serverAddress", "query", "threshold", "activationThreshold",
+                            "namespace", "customHeaders", "ignoreNullValues",
+                            "queryParameters", "unsafeSsl", "authModes"]}}}}},
+                    # external-push (keda-docs, scalers/external-push.md; kedacore/keda,
+                    # pkg/scalers/external_scaler.go): scalerAddress is host:port, the
+                    # TLS switches are booleans; every other key goes to the scaler as is
+                    # (ScaledObjectRef.scalerMetadata), so it is checked by the scaler.
+                    {"if": {"properties": {"type": {"const": "external-push"}}},
+                     "then": {"properties": {"metadata": {
+                        "required": ["scalerAddress"],
+                        "properties": {
+                            "scalerAddress": {"type": "string", "pattern": r"^[^:/\s]+:[0-9]+$"},
+                            "enableTLS": {"enum": ["true", "false"]},
+                            "unsafeSsl": {"enum": ["true", "false"]}}}}}},
+                ],
                 "additionalProperties": False}},
         },
         "additionalProperties": False,
@@ -280,8 +293,21 @@ def test_the_validation_catches_a_misspelled_field_and_a_wrong_type() -> None:
     with pytest.raises(jsonschema.ValidationError):
         validate(scaled)
     engine = named(rendered("production"), "ScaledObject", "engine-llama-3-1-8b")
-    for field, value in (("activationTreshold", "0"), ("threshold", 64)):
+    address = engine["spec"]["triggers"][0]["metadata"]["scalerAddress"]
+    for field, value in (("scalerAdress", address), ("scalerAddress", "http://" + address),
+                         ("demandPerReplica", 64), ("enableTLS", "yes")):  # fmt: skip
         wrong = copy.deepcopy(engine)
+        meta = wrong["spec"]["triggers"][0]["metadata"]
+        if field == "scalerAdress":
+            del meta["scalerAddress"]
+        meta[field] = value
+        with pytest.raises(jsonschema.ValidationError):
+            validate(wrong)
+    polled = next(
+        o for o in prometheus_scaled_objects() if o["metadata"]["name"] == "engine-llama-3-1-8b"
+    )
+    for field, value in (("activationTreshold", "0"), ("threshold", 64)):
+        wrong = copy.deepcopy(polled)
         wrong["spec"]["triggers"][0]["metadata"][field] = value
         with pytest.raises(jsonschema.ValidationError):
             validate(wrong)
@@ -465,42 +491,112 @@ def _check_drain(pod: Obj, discovery_interval_s: float) -> None:
     assert pod["terminationGracePeriodSeconds"] > bound
 
 
-@pytest.mark.parametrize("overlay", ["production", "simulator"])
-def test_keda_scales_each_engine_on_its_models_demand_to_zero_and_back(overlay: str) -> None:
-    objects = rendered(overlay)
+def _engine_scaled_objects(objects: list[Obj]) -> list[tuple[Obj, k8s.EngineSpec, Obj]]:
+    """(the source's model entry, its engine spec, its ScaledObject) of each model,
+    checked for what every trigger keeps: bounds, polling, the drained scale-down."""
     source = yaml.safe_load((K8S_DIR / "fairq.yaml").read_text())
+    found = []
     for entry in source["models"]:
-        name = f"engine-{k8s.slug(entry['name'])}"
-        scaled = named(objects, "ScaledObject", name)
+        scaled = named(objects, "ScaledObject", f"engine-{k8s.slug(entry['name'])}")
         spec = scaled["spec"]
-        assert named(objects, "Deployment", spec["scaleTargetRef"]["name"])
         engine = k8s.EngineSpec.model_validate(entry.get("k8s", {}))
         assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (
             engine.min_replicas, engine.max_replicas,
         )  # fmt: skip
-        assert spec["pollingInterval"] <= 10, "a model at zero wakes within one poll"
+        assert spec["pollingInterval"] <= 10, "the demand is read within one poll"
         down = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
         assert down["stabilizationWindowSeconds"] >= 60 and spec["cooldownPeriod"] >= 60
-        (trigger,) = spec["triggers"]
+        found.append((entry, engine, scaled))
+    assert any(s["spec"]["minReplicaCount"] == 0 for _, _, s in found), (
+        "the shipped configuration shows a model that scales to zero"
+    )
+    return found
+
+
+@pytest.mark.parametrize("overlay", ["production", "simulator"])
+def test_keda_scales_each_engine_on_its_models_demand_pushed_by_fairqs_scaler(
+    overlay: str,
+) -> None:
+    objects = rendered(overlay)
+    for entry, engine, scaled in _engine_scaled_objects(objects):
+        assert named(objects, "Deployment", scaled["spec"]["scaleTargetRef"]["name"])
+        (trigger,) = scaled["spec"]["triggers"]
+        assert (trigger["type"], trigger["metricType"]) == ("external-push", "AverageValue")
+        meta = trigger["metadata"]
+        assert meta["model"] == entry["name"], "the scaler answers for the model by this name"
+        assert meta["demandPerReplica"] == str(engine.demand_per_replica)
+        host, port = meta["scalerAddress"].split(":")
+        service_name, namespace, *domain = host.split(".")
+        assert (namespace, domain) == ("fairq", ["svc", "cluster", "local"])
+        service = named(objects, "Service", service_name)
+        assert int(port) in [p["port"] for p in service["spec"]["ports"]]
+        ((workload, _),) = [
+            (w, pod) for w, pod in pod_specs(objects)
+            if _selects({"matchLabels": service["spec"]["selector"]},
+                        w["spec"]["template"]["metadata"]["labels"])
+        ]  # fmt: skip
+        (container,) = workload["spec"]["template"]["spec"]["containers"]
+        args = container["args"]
+        assert args[0] == "keda-scaler" and args[args.index("--port") + 1] == port
+        assert args[args.index("--host") + 1] == "0.0.0.0", "KEDA calls from another pod"
+
+
+@pytest.mark.parametrize("overlay", ["production", "simulator"])
+def test_only_kedas_namespace_reaches_the_scaler(overlay: str) -> None:
+    objects = rendered(overlay)
+    peers = _allowed_sources(objects, _labels_of(objects, "keda-scaler"))
+    keda = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}}}
+    scrapes = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    assert keda in peers and all(p in (keda, scrapes) for p in peers)
+
+
+@cache
+def _prometheus_render() -> tuple[Obj, ...]:
+    """The engines' ScaledObjects of the shipped fairq.yaml with ``engine_trigger:
+    prometheus``, and the base's files of that render."""
+    import tempfile
+
+    source = yaml.safe_load((K8S_DIR / "fairq.yaml").read_text())
+    source["k8s"]["engine_trigger"] = "prometheus"
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "fairq.yaml").write_text(yaml.safe_dump(source))
+        files = k8s.render(Path(folder))
+    assert Path("base/keda-scaler.yaml") not in files, "no scaler when KEDA reads Prometheus"
+    base = yaml.safe_load(files[Path("base/kustomization.yaml")])
+    assert "keda-scaler.yaml" not in base["resources"]
+    objects = tuple(yaml.safe_load_all(files[Path("components/engine-scaling/scaledobjects.yaml")]))
+    for obj in objects:
+        obj["metadata"]["namespace"] = "fairq"  # as the overlays' kustomization sets it
+    return objects
+
+
+def prometheus_scaled_objects() -> list[Obj]:
+    return copy.deepcopy(list(_prometheus_render()))
+
+
+def test_keda_can_scale_each_engine_on_its_models_demand_in_prometheus_instead() -> None:
+    objects = prometheus_scaled_objects()
+    for obj in objects:
+        validate(obj)
+    deployments = [{"kind": "Deployment", "metadata": {"name": o["metadata"]["name"]}}
+                   for o in objects]  # fmt: skip
+    for entry, engine, scaled in _engine_scaled_objects([*objects, *deployments]):
+        (trigger,) = scaled["spec"]["triggers"]
         assert trigger["type"] == "prometheus"
         meta = trigger["metadata"]
         assert f'model="{entry["name"]}"' in meta["query"] and "fairq_model_demand" in meta["query"]
         assert meta["activationThreshold"] == "0", "the first queued job wakes the model"
         assert meta["threshold"] == str(engine.demand_per_replica)
         assert meta["ignoreNullValues"] == "false", "lost metrics must not remove replicas"
-    assert any(
-        named(objects, "ScaledObject", f"engine-{k8s.slug(m['name'])}")["spec"]["minReplicaCount"]
-        == 0
-        for m in source["models"]
-    ), "the shipped configuration shows a model that scales to zero"
 
 
 def test_the_demand_keda_reads_is_a_series_the_dispatcher_exports() -> None:
     from broker import telemetry
 
-    query = named(rendered("production"), "ScaledObject", "engine-llama-3-1-8b")["spec"][
-        "triggers"
-    ][0]["metadata"]["query"]
+    polled = next(
+        o for o in prometheus_scaled_objects() if o["metadata"]["name"] == "engine-llama-3-1-8b"
+    )
+    query = polled["spec"]["triggers"][0]["metadata"]["query"]
     assert telemetry.MODEL_DEMAND.name in query and "model" in telemetry.MODEL_DEMAND.labels
 
 

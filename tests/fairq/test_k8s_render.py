@@ -125,3 +125,33 @@ def test_render_reports_unchanged_files_as_unchanged(tmp_path: Path) -> None:
         )
     )
     assert (k8s_dir / "base" / "api-keys.yaml").stat().st_mtime_ns == stamp
+
+
+def test_switching_the_engine_trigger_to_prometheus_removes_the_scaler_and_back(
+    tmp_path: Path,
+) -> None:
+    k8s_dir = tmp_path / "k8s"
+    shutil.copytree(K8S_DIR, k8s_dir)
+    source = yaml.safe_load((k8s_dir / "fairq.yaml").read_text())
+    source["k8s"]["engine_trigger"] = "prometheus"
+    (k8s_dir / "fairq.yaml").write_text(yaml.safe_dump(source, sort_keys=False))
+    done = fairq("k8s", "render", "--dir", str(k8s_dir))
+    assert done.returncode == 0, done.stderr
+    assert f"removed   {k8s_dir / 'base/keda-scaler.yaml'}" in done.stdout.splitlines()
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in kustomize(k8s_dir / "overlays/production")}
+    assert ("Deployment", "keda-scaler") not in kinds and ("Deployment", "dispatcher") in kinds
+
+    source["k8s"]["engine_trigger"] = "external-push"
+    (k8s_dir / "fairq.yaml").write_text(yaml.safe_dump(source, sort_keys=False))
+    assert fairq("k8s", "render", "--dir", str(k8s_dir)).returncode == 0
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in kustomize(k8s_dir / "overlays/production")}
+    assert {("Deployment", "keda-scaler"), ("Service", "keda-scaler")} <= kinds
+
+
+def test_an_unknown_engine_trigger_is_refused_naming_the_choices(tmp_path: Path) -> None:
+    source = yaml.safe_load(SOURCE.read_text())
+    source["k8s"]["engine_trigger"] = "push"
+    (tmp_path / "fairq.yaml").write_text(yaml.safe_dump(source))
+    done = fairq("k8s", "render", "--dir", str(tmp_path))
+    assert done.returncode == 2, done.stderr
+    assert "engine_trigger" in done.stderr and "'external-push' or 'prometheus'" in done.stderr

@@ -1,0 +1,122 @@
+"""The KEDA external-push scaler's manifests (``fairq keda-scaler``, ``dispatcher.keda``):
+its Deployment, the Service KEDA's triggers name (``scalerAddress``), a disruption
+budget, and the NetworkPolicy that lets only KEDA's operator call it. Rendered into the
+base when ``k8s.engine_trigger`` is ``external-push`` (``fairq.k8s``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fairq.k8s_spec import SCALER_NAME, SCALER_PORT, ClusterSpec
+
+_METRICS_PORT = 9464  # every fairq pod's /metrics port in the cluster (components/prometheus)
+_LABELS = {"app.kubernetes.io/name": "fairq", "app.kubernetes.io/component": SCALER_NAME}
+_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+def _probe(period_s: int, failures: int) -> dict[str, Any]:
+    # TCP, not a call: a scaler whose Redis is away still answers (UNAVAILABLE, so KEDA
+    # keeps the replicas it has); restarting it would not bring Redis back.
+    return {
+        "tcpSocket": {"port": "grpc"},
+        "periodSeconds": period_s,
+        "timeoutSeconds": 3,
+        "failureThreshold": failures,
+    }
+
+
+def _deployment(cluster: ClusterSpec) -> dict[str, Any]:
+    container = {
+        "name": SCALER_NAME,
+        "image": cluster.fairq_image,
+        "args": ["keda-scaler", "--host", "0.0.0.0", "--port", str(SCALER_PORT)],
+        "env": [
+            {"name": "FAIRQ_CONFIG", "value": "/etc/fairq/fairq.yaml"},
+            {
+                "name": "FAIRQ_REDIS_URL",
+                "valueFrom": {"secretKeyRef": {"name": "fairq-redis", "key": "url"}},
+            },
+            {"name": "FAIRQ_METRICS_PORT", "value": str(_METRICS_PORT)},
+            {"name": "FAIRQ_METRICS_HOST", "value": "0.0.0.0"},
+        ],
+        "ports": [
+            {"name": "grpc", "containerPort": SCALER_PORT},
+            {"name": "metrics", "containerPort": _METRICS_PORT},
+        ],
+        "readinessProbe": _probe(5, 2),
+        "livenessProbe": _probe(10, 3),
+        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+        "securityContext": _SECURITY,
+        "volumeMounts": [{"name": "config", "mountPath": "/etc/fairq", "readOnly": True}],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": SCALER_NAME, "labels": _LABELS},
+        "spec": {
+            # Two: KEDA's streams reconnect to the other while one restarts. Each reads
+            # Redis on its own, so both give the same answers.
+            "replicas": 2,
+            "selector": {"matchLabels": _LABELS},
+            "template": {
+                "metadata": {"labels": _LABELS},
+                "spec": {
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": 10001,
+                        "runAsGroup": 10001,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "terminationGracePeriodSeconds": 10,
+                    "containers": [container],
+                    "volumes": [{"name": "config", "configMap": {"name": "fairq-config"}}],
+                },
+            },
+        },
+    }
+
+
+def manifests(cluster: ClusterSpec) -> list[dict[str, Any]]:
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": SCALER_NAME, "labels": _LABELS},
+        "spec": {
+            "selector": _LABELS,
+            "ports": [{"name": "grpc", "port": SCALER_PORT, "targetPort": "grpc"}],
+        },
+    }
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": SCALER_NAME},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": _LABELS}},
+    }
+    policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": f"{SCALER_NAME}-from-keda"},
+        "spec": {
+            "podSelector": {"matchLabels": {"app.kubernetes.io/component": SCALER_NAME}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [
+                        {
+                            "namespaceSelector": {
+                                "matchLabels": {
+                                    "kubernetes.io/metadata.name": cluster.keda_namespace
+                                }
+                            }
+                        }
+                    ],
+                    "ports": [{"protocol": "TCP", "port": SCALER_PORT}],
+                }
+            ],
+        },
+    }
+    return [_deployment(cluster), service, budget, policy]
