@@ -15,12 +15,13 @@ soon after its record appears; the caller says which models wake (``waking``) an
 long wait short when one starts to (``hurry``). An idle fleet reads no more than before.
 
 Record types: a Service is single-stack (A or AAAA records only) or dual-stack (both, one
-of each per pod). A read asks only the types that had records at the last read that found
-any (one question instead of two for a single-stack Service); both again when none were
-found (a model at zero: its next replicas may come under either), when the types asked
-find none (so zero endpoints is never a half answer), and every ``FULL_READ_EVERY`` reads
-(a family added to the Service later is seen). A dual-stack Service is asked both types,
-as before: each of its records is an endpoint.
+of each per pod), and its first family never changes while it exists. A read asks only
+the types that had records at the last read that found any (one question instead of two
+for a single-stack Service, at zero too); both until a type has answered, every
+``FULL_READ_EVERY`` reads (a Service made anew with another family is found that late at
+most), and in the same read when the types asked find none while the last read found
+replicas: a half answer never removes a replica. A dual-stack Service is asked both
+types, as before: each of its records is an endpoint.
 
 One read ends one of three ways:
 
@@ -132,21 +133,25 @@ class Families:
 
     answered: tuple[RecordType, ...] = ()  # the types with records at the last read with any
     reads: int = 0  # reads of ``answered`` alone since the last read of both
+    zero: bool = True  # the last read found no record
 
     def to_ask(self) -> tuple[RecordType, ...]:
         if not self.answered or self.reads >= FULL_READ_EVERY:
             return _RECORD_TYPES
         return self.answered
 
+    def confirm(self, asked: Sequence[RecordType]) -> tuple[RecordType, ...]:
+        """The types still to ask when ``asked`` found none: the others, if the last read
+        found replicas (they go only on a whole answer); none at zero (nothing to remove)."""
+        return () if self.zero else tuple(k for k in _RECORD_TYPES if k not in asked)
+
     def record(self, asked: Sequence[RecordType], had: Iterable[RecordType]) -> None:
         """A read asked ``asked`` and found records of the types ``had``."""
-        both = set(asked) == set(_RECORD_TYPES)
-        self.reads = 0 if both else self.reads + 1
+        self.reads = 0 if set(asked) == set(_RECORD_TYPES) else self.reads + 1
         found = set(had)
+        self.zero = not found
         if found:
             self.answered = tuple(kind for kind in _RECORD_TYPES if kind in found)
-        elif both:
-            self.answered = ()
 
 
 class ResolveFailed(Exception):
@@ -275,9 +280,8 @@ async def resolve(
     families = families or Families()
     asked = families.to_ask()
     reads = await _ask(resolver, found.dns, asked)
-    if not any(reads) and set(asked) != set(_RECORD_TYPES):
-        # None of the types that answered before: ask the others too before calling it zero.
-        rest = tuple(kind for kind in _RECORD_TYPES if kind not in asked)
+    rest = () if any(reads) else families.confirm(asked)
+    if rest:
         asked, reads = (*asked, *rest), reads + await _ask(resolver, found.dns, rest)
     families.record(asked, (kind for kind, got in zip(asked, reads, strict=True) if got))
     return endpoint_urls((a for addresses in reads for a in addresses), found.scheme, found.port)

@@ -153,17 +153,19 @@ def test_reads_ask_the_record_type_that_answered_and_both_now_and_then() -> None
     families.record((A, AAAA), [A])  # a single-stack IPv4 Service
     for _ in range(FULL_READ_EVERY):
         assert families.to_ask() == (A,)
+        assert families.confirm((A,)) == (AAAA,)  # replicas go only on a whole answer
         families.record((A,), [A])
-    assert families.to_ask() == (A, AAAA)  # a family added to the Service is seen
+    assert families.to_ask() == (A, AAAA)  # a Service made anew with AAAA is seen
     families.record((A, AAAA), [A, AAAA])  # dual-stack: both, each record an endpoint
     assert families.to_ask() == (A, AAAA)
     families.record((A, AAAA), [AAAA])
     assert families.to_ask() == (AAAA,)
-    families.record((AAAA, A), [])  # none of either (the read asked the other too): zero
-    assert families.to_ask() == (A, AAAA)  # its next replicas may come under either
+    families.record((AAAA, A), [])  # none of either: the model is at zero
+    assert families.to_ask() == (AAAA,)  # the Service's family stays known
+    assert families.confirm((AAAA,)) == ()  # at zero a half answer removes nothing
 
 
-async def test_a_single_stack_name_costs_one_question_a_read_and_zero_is_asked_of_both() -> None:
+async def test_a_single_stack_name_costs_one_question_a_read_at_zero_too() -> None:
     with dns_server() as (zone, server):
         zone.set(NAME, ["10.1.0.4"])
         found = _found(server)
@@ -178,9 +180,12 @@ async def test_a_single_stack_name_costs_one_question_a_read_and_zero_is_asked_o
         assert await resolve(resolver, found, families) == ("http://[fd00::5]:8000",)
         assert zone.questions == 6  # AAAA only
         zone.set(NAME, [])
+        assert await resolve(resolver, found, families) == ()  # confirmed by both
+        assert zone.questions == 8
         assert await resolve(resolver, found, families) == ()
-        assert await resolve(resolver, found, families) == ()
-        assert zone.questions == 10  # at zero: both, every read
+        assert zone.questions == 9  # at zero: AAAA only
+        zone.set(NAME, ["fd00::6"])
+        assert await resolve(resolver, found, families) == ("http://[fd00::6]:8000",)
 
 
 async def test_a_waking_model_is_read_often_from_the_hurry_on_and_slowly_after() -> None:
