@@ -285,6 +285,7 @@ class Dispatcher:
             interval_s=s.scrape_interval_s,
             idle_interval_s=s.metrics_stale_s / 2,
             timeout_s=s.scrape_timeout_s,
+            budget=s.scrape_budget,
             unhealthy_after=s.unhealthy_after_failures,
             on_update=on_update,
             unseen=unseen,
@@ -342,9 +343,11 @@ class Dispatcher:
         group: Sequence[ModelConfig],
         newcomers: dict[str, Sequence[Newcomer] | None],
     ) -> int:
-        """Dispatch the models of one engine in turn, one job per turn
-        (``dispatcher.sharing``), until none may send; returns the count. Every model's
-        view is brought up to date first: each turn's room counts the jobs of all of them."""
+        """Dispatch the models of one engine in turn (``dispatcher.sharing``), each turn
+        its share of the room open then (1/k of it with k models waiting in the band, at
+        least one job: so one job each while the room is small), until none may send;
+        returns the count. Every model's view is brought up to date first: each turn's
+        room counts the jobs of all of them."""
         for model in group:
             self._views[model.name] = await self._view(model, newcomers.get(model.name))
         order = [m.name for m in group]
@@ -360,8 +363,9 @@ class Dispatcher:
             turn = next_turn(order, tops, self._turns.get(order[0]), done)
             if turn is None:
                 break
+            share = sum(1 for n, b in tops.items() if b == tops[turn] and n not in done)
             model = group[order.index(turn)]
-            sent = await self._dispatch(model, self._views.pop(turn), quota=1)
+            sent = await self._dispatch(model, self._views.pop(turn), share=share)
             if sent:
                 self._turns[order[0]] = turn
                 total += sent
@@ -383,9 +387,10 @@ class Dispatcher:
         depth = _depth(model, _admission_config(model, self._settings.bands))
         return await self._store.snapshot(model.name, depth, in_engine=_batch_rule(model))
 
-    async def _dispatch(self, model: ModelConfig, snap: ModelSnapshot, quota: int = 0) -> int:
-        """Send from ``snap`` until the backlog is empty, no endpoint has room, or
-        ``quota`` jobs went (0: no quota); keeps the state after as the model's view."""
+    async def _dispatch(self, model: ModelConfig, snap: ModelSnapshot, share: int = 0) -> int:
+        """Send from ``snap`` until the backlog is empty or no endpoint has room; with
+        ``share`` k, one pass of at most 1/k of the room open (at least one job). Keeps
+        the state after as the model's view."""
         fair = policy(model.policy)
         admission = ADMISSION[model.admission_policy]
         config = _admission_config(model, self._settings.bands)
@@ -404,8 +409,8 @@ class Dispatcher:
                 )
                 break
             room = min(round_room(model.routing, decisions, len(top.users)), _MAX_PICKS)
-            if quota:
-                room = min(room, quota - total)
+            if share:
+                room = max(1, room // share)
             busy = [user for user, jobs in snap.in_engine.items() if jobs > 0]
             picks = plan_with_slots(
                 fair,
@@ -433,8 +438,8 @@ class Dispatcher:
                 sent += dispatched
             total += sent
             empty_rounds = 0 if sent else empty_rounds + 1
-            if quota and total >= quota:
-                break
+            if share:
+                break  # the next model's turn
         if model.preemption:
             snap = await self._make_room(model, snap, config, newcomers_sent)
         self._views[model.name] = snap

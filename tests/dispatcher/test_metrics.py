@@ -520,6 +520,24 @@ async def test_a_hanging_endpoint_does_not_delay_the_others_scrapes(
     assert len(gaps) >= 10 and max(gaps) < 0.25  # 0.4 s timeouts never showed up here
 
 
+async def test_an_engine_is_read_no_more_often_than_its_page_costs_allow(
+    engine: tuple[FakeEngine, str], make_scraper: Callable[..., Scraper]
+) -> None:
+    """A page that takes 20 ms to render, a budget of 20%: a read at most every 100 ms,
+    grid ticks (every 10 ms) and extra scrapes alike."""
+    fake, url = engine
+    fake.delay_s = 0.02
+    scraper = make_scraper([url], interval_s=0.01, budget=0.2)
+    async with running(scraper):
+        await aeventually(lambda: len(fake.arrivals) >= 3, "three scrapes", DEADLINE_S)
+        for _ in range(20):  # extra scrapes asked for all the time
+            scraper.scrape_after(url, 0.0)
+            await asyncio.sleep(0.01)
+        await aeventually(lambda: len(fake.arrivals) >= 6, "six scrapes", DEADLINE_S)
+    gaps = [b - a for a, b in zip(fake.arrivals, fake.arrivals[1:], strict=False)]
+    assert min(gaps) >= 0.095, gaps  # 20 ms of page / 20%, less scheduling jitter
+
+
 async def test_scrapes_stay_on_a_fixed_grid_without_drift(
     engine: tuple[FakeEngine, str], make_scraper: Callable[..., Scraper]
 ) -> None:
