@@ -144,7 +144,9 @@ async def serve(settings: Settings, options: ScalerOptions, stop: asyncio.Event)
     credentials = options.credentials()
     models = [m.name for m in settings.models]
     board = DemandBoard(models, stale_after_s=max(5.0, 3 * options.poll_s))
-    server = aio.server()
+    # No SO_REUSEPORT (gRPC's default on Linux): a second scaler on a taken port fails to
+    # start, rather than share the port and split KEDA's calls between two processes.
+    server = aio.server(options=[("grpc.so_reuseport", 0)])
     pb_grpc.add_ExternalScalerServicer_to_server(DemandScaler(board), server)
     address = f"{options.host}:{options.port}"
     try:

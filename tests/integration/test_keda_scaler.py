@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -29,9 +30,11 @@ from broker import AsyncClient
 from dispatcher.keda._proto import externalscaler_pb2 as pb
 from dispatcher.keda._proto import externalscaler_pb2_grpc as pb_grpc
 from fairq.localredis import free_port
+from tests.support.cli import fairq
 from tests.support.eventually import aeventually
 from tests.support.processes import ProcessGroups
 from tests.support.settings import ALICE_KEY, MODEL, make_config, make_settings
+from tests.support.tlsproxy import make_certificates
 
 pytestmark = pytest.mark.integration
 
@@ -43,16 +46,24 @@ REF = pb.ScaledObjectRef(
 
 
 async def started_scaler(
-    processes: ProcessGroups, redis_url: str, folder: Path
-) -> tuple[subprocess.Popen[Any], aio.Channel]:
+    processes: ProcessGroups,
+    redis_url: str,
+    folder: Path,
+    *options: str,
+    credentials: grpc.ChannelCredentials | None = None,
+) -> tuple[subprocess.Popen[Any], aio.Channel, str]:
     config = make_config()
     (folder / "fairq.yaml").write_text(yaml.safe_dump(config))
     port = free_port()
     env = {**os.environ, "FAIRQ_CONFIG": str(folder / "fairq.yaml"), "FAIRQ_REDIS_URL": redis_url,
            "FAIRQ_METRICS_PORT": "0", "FAIRQ_LOG_LEVEL": "WARNING"}  # fmt: skip
-    command = ["keda-scaler", "--port", str(port), "--poll-s", str(POLL_S)]
+    command = ["keda-scaler", "--port", str(port), "--poll-s", str(POLL_S), *options]
     proc = processes.start([sys.executable, "-m", "fairq", *command], env=env)
-    channel = aio.insecure_channel(f"127.0.0.1:{port}")
+    address = f"127.0.0.1:{port}"
+    if credentials is None:
+        channel = aio.insecure_channel(address)
+    else:
+        channel = aio.secure_channel(address, credentials)
     stub = pb_grpc.ExternalScalerStub(channel)
 
     async def answers() -> bool:
@@ -60,14 +71,14 @@ async def started_scaler(
         return (await stub.IsActive(REF, timeout=1)).result is False
 
     await aeventually(answers, "the scaler to answer IsActive", ignoring=(aio.AioRpcError,))
-    return proc, channel
+    return proc, channel, address
 
 
 @pytest.fixture
 async def scaler(
     processes: ProcessGroups, redis_url: str, tmp_path: Path
 ) -> AsyncIterator[tuple[subprocess.Popen[Any], pb_grpc.ExternalScalerStub]]:
-    proc, channel = await started_scaler(processes, redis_url, tmp_path)
+    proc, channel, _ = await started_scaler(processes, redis_url, tmp_path)
     try:
         yield proc, pb_grpc.ExternalScalerStub(channel)
     finally:
@@ -128,3 +139,47 @@ async def test_a_trigger_for_a_model_it_does_not_serve_is_refused_saying_what_to
     with pytest.raises(aio.AioRpcError) as no_model:
         await stub.GetMetricSpec(pb.ScaledObjectRef(name="engine-y"))
     assert "names no model" in str(no_model.value.details())
+
+
+def test_a_taken_port_is_one_line_and_exit_1(redis_url: str, tmp_path: Path) -> None:
+    (tmp_path / "fairq.yaml").write_text(yaml.safe_dump(make_config()))
+    env = {"FAIRQ_CONFIG": str(tmp_path / "fairq.yaml"), "FAIRQ_REDIS_URL": redis_url,
+           "FAIRQ_METRICS_PORT": "0"}  # fmt: skip
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        done = fairq("keda-scaler", "--port", port, env=env)
+    assert done.returncode == 1, done.stderr
+    assert f"fairq: ScalerError: cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_tls_options_that_cannot_work_are_a_configuration_error(
+    redis_url: str, tmp_path: Path
+) -> None:
+    (tmp_path / "fairq.yaml").write_text(yaml.safe_dump(make_config()))
+    (tmp_path / "cert.pem").write_text("not read: the key is missing")
+    env = {"FAIRQ_CONFIG": str(tmp_path / "fairq.yaml"), "FAIRQ_REDIS_URL": redis_url}
+    done = fairq("keda-scaler", "--tls-cert", str(tmp_path / "cert.pem"), env=env)
+    assert done.returncode == 2
+    assert "configuration error: TLS needs both --tls-cert and --tls-key" in done.stderr
+
+
+async def test_with_tls_it_answers_a_client_that_trusts_its_certificate(
+    processes: ProcessGroups, redis_url: str, tmp_path: Path
+) -> None:
+    ca, cert, key = make_certificates(tmp_path)
+    trusting = grpc.ssl_channel_credentials(root_certificates=ca.read_bytes())
+    tls = ("--tls-cert", str(cert), "--tls-key", str(key))
+    _, channel, address = await started_scaler(
+        processes, redis_url, tmp_path, *tls, credentials=trusting
+    )  # it answered IsActive over TLS
+    plain = aio.insecure_channel(address)
+    try:
+        with pytest.raises(aio.AioRpcError) as refused:
+            await pb_grpc.ExternalScalerStub(plain).IsActive(REF, timeout=2)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE, "plaintext is not served"
+    finally:
+        await plain.close()
+        await channel.close()
