@@ -5,7 +5,9 @@ place of KEDA.
 A model with nothing queued is inactive; a job enqueued is pushed on the open
 StreamIsActive stream within ``PUSH_BOUND_S`` (the enqueue's wake message, not a poll:
 the poll is set far longer); GetMetrics says the demand and GetMetricSpec the trigger's
-target; the job ending pushes inactive; SIGTERM ends the stream and the process cleanly.
+target; the job ending (cancelled, or served to its end by a simulated engine through a
+real dispatcher and worker) pushes inactive; SIGTERM ends the stream and the process
+cleanly. A taken port, bad TLS options and TLS itself are checked on the command too.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import pytest
 import yaml
 from grpc import aio
 
-from broker import AsyncClient
+from broker import AsyncClient, JobState
 from dispatcher.keda._proto import externalscaler_pb2 as pb
 from dispatcher.keda._proto import externalscaler_pb2_grpc as pb_grpc
 from fairq.localredis import free_port
@@ -34,6 +36,7 @@ from tests.support.cli import fairq
 from tests.support.eventually import aeventually
 from tests.support.processes import ProcessGroups
 from tests.support.settings import ALICE_KEY, MODEL, make_config, make_settings
+from tests.support.stack import components, sim
 from tests.support.tlsproxy import make_certificates
 
 pytestmark = pytest.mark.integration
@@ -51,8 +54,9 @@ async def started_scaler(
     folder: Path,
     *options: str,
     credentials: grpc.ChannelCredentials | None = None,
+    config: dict[str, Any] | None = None,
 ) -> tuple[subprocess.Popen[Any], aio.Channel, str]:
-    config = make_config()
+    config = config or make_config()
     (folder / "fairq.yaml").write_text(yaml.safe_dump(config))
     port = free_port()
     env = {**os.environ, "FAIRQ_CONFIG": str(folder / "fairq.yaml"), "FAIRQ_REDIS_URL": redis_url,
@@ -183,3 +187,27 @@ async def test_with_tls_it_answers_a_client_that_trusts_its_certificate(
     finally:
         await plain.close()
         await channel.close()
+
+
+async def test_a_job_served_to_its_end_by_a_real_engine_pushes_active_then_idle(
+    processes: ProcessGroups, redis_url: str, tmp_path: Path
+) -> None:
+    with sim() as engine:
+        config = make_config([engine], quick=True)
+        _, channel, _ = await started_scaler(processes, redis_url, tmp_path, config=config)
+        stub = pb_grpc.ExternalScalerStub(channel)
+        settings = make_settings(redis_url, [engine], quick=True)
+        alice = AsyncClient(settings, api_key=ALICE_KEY)
+        stream = stub.StreamIsActive(REF)
+        try:
+            assert (await asyncio.wait_for(stream.read(), 5)).result is False
+            async with components(settings):
+                job_id = await alice.submit(MODEL, prompt="hi", max_tokens=8)
+                assert (await asyncio.wait_for(stream.read(), 5)).result is True
+                idle = await asyncio.wait_for(stream.read(), 15)
+                assert idle.result is False, "the job completed: nothing left to serve"
+                assert (await alice.status(job_id)).state == JobState.COMPLETED
+        finally:
+            stream.cancel()
+            await alice.aclose()
+            await channel.close()
