@@ -51,19 +51,22 @@ def _deployment(cluster: ClusterSpec) -> dict[str, Any]:
         "livenessProbe": _probe(10, 3),
         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
         "securityContext": _SECURITY,
-        "volumeMounts": [{"name": "config", "mountPath": "/etc/fairq", "readOnly": True}],
+        "volumeMounts": [
+            {"name": "config", "mountPath": "/etc/fairq", "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},  # a read-only root: Python's temp files
+        ],
     }
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": SCALER_NAME, "labels": _LABELS},
+        "metadata": {"name": SCALER_NAME, "labels": dict(_LABELS)},
         "spec": {
             # Two: KEDA's streams reconnect to the other while one restarts. Each reads
             # Redis on its own, so both give the same answers.
             "replicas": 2,
-            "selector": {"matchLabels": _LABELS},
+            "selector": {"matchLabels": dict(_LABELS)},
             "template": {
-                "metadata": {"labels": _LABELS},
+                "metadata": {"labels": dict(_LABELS)},
                 "spec": {
                     "securityContext": {
                         "runAsNonRoot": True,
@@ -73,7 +76,10 @@ def _deployment(cluster: ClusterSpec) -> dict[str, Any]:
                     },
                     "terminationGracePeriodSeconds": 10,
                     "containers": [container],
-                    "volumes": [{"name": "config", "configMap": {"name": "fairq-config"}}],
+                    "volumes": [
+                        {"name": "config", "configMap": {"name": "fairq-config"}},
+                        {"name": "tmp", "emptyDir": {}},
+                    ],
                 },
             },
         },
@@ -84,9 +90,9 @@ def manifests(cluster: ClusterSpec) -> list[dict[str, Any]]:
     service = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": SCALER_NAME, "labels": _LABELS},
+        "metadata": {"name": SCALER_NAME, "labels": dict(_LABELS)},
         "spec": {
-            "selector": _LABELS,
+            "selector": dict(_LABELS),
             "ports": [{"name": "grpc", "port": SCALER_PORT, "targetPort": "grpc"}],
         },
     }
@@ -94,7 +100,7 @@ def manifests(cluster: ClusterSpec) -> list[dict[str, Any]]:
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": {"name": SCALER_NAME},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": _LABELS}},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": dict(_LABELS)}},
     }
     policy = {
         "apiVersion": "networking.k8s.io/v1",

@@ -8,8 +8,8 @@ every ``poll_s`` all models are read anyway, and after a lost subscription too.
 
 Reads are two pipelined HGETALLs per model (the queued and in-flight counters,
 ``dispatcher.keda.target.demand_of``), at most one read in flight and at least
-``min_gap_s`` between two: under a flood of enqueues the loop reads a few dozen
-times a second, whatever the rate of wake messages.
+``min_gap_s`` (50 ms) between two: under a flood of enqueues the loop reads at most
+twenty times a second, whatever the rate of wake messages.
 """
 
 from __future__ import annotations
