@@ -44,24 +44,31 @@ class DemandBoard:
 
     def update(self, demand: dict[str, int], *, complete: bool) -> list[str]:
         """Record a read (``complete``: of every model, so the board is fresh); return the
-        models whose activity changed, each of whose listeners is told."""
+        models whose activity changed, each of whose listeners is told. A complete read
+        after a stale spell tells every listener: a stream that could not send then sends
+        now, changed or not."""
+        now_s = time.monotonic()
+        was_stale = self._stale(now_s)
         if complete:
-            self._read_at = time.monotonic()
+            self._read_at = now_s
         flipped = []
         for model, now in demand.items():
             before = self._demand.get(model)
             self._demand[model] = now
             if before is None or (before > 0) != (now > 0):
                 flipped.append(model)
+            if model in flipped or (complete and was_stale):
                 for listener in self._listeners[model]:
                     listener.changed.set()
         return flipped
 
+    def _stale(self, now_s: float) -> bool:
+        return self._read_at is None or now_s - self._read_at > self._stale_after_s
+
     def demand(self, model: str) -> int:
         """The model's latest demand; ``Stale`` if the board is too old to trust."""
-        now = time.monotonic()
         value = self._demand.get(model)
-        if self._read_at is None or value is None or now - self._read_at > self._stale_after_s:
+        if value is None or self._stale(time.monotonic()):
             raise Stale(
                 f"the demand of model {model!r} was not read from Redis in the last "
                 f"{self._stale_after_s:g} s: is Redis reachable from the scaler?"

@@ -67,3 +67,14 @@ async def test_a_board_not_read_recently_refuses_to_answer() -> None:
     await asyncio.sleep(0.08)
     with pytest.raises(Stale, match="is Redis reachable"):
         board.demand("m")
+
+
+async def test_a_fresh_read_after_a_stale_spell_tells_every_listener_even_unchanged() -> None:
+    board = DemandBoard(["m"], stale_after_s=0.05)
+    board.update({"m": 2}, complete=True)
+    listener = board.listen("m")
+    listener.changed.clear()
+    await asyncio.sleep(0.08)  # stale: a stream woken now could not send
+    assert board.update({"m": 2}, complete=False) == [] and not listener.changed.is_set()
+    assert board.update({"m": 2}, complete=True) == []
+    assert listener.changed.is_set(), "fresh again: the stream sends what it could not"
