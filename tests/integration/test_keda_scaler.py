@@ -211,3 +211,33 @@ async def test_a_job_served_to_its_end_by_a_real_engine_pushes_active_then_idle(
             stream.cancel()
             await alice.aclose()
             await channel.close()
+
+
+async def test_without_redis_it_answers_unavailable_so_keda_keeps_the_replicas(
+    processes: ProcessGroups, tmp_path: Path
+) -> None:
+    (tmp_path / "fairq.yaml").write_text(yaml.safe_dump(make_config()))
+    port = free_port()
+    env = {**os.environ, "FAIRQ_CONFIG": str(tmp_path / "fairq.yaml"),
+           "FAIRQ_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",  # nothing listens
+           "FAIRQ_METRICS_PORT": "0", "FAIRQ_LOG_LEVEL": "ERROR"}  # fmt: skip
+    proc = processes.start(
+        [sys.executable, "-m", "fairq", "keda-scaler", "--port", str(port)], env=env
+    )
+    channel = aio.insecure_channel(f"127.0.0.1:{port}")
+    stub = pb_grpc.ExternalScalerStub(channel)
+
+    async def refused() -> aio.AioRpcError | None:
+        assert proc.poll() is None, "the scaler exited: it must wait for Redis"
+        try:
+            await stub.IsActive(REF, timeout=1)
+        except aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE and "Redis" in str(exc.details()):
+                return exc
+        return None
+
+    try:
+        error = await aeventually(refused, "IsActive to answer UNAVAILABLE")
+        assert "was not read from Redis" in str(error.details())
+    finally:
+        await channel.close()
