@@ -100,6 +100,15 @@ _MAX_PARKS = 4  # jobs taken back out of one endpoint per round (preemption)
 
 
 @dataclass(frozen=True)
+class _Turn:
+    """One model's turn on a shared engine: one pass of at most 1/``share`` of the room
+    open (at least one job), and at most ``limit`` jobs (0: no bound)."""
+
+    share: int
+    limit: int = 0
+
+
+@dataclass(frozen=True)
 class _Written:
     """The last express grant this process wrote for a model."""
 
@@ -343,16 +352,18 @@ class Dispatcher:
         group: Sequence[ModelConfig],
         newcomers: dict[str, Sequence[Newcomer] | None],
     ) -> int:
-        """Dispatch the models of one engine in turn (``dispatcher.sharing``), each turn
-        its share of the room open then (1/k of it with k models waiting in the band, at
-        least one job: so one job each while the room is small), until none may send;
-        returns the count. Every model's view is brought up to date first: each turn's
-        room counts the jobs of all of them."""
+        """Dispatch the models of one engine in turn (``dispatcher.sharing``) until none may
+        send; returns the count. A cycle of turns splits the room open at its start: its
+        first turn takes 1/k of it with k models waiting in the band (at least one job, so
+        one job each while the room is small), the others as many. Every model's view is
+        brought up to date first: each turn's room counts the jobs of all of them."""
         for model in group:
             self._views[model.name] = await self._view(model, newcomers.get(model.name))
         order = [m.name for m in group]
         bands = self._settings.bands
         done: set[str] = set()  # found no room this round
+        cycle: set[str] = set()  # served in this cycle of turns
+        chunk = 0  # what this cycle's first turn sent: each other turn's bound
         total = 0
         while True:
             tops = {
@@ -363,9 +374,14 @@ class Dispatcher:
             turn = next_turn(order, tops, self._turns.get(order[0]), done)
             if turn is None:
                 break
-            share = sum(1 for n, b in tops.items() if b == tops[turn] and n not in done)
+            if turn in cycle:
+                cycle, chunk = set(), 0
+            waiting = sum(1 for n, b in tops.items() if b == tops[turn] and n not in done)
+            step = _Turn(1, chunk) if chunk else _Turn(waiting)
             model = group[order.index(turn)]
-            sent = await self._dispatch(model, self._views.pop(turn), share=share)
+            sent = await self._dispatch(model, self._views.pop(turn), step)
+            cycle.add(turn)
+            chunk = chunk or sent
             if sent:
                 self._turns[order[0]] = turn
                 total += sent
@@ -387,10 +403,11 @@ class Dispatcher:
         depth = _depth(model, _admission_config(model, self._settings.bands))
         return await self._store.snapshot(model.name, depth, in_engine=_batch_rule(model))
 
-    async def _dispatch(self, model: ModelConfig, snap: ModelSnapshot, share: int = 0) -> int:
-        """Send from ``snap`` until the backlog is empty or no endpoint has room; with
-        ``share`` k, one pass of at most 1/k of the room open (at least one job). Keeps
-        the state after as the model's view."""
+    async def _dispatch(
+        self, model: ModelConfig, snap: ModelSnapshot, turn: _Turn | None = None
+    ) -> int:
+        """Send from ``snap`` until the backlog is empty or no endpoint has room, or one
+        pass of a ``turn`` of a shared engine; keeps the state after as the model's view."""
         fair = policy(model.policy)
         admission = ADMISSION[model.admission_policy]
         config = _admission_config(model, self._settings.bands)
@@ -409,8 +426,8 @@ class Dispatcher:
                 )
                 break
             room = min(round_room(model.routing, decisions, len(top.users)), _MAX_PICKS)
-            if share:
-                room = max(1, room // share)
+            if turn is not None:
+                room = min(max(1, room // turn.share), turn.limit or room)
             busy = [user for user, jobs in snap.in_engine.items() if jobs > 0]
             picks = plan_with_slots(
                 fair,
@@ -438,7 +455,7 @@ class Dispatcher:
                 sent += dispatched
             total += sent
             empty_rounds = 0 if sent else empty_rounds + 1
-            if share:
+            if turn is not None:
                 break  # the next model's turn
         if model.preemption:
             snap = await self._make_room(model, snap, config, newcomers_sent)

@@ -6,9 +6,10 @@ batch. The rule between them is the one fairq keeps between users, one level up:
 * strict priority between bands: the most urgent band backlogged in any of the models
   goes first, as inside one model (a model whose top band is less urgent waits, even
   while the more urgent one cannot send);
-* among the models backlogged in that band, the room goes in turn, one job per turn
-  (round robin: a model with one job waiting is served before another model is served
-  twice in a row), starting after the model served last;
+* among the models backlogged in that band, the room goes in turn, starting after the
+  model served last, each turn an equal share of the room open then (one job
+  each while the room is small, so a model with one job waiting is served before another
+  model is served twice in a row; a large room in a few turns, not one per job);
 * inside a model, its own fair pick (``dispatcher.fairness``) chooses the user.
 
 So each model gets an equal share of the engine while several are backlogged, whatever

@@ -5,14 +5,16 @@ dispatcher replicas owning such models as one, against a real Redis."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from redis.asyncio import Redis
 
-from broker import DispatchStore, Grant, ModelSnapshot, keys
+from broker import DispatchStore, Grant, JobQueue, ModelSnapshot, keys
 from dispatcher.admission import ADMISSION, AdmissionConfig
 from dispatcher.endpoints import SentLog, endpoint_states
 from dispatcher.service import Dispatcher
 from dispatcher.sharing import next_turn
+from tests.support.contract import submission
 from tests.support.eventually import aeventually
 from tests.support.settings import make_settings
 
@@ -103,3 +105,24 @@ async def test_models_sharing_an_engine_hold_no_express_grant(aredis: Redis) -> 
     assert await aredis.hget(keys.meta("b"), keys.GRANT_ENDPOINT) == engine.encode()
     await Dispatcher(settings, aredis).dispatch_engine(settings.models, {})
     assert await aredis.hget(keys.meta("b"), keys.GRANT_ENDPOINT) is None
+
+
+async def test_a_large_room_is_split_evenly_between_the_models_in_few_turns(
+    aredis: Redis, redis_url: str
+) -> None:
+    # A static cap of 40 on one engine, 30 jobs queued under each of two names (ten users
+    # each): one round sends 20 of each, a pass per turn rather than one job per turn.
+    engine = "http://127.0.0.1:9"
+    names = ("a", "b")
+    models = [{"name": n, "endpoints": [engine], "admission": "static", "inflight_cap": 40}
+              for n in names]  # fmt: skip
+    settings = make_settings(redis_url, models=models, express_grant_ttl_s=0)
+    queue = JobQueue(aredis, settings)
+    for i in range(60):
+        await queue.submit(dataclasses.replace(submission(f"u{i % 10}"), model=names[i % 2]))
+    dispatcher = Dispatcher(settings, aredis)
+    for name in names:
+        await DispatchStore(aredis, settings).ensure_ready_group(name)
+    assert await dispatcher.dispatch_engine(settings.models, {}) == 40
+    sent = [int(await aredis.hget(keys.inflight(n), engine) or 0) for n in names]
+    assert sent == [20, 20]

@@ -48,7 +48,6 @@ class Probe:
     """Samples, every 20 ms in a thread, the engine's queue and fairq's jobs in it (sent
     and not ended), summed over both models."""
 
-    endpoints: dict[str, str]  # model -> the URL it reaches the engine at
     url: str
     redis_url: str
     waiting: list[float] = field(default_factory=list)
@@ -61,7 +60,7 @@ class Probe:
         try:
             while not self._stop.is_set() and time.monotonic() < deadline:
                 self.waiting.append(engine_waiting(self.url))
-                counts = [client.hget(keys.inflight(m), ep) for m, ep in self.endpoints.items()]
+                counts = [client.hget(keys.inflight(m), self.url) for m in (BASE, LORA)]
                 self.inflight.append(sum(int(c or 0) for c in counts))
                 time.sleep(0.02)
         finally:
@@ -77,13 +76,10 @@ class Probe:
         self._thread.join()
 
 
-def shared_engine_config(url: str, lora_url: str) -> dict[str, Any]:
+def shared_engine_config(url: str) -> dict[str, Any]:
     engine = {"endpoints": [url], "queue_targets": {"interactive": TARGET}, "batch_slots": BATCH}
     return {
-        "models": [
-            {"name": BASE, **engine},
-            {"name": LORA, **engine, "endpoints": [lora_url]},
-        ],
+        "models": [{"name": BASE, **engine}, {"name": LORA, **engine}],
         "api_keys": [dict(k) for k in API_KEYS],
         "scrape_interval_s": 0.05,
     }
@@ -100,33 +96,32 @@ class SharedEngine:
     """A ``fairq sim`` serving both names, two dispatcher replicas and a worker."""
 
     stack: Stack
-    url: str  # where ``base`` reaches the engine
-    lora_url: str  # where ``base-lora`` does
+    url: str  # the engine's
     alice: Client  # Alice's key
     bob: Client  # Bob's key
 
 
-def shared_engine(redis_url: str, tmp_path: Path, lora_host: str = "127.0.0.1") -> SharedEngine:
-    """The stack (to start with ``with``), ``base-lora`` reaching the engine at ``lora_host``."""
+def shared_engine(redis_url: str, tmp_path: Path) -> SharedEngine:
+    """The stack, to start with ``with``."""
     port = free_port()
-    url, lora_url = f"http://127.0.0.1:{port}", f"http://{lora_host}:{port}"
+    url = f"http://127.0.0.1:{port}"
     profile = tmp_path / "small.yaml"
     profile.write_text(yaml.safe_dump(SMALL_ENGINE))
-    config = shared_engine_config(url, lora_url)
+    config = shared_engine_config(url)
     stack = Stack(
         config, gateway_port=0, sims={port: f"{BASE},{LORA}"}, sim_profiles={port: str(profile)},
         redis_url=redis_url, dispatchers=2, workers=1, batch_workers=0, gateway=False,
     )  # fmt: skip
     settings = make_settings(redis_url, **config)
     alice, bob = Client(settings, api_key=ALICE_KEY), Client(settings, api_key=BOB_KEY)
-    return SharedEngine(stack, url, lora_url, alice, bob)
+    return SharedEngine(stack, url, alice, bob)
 
 
-def flood(redis_url: str, tmp_path: Path, *, lora_host: str = "127.0.0.1") -> Flood:
-    """Alice floods ``base`` and Bob ``base-lora``, interleaved, through one engine (which
-    ``base-lora`` reaches at ``lora_host``); every job must complete."""
-    engine = shared_engine(redis_url, tmp_path, lora_host)
-    probe = Probe({BASE: engine.url, LORA: engine.lora_url}, engine.url, redis_url)
+def flood(redis_url: str, tmp_path: Path) -> Flood:
+    """Alice floods ``base`` and Bob ``base-lora``, interleaved, through one engine; every
+    job must complete."""
+    engine = shared_engine(redis_url, tmp_path)
+    probe = Probe(engine.url, redis_url)
     alice, bob = engine.alice, engine.bob
     with engine.stack, probe, alice, bob:
         prompt = [{"role": "user", "content": "hello"}]
@@ -165,14 +160,6 @@ def test_both_models_users_are_served_in_turn(stack_flood: Flood) -> None:
     # While both were flooded, the engine's room went to the models in turn.
     middle = order[4 : 2 * FLOOD - 4]
     assert abs(middle.count(BASE) - middle.count(LORA)) <= 2
-
-
-def test_two_urls_of_one_engine_are_two_engines_to_fairq(redis_url: str, tmp_path: Path) -> None:
-    # The contrast, and why the configuration must name a shared engine by one URL: under
-    # another URL the second name's jobs are counted apart, and the two together pass the
-    # target that each keeps alone.
-    probe = flood(redis_url, tmp_path, lora_host="localhost").probe
-    assert max(probe.waiting) > TARGET or max(probe.inflight) > BATCH + TARGET
 
 
 def test_a_newcomer_of_one_name_takes_a_slot_from_the_other_names_flood(
