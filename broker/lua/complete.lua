@@ -30,7 +30,7 @@ local st, entry, endpoint = f[1], f[2], f[3]
 if ARGV[12] ~= '' and f[4] and f[4] ~= ARGV[12] then
   return 0
 end
-if ARGV[14] ~= '' and f[1] ~= nil and entry ~= ARGV[14] then
+if ARGV[14] ~= '' and f[1] and entry ~= ARGV[14] then
   return 0  -- an earlier attempt's: the job was taken back (its entry is gone with it)
 end
 if entry then
