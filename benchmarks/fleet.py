@@ -68,6 +68,7 @@ class Options:
     poll_s: float
     status_interval_s: float
     discovery_interval_s: float
+    waking_interval_s: float
     scrape_interval_s: float
     probe_s: float
     step_ms: float
@@ -80,7 +81,10 @@ class Options:
             "demand publish (status_interval_s)": self.status_interval_s,
             "autoscaler poll": self.poll_s,
             "readiness probe": self.probe_s,
-            "DNS read (discovery interval_s)": self.discovery_interval_s,
+            # A model with jobs and no healthy replica reads its records this often.
+            "DNS read while waking (waking_interval_s)": min(
+                self.waking_interval_s, self.discovery_interval_s
+            ),
             "engine scrape (scrape_interval_s)": self.scrape_interval_s,
             "engine step": self.step_ms / 1000,
         }
@@ -108,7 +112,8 @@ def fairq_config(options: Options, nameserver: str, port: int) -> dict[str, Any]
     models = [
         {"name": name, "engine": "vllm", "endpoints": [], "batch_slots": BATCH,
          "discovery": {"dns": dns_name(name), "port": port, "nameservers": [nameserver],
-                       "interval_s": options.discovery_interval_s}}
+                       "interval_s": options.discovery_interval_s,
+                       "waking_interval_s": options.waking_interval_s}}
         for name in model_names(options.models)
     ]  # fmt: skip
     key = {"sha256": hash_key(APP_KEY), "user": "app", "trusted_app": True}
@@ -283,6 +288,7 @@ def failures(result: dict[str, Any]) -> list[str]:
 @click.option("--poll-s", default=0.5, show_default=True, help="the autoscaler's polling interval")
 @click.option("--status-interval-s", default=0.5, show_default=True, help="the demand's refresh")
 @click.option("--discovery-interval-s", default=0.5, show_default=True, help="DNS reads")
+@click.option("--waking-interval-s", default=0.2, show_default=True, help="DNS reads at zero")
 @click.option("--scrape-interval-s", default=0.2, show_default=True, help="fairq's engine scrape")
 @click.option("--probe-s", default=0.1, show_default=True, help="the readiness probe's period")
 @click.option("--step-ms", default=25.0, show_default=True, help="the replicas' engine step")
@@ -305,6 +311,7 @@ def main(**kw: Any) -> None:
     options = Options(models=kw["models"], startup_s=kw["startup_s"], load=load, zipf=kw["zipf"],
                       rules=rules, poll_s=kw["poll_s"], status_interval_s=kw["status_interval_s"],
                       discovery_interval_s=kw["discovery_interval_s"],
+                      waking_interval_s=kw["waking_interval_s"],
                       scrape_interval_s=kw["scrape_interval_s"], probe_s=kw["probe_s"],
                       step_ms=kw["step_ms"], hosts=kw["hosts"])  # fmt: skip
     try:
