@@ -1,4 +1,4 @@
-"""Replicas found through DNS: every A and AAAA record of a model's name is one endpoint.
+"""Replicas found through DNS: every record of a model's name is one endpoint.
 
 A Kubernetes headless Service has one record per ready pod, so a model's replicas can
 be followed without API permissions. The pure part turns records into endpoint URLs
@@ -20,8 +20,9 @@ the types that had records at the last read that found any (one question instead
 for a single-stack Service, at zero too); both until a type has answered, every
 ``FULL_READ_EVERY`` reads (a Service made anew with another family is found that late at
 most), and in the same read when the types asked find none while the last read found
-replicas: a half answer never removes a replica. A dual-stack Service is asked both
-types, as before: each of its records is an endpoint.
+replicas: a half answer never removes a replica. A dual-stack Service has one record of
+each family per pod: its A records alone are the endpoints (and only A is asked after
+the first read), so that one engine is never counted, and admitted to, twice.
 
 One read ends one of three ways:
 
@@ -273,7 +274,8 @@ async def resolve(
     found: DiscoveryConfig,
     families: Families | None = None,
 ) -> tuple[str, ...]:
-    """The endpoint URLs of ``found``'s A and AAAA records now; () when the name has none.
+    """The endpoint URLs of ``found``'s A records now, else of its AAAA records; () when
+    the name has neither.
     ``families`` (kept between one model's reads) says which types to ask and learns
     which answered; None asks both. Raises ``ResolveFailed`` when any question failed: a
     part of the answer could remove replicas that are there."""
@@ -283,8 +285,12 @@ async def resolve(
     rest = () if any(reads) else families.confirm(asked)
     if rest:
         asked, reads = (*asked, *rest), reads + await _ask(resolver, found.dns, rest)
-    families.record(asked, (kind for kind, got in zip(asked, reads, strict=True) if got))
-    return endpoint_urls((a for addresses in reads for a in addresses), found.scheme, found.port)
+    by_kind = {kind: got for kind, got in zip(asked, reads, strict=True) if got}
+    # One family: a dual-stack Service's pods have a record of each (module docstring).
+    used = next((kind for kind in _RECORD_TYPES if kind in by_kind), None)
+    families.record(asked, () if used is None else (used,))
+    addresses = by_kind[used] if used is not None else ()
+    return endpoint_urls(addresses, found.scheme, found.port)
 
 
 async def _ask(

@@ -70,12 +70,16 @@ def _found(server: str, interval_s: float = 5.0) -> DiscoveryConfig:
     return DiscoveryConfig(dns=NAME, port=8000, interval_s=interval_s, nameservers=(server,))
 
 
-async def test_a_read_gives_every_a_and_aaaa_record_as_an_endpoint() -> None:
+async def test_a_read_gives_every_record_of_one_family_as_an_endpoint() -> None:
     with dns_server() as (zone, server):
-        zone.set(NAME, ["10.1.0.5", "10.1.0.4", "fd00::5"])
         found = _found(server)
+        resolver = make_resolver(found)
+        zone.set(NAME, ["fd00::5", "fd00::4"])  # single-stack IPv6
+        assert await resolve(resolver, found) == ("http://[fd00::4]:8000", "http://[fd00::5]:8000")
+        # Dual-stack: two pods, each with an A and an AAAA record, are two engines, not four.
+        zone.set(NAME, ["10.1.0.5", "10.1.0.4", "fd00::5", "fd00::4"])
         urls = await resolve(make_resolver(found), found)
-    assert urls == ("http://10.1.0.4:8000", "http://10.1.0.5:8000", "http://[fd00::5]:8000")
+    assert urls == ("http://10.1.0.4:8000", "http://10.1.0.5:8000")
 
 
 async def test_a_name_without_records_or_gone_is_zero_endpoints_not_an_error() -> None:
@@ -156,8 +160,8 @@ def test_reads_ask_the_record_type_that_answered_and_both_now_and_then() -> None
         assert families.confirm((A,)) == (AAAA,)  # replicas go only on a whole answer
         families.record((A,), [A])
     assert families.to_ask() == (A, AAAA)  # a Service made anew with AAAA is seen
-    families.record((A, AAAA), [A, AAAA])  # dual-stack: both, each record an endpoint
-    assert families.to_ask() == (A, AAAA)
+    families.record((A, AAAA), [A])  # dual-stack: resolve keeps A, the family it used
+    assert families.to_ask() == (A,)
     families.record((A, AAAA), [AAAA])
     assert families.to_ask() == (AAAA,)
     families.record((AAAA, A), [])  # none of either: the model is at zero
