@@ -36,6 +36,7 @@ from broker.jobs import JobRecord, JobState, RequestKind, StreamMode, Submission
 from broker.lua.dispatch import Pick
 from broker.lua.park import Parked
 from broker.lua.reclaim import Reclaim
+from broker.lua.reroute import Reroute
 from broker.lua.unseen import Unseen
 from broker.ownership import OwnershipStore
 from broker.process.tasks import stop_task
@@ -100,6 +101,7 @@ __all__ = [
     "QuietSignalServer",
     "Reclaim",
     "RequestKind",
+    "Reroute",
     "ResultEvent",
     "ResultReader",
     "Settings",

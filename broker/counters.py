@@ -9,17 +9,26 @@ every count together against a real Redis and recounts after each step.
 
 WRITERS: dict[str, tuple[str, ...]] = {
     # fq:{m}:inflight, endpoint -> its jobs dispatched or running
-    "inflight": ("enqueue", "dispatch", "complete", "cancel", "park"),
+    "inflight": ("enqueue", "dispatch", "complete", "cancel", "park", "reroute"),
     # fq:{m}:unstarted, endpoint -> those without a first output ('ft')
-    "unstarted": ("enqueue", "dispatch", "first", "complete", "cancel", "park", "reclaim"),
+    "unstarted": (
+        "enqueue",
+        "dispatch",
+        "first",
+        "complete",
+        "cancel",
+        "park",
+        "reroute",
+        "reclaim",
+    ),
     # fq:{m}:transit, endpoint -> those dispatched and not started by a worker
     "transit": ("enqueue", "dispatch", "start", "complete", "cancel", "park", "reclaim"),
     # fq:{m}:users, user -> their jobs dispatched or running
-    "users": ("enqueue", "dispatch", "complete", "cancel", "park"),
+    "users": ("enqueue", "dispatch", "complete", "cancel", "park", "reroute"),
     # fq:{m}:queued, band -> jobs queued (parked ones included)
-    "queued": ("enqueue", "park", "dispatch", "cancel", "expire"),
+    "queued": ("enqueue", "park", "reroute", "dispatch", "cancel", "expire"),
     # meta "tn:{band}:{tenant}" -> the tenant's users backlogged in the band (token-fair)
-    "tenants": ("enqueue", "park", "dispatch", "cancel", "expire"),
+    "tenants": ("enqueue", "park", "reroute", "dispatch", "cancel", "expire"),
     # meta "xn:{band}", "xsv" -> express sends left under the grant, all and to served users
     "credits": ("grant", "enqueue"),
 }

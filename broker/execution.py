@@ -53,6 +53,7 @@ from broker.lua.first import first_call
 from broker.lua.forget import forget_call
 from broker.lua.reclaim import Reclaim, reclaim_call
 from broker.lua.renew import renew_call
+from broker.lua.reroute import Rerouted, reroute_call
 from broker.lua.start import start_call
 from broker.redis import replies
 from broker.redis.packed import PackedPipeline
@@ -224,6 +225,20 @@ class ExecutionStore:
             return attempt
         await self._redis.xack(keys.ready(claimed.model), keys.READY_GROUP, claimed.entry_id)
         return None
+
+    async def reroute(self, job: Claimed) -> Rerouted:
+        """Hand the job back (``reroute.lua``): its engine never took it, and nothing of it
+        was written; the dispatcher sends it again, within ``engine_max_reroutes``."""
+        call = reroute_call(
+            job.model,
+            job.job_id,
+            band=job.band,
+            user=job.user,
+            worker=job.worker,
+            attempt_entry=job.entry_id,
+            max_reroutes=self._settings.engine_max_reroutes,
+        )
+        return await call.run(self._redis)
 
     # Result entries get explicit ids 0-2, 0-3, ... per job (g-2, g-3, ... for an attempt
     # of generation g: ``Claimed.resume_gen``; g-1 is the acceptance mark of ``start.lua``,

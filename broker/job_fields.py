@@ -32,6 +32,8 @@ PAYLOAD = b"p"  # the payload, while it is back in the queue
 PARKED = b"pk"  # times taken back
 PARKED_MID_ANSWER = b"pkm"  # of those, times taken back with output sent: it went on
 RESUME_SEQ = b"rsq"  # the generation of the result entry ids its next attempt writes
+# Handed back by its worker: its engine never took it (reroute.lua); queued again as above
+REROUTES = b"rr"  # times handed back
 # Running (start.lua, reclaim.lua, first.lua)
 STARTED_MS = b"tr"
 WORKER = b"wk"  # the worker running it ('-': none, after park.lua)

@@ -143,6 +143,12 @@ class ModelConfig(_Frozen):
     # with the most jobs there back out of the engine (one that has sent no output yet: it
     # starts again later, nothing repeated), so the newcomer gets its slot at the next step.
     preemption: bool = True
+    # Keep a newcomer's prefill step clear of the flood's refills: for one engine step (the
+    # engine's recent time per output token) after a newcomer is sent to an endpoint, users
+    # already in the engine send nothing more there, and with ``preemption`` their jobs
+    # handed over within that step without output are taken back (they would share its
+    # prefill step, which their prompts lengthen). Needs the batch rule and metrics.
+    clear_newcomer_step: bool = True
     # Preemption may also take a streamed answer back mid-way (vLLM only), to go on later
     # (``workers.resume_exact``). "exact": only an answer whose token ids the engine
     # returned (vLLM's return_token_ids): it goes on from the prompt's and the answer's
@@ -337,6 +343,10 @@ class Settings(BaseSettings):
     # silent): retried after retry_backoff_ms x 2^(n-1).
     engine_max_tries: int = Field(default=3, ge=1)
     retry_backoff_ms: float = Field(default=250.0, ge=0)
+    # Times a job may be handed back for another endpoint when its tries all failed before
+    # the engine took it (no connection, cut before the answer, 503: a replica going away);
+    # past them it fails. 0: never handed back (workers/runner.py).
+    engine_max_reroutes: int = Field(default=3, ge=0)
     # A streamed engine response silent this long is a hang (a non-streamed one gets
     # engine_read_timeout_s, as its body comes only at the end).
     engine_stream_idle_timeout_s: float = Field(default=60.0, gt=0)

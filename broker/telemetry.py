@@ -102,6 +102,12 @@ ENGINE_RETRIES = Counter(
 EXPIRED = Counter(
     "fairq_worker_expired_total", "Queued jobs ended as expired (past their band's deadline)"
 )
+REROUTES = Counter(
+    "fairq_worker_reroutes_total",
+    "Jobs handed back for another endpoint because their engine never took them, by what "
+    "became of them (rerouted; exhausted: failed past engine_max_reroutes)",
+    ["outcome"],
+)
 RESUMES = Counter(
     "fairq_worker_resumes_total",
     "Answers taken back mid-way that went on: from token ids (exact) or from their text",

@@ -6,8 +6,11 @@
 -- ARGV[1] wake channel: the endpoint's queue estimate just fell, so admission may open
 -- Returns 1 when this call took the job off the count, else 0.
 -- A job Redis no longer has (lost with the last second before a crash) stays gone: HSETNX
--- would create a record of it with no state and no expiry.
-if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HSETNX', KEYS[1], 'ft', 1) == 0 then
+-- would create a record of it with no state and no expiry. A job queued again (park.lua,
+-- reroute.lua) is not marked by its earlier attempt's late write: its next attempt's count
+-- would never fall.
+local st = redis.call('HGET', KEYS[1], 'st')
+if (st ~= 'dispatched' and st ~= 'running') or redis.call('HSETNX', KEYS[1], 'ft', 1) == 0 then
   return 0
 end
 local endpoint = redis.call('HGET', KEYS[1], 'ep')

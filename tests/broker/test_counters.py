@@ -13,7 +13,17 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from broker import JobQueue, JobState, Outcome, Pick, Reclaim, StreamMode, Submission, keys
+from broker import (
+    JobQueue,
+    JobState,
+    Outcome,
+    Pick,
+    Reclaim,
+    Reroute,
+    StreamMode,
+    Submission,
+    keys,
+)
 from broker import job_fields as jf
 from broker.counters import WRITERS
 from broker.dispatching import DispatchStore, Grant
@@ -88,6 +98,19 @@ async def recounted(r: Redis) -> dict[str, dict[str, int]]:
     return {name: {k: v for k, v in c.items() if v} for name, c in out.items()}
 
 
+async def hand_back(r: Redis, q: JobQueue, d: DispatchStore, x: ExecutionStore, check: Any) -> None:
+    """A job handed back by its worker (its engine never took it), then dispatched again."""
+    bobs = await q.submit(job("bob"))
+    await d.dispatch(MODEL, EP, 10, [Pick("default", "bob", 3, 0)], 10)
+    [handed] = await x.claim(r, [MODEL], "w3", 10, block_ms=100)
+    assert await x.start(handed, "w3") == 1
+    assert (await x.reroute(handed)).outcome is Reroute.REROUTED
+    await check("reroute")
+    await d.dispatch(MODEL, EP, 10, [Pick("default", "bob", 4, 0)], 10)
+    assert [c.job_id for c in await x.claim(r, [MODEL], "w3", 10, block_ms=100)] == [bobs]
+    await check("dispatch of the job handed back")
+
+
 async def test_every_count_stays_equal_to_what_it_counts_while_all_its_writers_run(
     aredis: Redis, ran: set[str]
 ) -> None:
@@ -149,6 +172,7 @@ async def test_every_count_stays_equal_to_what_it_counts_while_all_its_writers_r
     await q.submit(job("carol", "batch"))
     assert await x.expire(MODEL, "batch", 0)
     await check("expire")
+    await hand_back(r, q, d, x, check)
     assert set().union(*WRITERS.values()) <= ran  # every writer of every count ran
 
 
