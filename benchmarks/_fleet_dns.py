@@ -5,6 +5,11 @@ model, as a Kubernetes headless Service has one record per ready pod).
 Built on dnspython (a dependency of fairq's dispatcher already), in a thread of its own.
 A name in the zone with no address answers with no record (a Service with no ready
 pod); a name not in it answers NXDOMAIN.
+
+The zone keeps when each address was first answered (``found_s``: the dispatcher's read
+that found the replica) and when its name was first answered after the address went
+(``dropped_s``: the read after which no dispatcher sends to it), so the report can tell
+the dispatcher's DNS reads from the other steps.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import contextlib
 import ipaddress
 import socket
 import threading
+import time
 from collections.abc import Iterable, Iterator
 
 import dns.exception
@@ -32,7 +38,10 @@ class Zone:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._names: dict[str, tuple[str, ...]] = {}
+        self._gone: dict[str, set[str]] = {}  # name -> addresses removed since its last read
         self.questions = 0
+        self.found_s: dict[str, float] = {}  # address -> first answer with it (monotonic)
+        self.dropped_s: dict[str, float] = {}  # address -> first answer of its name after
 
     def set(self, name: str, addresses: Iterable[str]) -> None:
         """``name`` has exactly these addresses (none: it exists with no record)."""
@@ -48,11 +57,21 @@ class Zone:
         with self._lock:
             old = self._names.get(_key(name), ())
             self._names[_key(name)] = tuple(a for a in old if a != address)
+            if address in old:
+                self._gone.setdefault(_key(name), set()).add(address)
 
     def lookup(self, name: str) -> tuple[str, ...] | None:
+        """The name's addresses now (None: no such name); notes the read (class docstring).
+        A read asks A and AAAA at once, or A alone: any question of the name counts."""
+        now_s = time.monotonic()
         with self._lock:
             self.questions += 1
-            return self._names.get(_key(name))
+            addresses = self._names.get(_key(name))
+            for address in addresses or ():
+                self.found_s.setdefault(address, now_s)
+            for address in self._gone.pop(_key(name), ()):
+                self.dropped_s.setdefault(address, now_s)
+            return addresses
 
 
 def answer(zone: Zone, wire: bytes) -> bytes | None:

@@ -17,6 +17,13 @@ scale-down ``stabilizationWindowSeconds`` both the scale-down time, one pod per
 
 The HPA's 10 % tolerance is left out: at the few replicas per model of this benchmark
 it would never apply (one replica more or less is always a change above 10 %).
+
+With the external-push trigger (``fairq keda-scaler``) the same rules hold, fed by its
+calls instead of a Prometheus query, and one more path wakes a model (``on_push``, as
+KEDA's ``scaleHandler.startPushScalers`` hands each StreamIsActive message to
+``RequestScale``): an "active" message scales a target at zero to one replica at once
+and marks the object active; an "inactive" message is ignored (KEDA leaves the step to
+zero to its polling loop, after the cooldown).
 """
 
 from __future__ import annotations
@@ -50,10 +57,20 @@ def hpa_desired(demand: float, rules: Rules) -> int:
     return max(1, rules.min_replicas, min(rules.max_replicas, wanted))
 
 
-def target(state: ModelScale, demand: float, current: int, now_s: float, rules: Rules) -> int:
+def target(
+    state: ModelScale,
+    demand: float,
+    current: int,
+    now_s: float,
+    rules: Rules,
+    *,
+    active: bool | None = None,
+) -> int:
     """The replica count the model should have at ``now_s``, given ``current`` (starting
-    or ready; draining ones no longer count). Updates ``state``."""
-    if demand > 0:
+    or ready; draining ones no longer count). ``active``: the trigger's activity when it
+    is a call of its own (the external scaler's IsActive); else the demand above 0 (the
+    Prometheus trigger's ``activationThreshold: "0"``). Updates ``state``."""
+    if demand > 0 if active is None else active:
         state.last_active_s = now_s
     active = state.last_active_s is not None and now_s - state.last_active_s < rules.cooldown_s
     if not active:
@@ -70,3 +87,14 @@ def target(state: ModelScale, demand: float, current: int, now_s: float, rules: 
         return current
     state.last_scale_down_s = now_s
     return current - 1
+
+
+def on_push(state: ModelScale, active: bool, current: int, now_s: float, rules: Rules) -> int:
+    """The replica count after one StreamIsActive message (module docstring): at zero, an
+    "active" scales to ``max(1, min_replicas)`` at once; above zero it only marks the
+    object active (KEDA's ``LastActiveTime``), the HPA keeps the count; "inactive" changes
+    nothing. Updates ``state``."""
+    if not active:
+        return current
+    state.last_active_s = now_s
+    return max(1, rules.min_replicas) if current == 0 else current

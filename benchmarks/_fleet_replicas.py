@@ -47,11 +47,14 @@ class Replica:
     address: str
     host: int  # which replica host serves it
     requested_s: float  # the autoscaler asked for it
+    cause: str = "poll"  # what decided the start: "poll" (a metric read) or "push"
     state: State = "starting"
     listening_s: float | None = None
     ready_s: float | None = None  # its readiness probe passed
     published_s: float | None = None  # its record is in DNS
+    found_s: float | None = None  # the first DNS answer that carried its record
     retired_s: float | None = None  # the autoscaler asked it to go (its record went)
+    dropped_s: float | None = None  # the first DNS answer after its record went
     drained_s: float | None = None
     stopped_s: float | None = None
     drain_status: int | None = None  # the drain's exit status (0: idle)
@@ -137,10 +140,11 @@ class Fleet:
     def url(self, replica: Replica) -> str:
         return f"http://{replica.address}:{self.port}"
 
-    def start(self, model: str) -> Replica:
+    def start(self, model: str, cause: str = "poll") -> Replica:
         counts = [sum(1 for r in self.replicas if r.host == i and r.state != "stopped")
                   for i in range(len(self._hosts))]  # fmt: skip
-        replica = Replica(model, next(self._addresses), counts.index(min(counts)), time.monotonic())
+        host = counts.index(min(counts))
+        replica = Replica(model, next(self._addresses), host, time.monotonic(), cause)
         self.replicas.append(replica)
         self._spawn(self._start(replica))
         return replica
@@ -217,6 +221,13 @@ class Fleet:
             if line.startswith("vllm:request_success_total{"):
                 total += float(line.rsplit(" ", 1)[1])
         return int(total)
+
+    def note_reads(self) -> None:
+        """Copy onto each replica when the DNS answers first carried its record and first
+        left it out (the dispatchers' reads: ``Zone.found_s`` and ``Zone.dropped_s``)."""
+        for replica in self.replicas:
+            replica.found_s = self._zone.found_s.get(replica.address)
+            replica.dropped_s = self._zone.dropped_s.get(replica.address)
 
     async def stop_all(self, timeout_s: float) -> None:
         """Stop every replica (drained), and wait for every start and stop under way."""

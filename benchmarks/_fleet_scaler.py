@@ -75,17 +75,30 @@ class Scaler:
         for model in self.models:
             if model not in demand:
                 continue
-            live = self.fleet.live(model)
             state = self.states.setdefault(model, ModelScale())
-            wanted = target(state, demand[model], len(live), now_s, self.rules)
-            for _ in range(wanted - len(live)):
-                self.fleet.start(model)
-                self.started += 1
-            for replica in _victims(live, len(live) - wanted):
-                self.fleet.stop(replica)
-                self.stopped += 1
-        total = sum(len(self.fleet.live(m)) for m in self.models)
-        self.max_replicas_seen = max(self.max_replicas_seen, total)
+            wanted = target(state, demand[model], len(self.fleet.live(model)), now_s, self.rules)
+            started, stopped = resize(self.fleet, model, wanted, cause="poll")
+            self.started += started
+            self.stopped += stopped
+        self.max_replicas_seen = max(self.max_replicas_seen, replicas(self.fleet, self.models))
+
+
+def replicas(fleet: Fleet, models: tuple[str, ...]) -> int:
+    """Replicas starting or ready, all models together."""
+    return sum(len(fleet.live(m)) for m in models)
+
+
+def resize(fleet: Fleet, model: str, wanted: int, cause: str) -> tuple[int, int]:
+    """Start or stop ``model``'s replicas to ``wanted`` (as the Deployment's controller
+    does on a new replica count); ``cause`` names the path that decided (on each replica
+    started). Returns how many were started and stopped."""
+    live = fleet.live(model)
+    for _ in range(wanted - len(live)):
+        fleet.start(model, cause)
+    victims = _victims(live, len(live) - wanted)
+    for replica in victims:
+        fleet.stop(replica)
+    return max(0, wanted - len(live)), len(victims)
 
 
 def _victims(live: list[Replica], count: int) -> list[Replica]:

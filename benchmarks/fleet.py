@@ -2,13 +2,17 @@
 
 All on this machine: ``--models`` models (default 60), each a headless Service's DNS name
 (``_fleet_dns``) that fairq's dispatcher reads for the model's replicas (``discovery``),
-none at first. A scripted autoscaler (``_fleet_scaler``) applies KEDA's rules to each
-model's ``fairq_model_demand`` from the dispatcher's ``/metrics`` and starts and stops
-simulated replicas (``_fleet_replicas``: each answers 503 for ``--startup-s`` as a pod
-loading its weights, is published in DNS once ready, and is drained with fairq's preStop
-drain before it stops). A load of ``--users`` users streams chat completions through
-fairq's gateway to a Zipf mix of the models, so that a few are hot and the rest often at
-zero when a request comes.
+none at first. An autoscaler applies KEDA's rules (``_fleet_keda``) on the trigger
+``fairq k8s render`` writes (``--trigger``): ``external-push`` (the default, as rendered)
+runs ``fairq keda-scaler`` as a process of its own on the stack's Redis and calls it as
+KEDA does (``_fleet_push``: a StreamIsActive stream per model that wakes a model at zero
+at once, GetMetrics and IsActive every ``--poll-s``); ``prometheus`` reads each model's
+``fairq_model_demand`` from the dispatcher's ``/metrics`` every ``--poll-s``
+(``_fleet_scaler``). Either starts and stops simulated replicas (``_fleet_replicas``:
+each answers 503 for ``--startup-s`` as a pod loading its weights, is published in DNS
+once ready, and is drained with fairq's preStop drain before it stops). A load of
+``--users`` users streams chat completions through fairq's gateway to a Zipf mix of the
+models, so that a few are hot and the rest often at zero when a request comes.
 
 Reported: each cold start's time from the model's first request to its first token
 against the startup time, the excess and its steps (``_fleet_report``); requests lost
@@ -39,6 +43,7 @@ import yaml
 from benchmarks._fleet_dns import Zone, dns_server
 from benchmarks._fleet_keda import Rules
 from benchmarks._fleet_load import LoadRun, LoadShape, run_load, zipf_mix
+from benchmarks._fleet_push import PushScaler, PushScalerError, scaler_process
 from benchmarks._fleet_replicas import Fleet, dns_name, replica_hosts
 from benchmarks._fleet_report import cold_figures, cold_starts, duplicate_jobs, lost, table
 from benchmarks._fleet_scaler import Scaler
@@ -53,9 +58,18 @@ BATCH = 16  # the replicas' max_num_seqs
 START_TIMEOUT_S = 60.0
 ZERO_WAIT_S = 30.0  # after the cooldown, the longest wait for the fleet to reach zero
 _QUIET = {"FAIRQ_LOG_LEVEL": "WARNING"}
-# The issue's bound on a cold start's excess: one scrape of the demand, one engine step,
-# one autoscaler poll (the other terms of ``bound_terms_s`` are reported beside it).
-ISSUE_TERMS = ("demand publish (status_interval_s)", "autoscaler poll", "engine step")
+TRIGGERS = ("external-push", "prometheus")
+WAKING_READ = "DNS read while waking (waking_interval_s)"
+# The issue's bound on a cold start's excess, "at most one scrape interval + one engine
+# step", read for each trigger (the other terms of ``bound_terms_s`` are reported beside
+# it). Prometheus: the demand's publish and the autoscaler's poll are the scrape. External
+# push: the wake is a push (milliseconds, measured as the detect step), and the interval
+# on a cold start's way is the dispatcher's DNS read while the model wakes; a replica
+# found is scraped at once (``dispatcher.service``'s ``_found``).
+ISSUE_TERMS = {
+    "prometheus": ("demand publish (status_interval_s)", "autoscaler poll", "engine step"),
+    "external-push": (WAKING_READ, "engine step"),
+}
 
 
 @dataclass(frozen=True)
@@ -73,20 +87,24 @@ class Options:
     probe_s: float
     step_ms: float
     hosts: int
+    trigger: str = "external-push"
 
     @property
     def bound_terms_s(self) -> dict[str, float]:
-        """Each step a cold start's first token waits for beyond the startup time, at most."""
+        """Each wait on a cold start's way beyond the startup time, at most (the push and
+        the other round trips are measured, not bounded here)."""
+        # A model with jobs and no healthy replica reads its records this often.
+        waking = min(self.waking_interval_s, self.discovery_interval_s)
+        step = self.step_ms / 1000
+        if self.trigger == "external-push":
+            return {"readiness probe": self.probe_s, WAKING_READ: waking, "engine step": step}
         return {
             "demand publish (status_interval_s)": self.status_interval_s,
             "autoscaler poll": self.poll_s,
             "readiness probe": self.probe_s,
-            # A model with jobs and no healthy replica reads its records this often.
-            "DNS read while waking (waking_interval_s)": min(
-                self.waking_interval_s, self.discovery_interval_s
-            ),
+            WAKING_READ: waking,
             "engine scrape (scrape_interval_s)": self.scrape_interval_s,
-            "engine step": self.step_ms / 1000,
+            "engine step": step,
         }
 
 
@@ -141,14 +159,49 @@ def cpu_s(pids: dict[str, int]) -> dict[str, float]:
     return out
 
 
+@contextlib.contextmanager
+def keda_scaler(options: Options, stack: Stack) -> Iterator[tuple[str, int] | None]:
+    """``fairq keda-scaler`` on the stack's configuration and Redis, for the external-push
+    trigger: its address and process id; None for the prometheus trigger."""
+    if options.trigger != "external-push":
+        yield None
+        return
+    with scaler_process(stack.env) as started:
+        yield started
+
+
+async def start_scaler(
+    options: Options, stack: Stack, fleet: Fleet, scaler_address: str | None, stop: asyncio.Event
+) -> tuple[Scaler | PushScaler, asyncio.Task[None]]:
+    """The trigger's autoscaler, running: the push one once every model's stream is open."""
+    names = tuple(model_names(options.models))
+    if scaler_address is None:
+        metrics = stack.metrics_url("dispatcher-0")
+        scaler = Scaler(fleet, options.rules, metrics, options.poll_s, names)
+        return scaler, asyncio.create_task(scaler.run(stop))
+    pusher = PushScaler(fleet, options.rules, scaler_address, options.poll_s, names)
+    ready = asyncio.Event()
+    scaling = asyncio.create_task(pusher.run(ready, stop))
+    opened = asyncio.create_task(ready.wait())
+    await asyncio.wait([opened, scaling], return_when=asyncio.FIRST_COMPLETED)
+    opened.cancel()
+    if scaling.done():
+        scaling.result()  # raises why it stopped
+        raise PushScalerError("the autoscaler stopped before every stream was open")
+    return pusher, scaling
+
+
 async def drive(
-    options: Options, stack: Stack, fleet: Fleet, pids: dict[str, int]
+    options: Options,
+    stack: Stack,
+    fleet: Fleet,
+    pids: dict[str, int],
+    scaler_address: str | None,
 ) -> dict[str, Any]:
     """The autoscaler and the load; then the fleet back to zero and every replica stopped."""
     names = tuple(model_names(options.models))
-    scaler = Scaler(fleet, options.rules, stack.metrics_url("dispatcher-0"), options.poll_s, names)
     stop = asyncio.Event()
-    scaling = asyncio.create_task(scaler.run(stop))
+    scaler, scaling = await start_scaler(options, stack, fleet, scaler_address, stop)
     try:
         before = cpu_s(pids)
         url = f"{stack.gateway_url}/v1/chat/completions"
@@ -163,6 +216,7 @@ async def drive(
         stop.set()
         await scaling
         await fleet.stop_all(timeout_s=90.0)
+        fleet.note_reads()
     return {"load": load, "scaler": scaler, "cpu_before": before, "cpu_after": after,
             "at_zero": at_zero}  # fmt: skip
 
@@ -180,17 +234,21 @@ def run(options: Options) -> dict[str, Any]:
             dns_server(zone) as nameserver,
             fairq(fairq_config(options, nameserver, port)) as stack,
             replica_hosts(options.hosts, str(profile_path)) as hosts,
+            keda_scaler(options, stack) as scaler,
         ):
             pids = {name: p.pid for name, p in stack.processes.items()}
+            if scaler is not None:
+                pids["keda-scaler"] = scaler[1]
             pids |= {f"replica-host-{i}": pid for i, pid in enumerate(hosts.values())}
             pids["bench (load, autoscaler, DNS)"] = os.getpid()
-            say(f"{options.models} models at zero; load for {options.load.duration_s:g} s")
+            say(f"{options.models} models at zero, trigger {options.trigger}; "
+                f"load for {options.load.duration_s:g} s")  # fmt: skip
             fleet = Fleet(list(hosts), zone, port, options.startup_s, options.probe_s,
                           settle_s=options.discovery_interval_s + 0.3)  # fmt: skip
 
             async def main() -> dict[str, Any]:
                 try:
-                    return await drive(options, stack, fleet, pids)
+                    return await drive(options, stack, fleet, pids, scaler and scaler[0])
                 finally:
                     await fleet.aclose()
 
@@ -203,10 +261,10 @@ def run(options: Options) -> dict[str, Any]:
 def report(options: Options, outcome: dict[str, Any]) -> dict[str, Any]:
     load: LoadRun = outcome["load"]
     fleet: Fleet = outcome["fleet"]
-    scaler: Scaler = outcome["scaler"]
+    scaler: Scaler | PushScaler = outcome["scaler"]
     terms = options.bound_terms_s
     bound = round(sum(terms.values()), 3)
-    starts = cold_starts(load.requests, fleet.replicas)
+    starts = cold_starts(load.requests, fleet.replicas, options.startup_s)
     wall = load.ended_s - load.began_s
     cpu = {n: round(outcome["cpu_after"][n] - outcome["cpu_before"].get(n, 0.0), 2)
            for n in outcome["cpu_after"]}  # fmt: skip
@@ -237,19 +295,29 @@ def report(options: Options, outcome: dict[str, Any]) -> dict[str, Any]:
         "load_wall_s": round(wall, 1),
         "errors": errors[:10] + ([f"process exited: {outcome['dead']}"] if outcome["dead"] else []),
     }
-    issue_bound = round(sum(terms[t] for t in ISSUE_TERMS), 3)
+    if isinstance(scaler, PushScaler):
+        run_figures |= {
+            "pushes_active": scaler.decisions.pushes[True],
+            "pushes_inactive": scaler.decisions.pushes[False],
+            "woken_by_push": scaler.decisions.woken_by_push,
+            "stream_failures": scaler.stream_failures,
+        }
+    issue_terms = ISSUE_TERMS[options.trigger]
+    issue_bound = round(sum(terms[t] for t in issue_terms), 3)
     bounds = {"bound": bound, "issue_bound": issue_bound}
     return {
         "benchmark": "fleet",
         "engine": "simulator (estimates)",
         "machine": machine(),
         "models": options.models,
+        "trigger": options.trigger,
         "startup_s": options.startup_s,
         "options": {k: v for k, v in asdict(options).items() if k not in ("load", "rules")}
         | {"load": asdict(options.load), "rules": asdict(options.rules)},
         "bound_terms_s": terms,
         "bound_s": bound,
         "issue_bound_s": issue_bound,
+        "issue_terms": list(issue_terms),
         "cold_starts": cold_figures(starts, options.startup_s, bounds),
         "cold_start_list": [asdict(s) | {"ttft_s": s.ttft_s} for s in starts],
         "run": run_figures,
@@ -275,6 +343,10 @@ def failures(result: dict[str, Any]) -> list[str]:
 
 @click.command(name="fleet", epilog=environment())
 @click.option("--models", default=60, show_default=True, type=click.IntRange(1, 200))
+@click.option(
+    "--trigger", type=click.Choice(TRIGGERS), default="external-push", show_default=True,
+    help="KEDA's trigger, as fairq k8s render writes it",
+)  # fmt: skip
 @click.option("--startup-s", default=3.0, show_default=True, help="each replica's start-up")
 @click.option("--users", default=24, show_default=True, help="users, one request at a time each")
 @click.option("--duration-s", default=120.0, show_default=True, help="of sending")
@@ -313,7 +385,8 @@ def main(**kw: Any) -> None:
                       discovery_interval_s=kw["discovery_interval_s"],
                       waking_interval_s=kw["waking_interval_s"],
                       scrape_interval_s=kw["scrape_interval_s"], probe_s=kw["probe_s"],
-                      step_ms=kw["step_ms"], hosts=kw["hosts"])  # fmt: skip
+                      step_ms=kw["step_ms"], hosts=kw["hosts"],
+                      trigger=kw["trigger"])  # fmt: skip
     try:
         result = run(options)
     except KeyboardInterrupt:

@@ -1,11 +1,15 @@
 """``fairq bench fleet``: the real harness on a tiny run, and its pure parts.
 
 The integration test runs 5 models whose replicas start in 1 s with real processes
-(the DNS server, replica hosts, Redis, dispatcher, worker, gateway), and checks the
-report's shape, that no request was lost, that each cold start's first token came no
-sooner than its replica's startup time, and that the fleet went back to zero with every
-replica drained. It asserts nothing about speed, which depends on the machine. Every
-process is stopped by the harness, pass or fail.
+(the DNS server, replica hosts, Redis, dispatcher, worker, gateway, ``fairq
+keda-scaler`` called over gRPC as KEDA's external-push trigger), and checks the report's
+shape, that no request was lost, that each cold start was woken by a push and its first
+token came no sooner than its replica's startup time, and that the fleet went back to
+zero with every replica drained. It asserts nothing about speed, which depends on the
+machine. Every process is stopped by the harness, pass or fail.
+
+The push autoscaler's decisions, KEDA's rules, the report's cold starts (with a long DNS
+interval too) and the DNS server are tested on hand-made values.
 """
 
 from __future__ import annotations
@@ -17,10 +21,11 @@ import dns.resolver
 from click.testing import CliRunner
 
 from benchmarks._fleet_dns import Zone, dns_server
-from benchmarks._fleet_keda import ModelScale, Rules, hpa_desired, target
+from benchmarks._fleet_keda import ModelScale, Rules, hpa_desired, on_push, target
 from benchmarks._fleet_load import Request
+from benchmarks._fleet_push import PushDecisions
 from benchmarks._fleet_replicas import Replica
-from benchmarks._fleet_report import cold_starts, lost, wakes
+from benchmarks._fleet_report import STEPS, cold_figures, cold_starts, lost, wakes
 from benchmarks._fleet_scaler import demand_by_model
 from fairq.cli import main
 
@@ -51,18 +56,28 @@ def test_a_tiny_fleet_run_loses_nothing_and_no_cold_start_beats_its_startup(
     assert run["drains_timed_out"] == 0
     assert run["replicas_drained_idle"] + run["stopped_before_ready"] == run["replicas_started"]
     assert run["dispatcher_cpu_s"] > 0 and 0 < run["dispatcher_cpu_pct"] < 100
+    # The push path: every stream sent its first state (inactive), and woke the models.
+    assert run["pushes_inactive"] >= 5 and run["pushes_active"] >= 1
+    assert run["woken_by_push"] >= 1 and run["stream_failures"] == 0
+    assert run["autoscaler_polls"] > 0 and run["autoscaler_failed_polls"] == 0
+    assert run["cpu_s_over_load"]["keda-scaler"] > 0
     cold = figures["cold_starts"]
+    assert figures["trigger"] == "external-push"
     assert cold["count"] >= 1 and cold["served"] == cold["count"]
     assert cold["below_startup"] == 0
+    assert sum(cold["woken_by"].values()) == cold["count"]
     for start in figures["cold_start_list"]:
         assert start["ttft_s"] >= STARTUP_S
-        assert start["first_sent_s"] <= start["requested_s"] < start["ready_s"]
-        assert start["ready_s"] <= start["published_s"] < start["first_token_s"]
-    assert set(cold["steps_s"]) == {"detect_s", "start_s", "publish_s", "serve_s"}
+        assert start["first_sent_s"] <= start["requested_s"] < start["listening_s"]
+        assert start["listening_s"] < start["ready_s"] <= start["published_s"]
+        assert start["published_s"] <= start["found_s"] < start["first_token_s"]
+    assert set(cold["steps_s"]) == set(STEPS)
     assert figures["bound_s"] == round(sum(figures["bound_terms_s"].values()), 3)
+    assert figures["issue_terms"] == ["DNS read while waking (waking_interval_s)", "engine step"]
     table = (tmp_path / "fleet.md").read_text()
     assert "Simulator: estimates" in table and "requests lost" in table
     assert "excess = TTFT - startup" in table and "cores" in table
+    assert "Trigger: external-push" in table and "dns read" in table
 
 
 # --- KEDA's rules ------------------------------------------------------------------------
@@ -90,6 +105,76 @@ def test_scale_up_is_at_once_and_scale_down_waits_for_the_window_one_at_a_time()
     assert target(state, 1, 2, 12.6, RULES) == 1
 
 
+# --- the push autoscaler (KEDA on the external-push trigger) -----------------------------
+
+
+class _Deployments:
+    """Each model's replica count, as the pure decisions see it, and each change asked."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.changes: list[tuple[str, int, str]] = []
+
+    def live(self, model: str) -> int:
+        return self.counts.get(model, 0)
+
+    def resize(self, model: str, wanted: int, cause: str) -> None:
+        self.changes.append((model, wanted, cause))
+        self.counts[model] = wanted
+
+    def decisions(self) -> PushDecisions:
+        return PushDecisions(RULES, self.live, self.resize)
+
+
+def test_an_active_push_wakes_a_model_at_zero_at_once_and_inactive_ones_change_nothing() -> None:
+    fleet = _Deployments()
+    keda = fleet.decisions()
+    keda.pushed("m", False, 0.0)  # the stream's first state
+    assert fleet.changes == []
+    keda.pushed("m", True, 1.0)
+    assert fleet.changes == [("m", 1, "push")] and keda.woken_by_push == 1
+    keda.pushed("m", True, 2.0)  # already up: the HPA keeps the count, no second wake
+    keda.pushed("m", False, 3.0)  # KEDA leaves the step to zero to its polling loop
+    assert fleet.changes == [("m", 1, "push")] and keda.woken_by_push == 1
+    assert keda.pushes == {True: 2, False: 2}
+
+
+def test_the_poll_scales_on_the_metric_over_the_spec_target_and_to_zero_after_cooldown() -> None:
+    fleet = _Deployments()
+    keda = fleet.decisions()
+    keda.targets["m"] = 4.0  # GetMetricSpec's target, not the rules' default of 2
+    keda.pushed("m", True, 0.0)
+    keda.polled({"m": (9.0, True)}, 0.5)
+    assert fleet.counts["m"] == 3  # ceil(9 / 4), within max_replicas 3
+    keda.polled({"m": (0.0, False)}, 5.0)  # inactive, within the cooldown: the window holds
+    assert fleet.counts["m"] == 3
+    keda.polled({}, 11.0)  # past the cooldown, but every call failed: KEDA keeps them
+    assert fleet.counts["m"] == 3
+    keda.polled({"m": (0.0, False)}, 11.5)  # cooldown since the last active poll (0.5 s)
+    assert fleet.changes[-1] == ("m", 0, "poll") and keda.polls == 4
+
+
+def test_an_active_push_above_zero_restarts_the_cooldown() -> None:
+    fleet = _Deployments()
+    keda = fleet.decisions()
+    keda.pushed("m", True, 0.0)
+    keda.pushed("m", True, 8.0)  # a new job at one replica: LastActiveTime, no scale
+    keda.polled({"m": (0.0, False)}, 12.0)  # 12 s after the wake, 4 s after the push
+    assert fleet.counts["m"] == 1
+    keda.polled({"m": (0.0, False)}, 18.5)
+    assert fleet.counts["m"] == 0
+
+
+def test_on_push_is_keda_s_request_scale_on_an_active_message() -> None:
+    state = ModelScale()
+    assert on_push(state, False, 0, 1.0, RULES) == 0 and state.last_active_s is None
+    assert on_push(state, True, 0, 2.0, RULES) == 1 and state.last_active_s == 2.0
+    assert on_push(state, True, 2, 3.0, RULES) == 2 and state.last_active_s == 3.0
+    with_min = Rules(demand_per_replica=2, max_replicas=3, cooldown_s=10,
+                     scale_down_period_s=2, min_replicas=2)  # fmt: skip
+    assert on_push(ModelScale(), True, 0, 0.0, with_min) == 2
+
+
 # --- the autoscaler's read ---------------------------------------------------------------
 
 
@@ -108,9 +193,12 @@ def test_the_demand_is_read_per_model_from_the_dispatchers_page() -> None:
 # --- the cold starts ---------------------------------------------------------------------
 
 
-def _replica(model: str, requested: float, retired: float | None) -> Replica:
-    return Replica(model, "127.1.1.1", 0, requested, ready_s=requested + 1,
-                   published_s=requested + 1, retired_s=retired)  # fmt: skip
+def _replica(
+    model: str, requested: float, retired: float | None, dropped: float | None = None
+) -> Replica:
+    return Replica(model, "127.1.1.1", 0, requested, listening_s=requested, ready_s=requested + 1,
+                   published_s=requested + 1, retired_s=retired,
+                   dropped_s=retired if dropped is None else dropped)  # fmt: skip
 
 
 def _request(model: str, sent: float, first_token: float | None) -> Request:
@@ -133,7 +221,7 @@ def test_a_cold_start_runs_from_the_request_that_woke_the_model_to_its_first_tok
         _request("m", 40.0, 41.8),  # woke it again
         _request("n", 10.6, None),  # lost: its cold start has no first token
     ]
-    starts = cold_starts(requests, replicas)
+    starts = cold_starts(requests, replicas, startup_s=1.0)
     assert [(s.model, s.first_sent_s, s.first_token_s) for s in starts] == [
         ("m", 9.2, 11.2), ("n", 10.6, None), ("m", 40.0, 41.8)]  # fmt: skip
     first = starts[0]
@@ -141,7 +229,36 @@ def test_a_cold_start_runs_from_the_request_that_woke_the_model_to_its_first_tok
     steps = first.steps()
     assert steps["detect_s"] is not None and abs(steps["detect_s"] - 0.8) < 1e-9
     assert steps["start_s"] == 1.0 and steps["publish_s"] == 0.0
+    assert steps["launch_s"] == 0.0 and steps["probe_s"] == 0.0
+    assert steps["dns_read_s"] is None  # no DNS read was noted on these replicas
     assert lost(requests, 8) == requests  # none of these hand-made answers is whole
+
+
+def test_a_replica_the_dispatcher_still_reads_after_its_record_went_is_no_cold_start() -> None:
+    # A long DNS interval (5 s): the model went to zero at 20.0 (record removed), but the
+    # dispatcher reads DNS again only at 24.5, and until then sends to the old replica.
+    # A request at 21.0 wakes the model by push at 21.005; the old replica answers it at
+    # 21.05: not a cold start (it once counted as one of 0.05 s, "under the startup time").
+    replicas = [
+        _replica("m", 0.0, 20.0, dropped=24.5),
+        _replica("m", 21.005, 40.0, dropped=40.4),  # the push's replica; gone at 40.4
+        _replica("m", 41.0, None),  # a real cold start: no replica left in view
+    ]
+    requests = [
+        _request("m", 21.0, 21.05),
+        _request("m", 21.5, 21.53),
+        _request("m", 40.2, 40.25),  # the second replica, still in view, served it
+        _request("m", 40.99, 42.2),
+    ]
+    assert [r.requested_s for r in wakes(replicas)] == [0.0, 41.0]
+    starts = cold_starts(requests, replicas, startup_s=1.0)
+    assert [(s.first_sent_s, s.first_token_s) for s in starts] == [(40.99, 42.2)]
+    figures = cold_figures(starts, 1.0, {"bound": 0.5})
+    assert figures["below_startup"] == 0 and figures["count"] == 1
+    # A replica removed while it still started was never in view: gone when retired.
+    never_published = Replica("n", "127.1.1.2", 0, 0.0, retired_s=2.0)
+    assert [r.requested_s for r in wakes([never_published, _replica("n", 3.0, None)])] == [
+        0.0, 3.0]  # fmt: skip
 
 
 def test_a_whole_answer_is_every_token_its_usage_and_one_done() -> None:
