@@ -282,27 +282,37 @@ async def _post_ok(
     on_written: Callable[[], None] | None = None,
 ) -> None:
     """POST to the engine; every failure, an error status included, as an ``EngineError``."""
+    answered = False  # the response's headers came: the engine took the request
+
+    def headers(status: int) -> None:
+        nonlocal answered
+        answered = True
+        if on_headers is not None:
+            on_headers(status)
+
     try:
         reply = await client.post(
             url,
             payload,
             idle_timeout_s=idle_timeout_s,
             on_body=on_body,
-            on_headers=on_headers,
+            on_headers=headers,
             on_written=on_written,
         )
     except HttpClientError as exc:
-        raise _transport_error(exc, url) from exc
+        raise _transport_error(exc, url, answered=answered) from exc
     if reply.status != 200:
         raise EngineError.from_response(reply.status, reply.body)
 
 
-def _transport_error(exc: HttpClientError, url: str) -> EngineError:
-    """No connection, silence, or a connection that broke: all worth another call."""
+def _transport_error(exc: HttpClientError, url: str, *, answered: bool) -> EngineError:
+    """No connection, silence, or a connection that broke: all worth another call. The
+    engine never took the request when there was no connection, or it broke before the
+    engine answered (a replica going away); a silence may be a request it is working on."""
     if isinstance(exc, ConnectFailed):
         message, code = f"the engine at {url} could not be reached: {exc}", "engine_unreachable"
     elif isinstance(exc, SilenceTimeout):
         return EngineError(f"{exc} (from {url})", status=504, code="engine_timeout", retryable=True)
     else:  # the server disconnected, a response cut short or not HTTP, a reset
         message, code = f"the engine connection broke at {url}: {exc}", "engine_stream_cut"
-    return EngineError(message, code=code, retryable=True)
+    return EngineError(message, code=code, retryable=True, unaccepted=not answered)

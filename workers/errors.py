@@ -6,7 +6,10 @@
 An ``EngineError`` carries what the client will see (the engine's own reason
 where it gave one, and the request field it named as ``param``), the HTTP
 status to report it with, and whether calling the engine again could help
-(``retryable``: overload, unreachable, silent, cut off).
+(``retryable``: overload, unreachable, silent, cut off), and whether the engine
+never took the request (``unaccepted``: no connection, the connection lost before
+the engine answered, or a 503: a replica that is going away), so that another
+endpoint may be asked instead (``workers.runner``).
 Whether it is *safe* to call again is the runner's call: only while no output
 of the job was written.
 """
@@ -30,6 +33,7 @@ class EngineError(WorkerError):
         retryable: bool = False,
         engine_status: int | None = None,
         param: str | None = None,
+        unaccepted: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -38,6 +42,7 @@ class EngineError(WorkerError):
         self.retryable = retryable
         self.engine_status = engine_status  # the status the engine answered, if it did
         self.param = param  # the request field the engine named, if it named one
+        self.unaccepted = unaccepted  # the engine never took the request (see above)
 
     @classmethod
     def from_response(cls, status: int, body: bytes) -> EngineError:
@@ -63,6 +68,9 @@ class EngineError(WorkerError):
             retryable=status >= 500 or status == 429,
             engine_status=status,
             param=param,
+            # What a server says while it shuts down or is not ready (uvicorn, a proxy in
+            # front of a pod that is gone): this replica will not take it, another may.
+            unaccepted=status == 503,
         )
 
     def to_error(self) -> dict[str, object]:
@@ -80,3 +88,17 @@ class EngineError(WorkerError):
         if self.engine_status is not None:
             error["engine_status"] = self.engine_status
         return error
+
+
+def no_engine_took(cause: EngineError, endpoint: str, times: int) -> EngineError:
+    """The error of a job that was handed back for another endpoint ``times`` times (the
+    most allowed) and whose engine, at ``endpoint``, again did not take it (``cause``)."""
+    return EngineError(
+        f"no engine took the request: it was sent to another endpoint {times} time(s) after "
+        f"its engine would not take it, and the last, {endpoint}, would not either "
+        f"({cause.code}: {cause.message}); the model's replicas may be down or going away: "
+        "please retry later",
+        status=503,
+        code="engine_unavailable",
+        engine_status=cause.engine_status,
+    )

@@ -12,6 +12,15 @@ An engine call that fails in a way another call may fix (``EngineError.retryable
 job's output was handed to the writer: after that a second call would send the
 client text it has already seen, so the job ends failed with the engine's reason.
 
+When every call failed before the engine took the request (``EngineError.unaccepted``:
+no connection, the connection lost before the engine answered, a 503: a replica that
+is going away) and the job has no output at all, it is not failed but handed back
+(``HandBack``): the service queues it again at the head of its user's line
+(``reroute.lua``) and the dispatcher sends it to an endpoint that is there, at most
+``engine_max_reroutes`` times per job. The tries in place come first: they give the
+dispatcher's scrapes time to see a vanished replica fail, so that the job is not sent
+back to it.
+
 A job taken back out of the engine mid-answer (``park.lua``) runs again from where its
 client is (``workers.attempt``): each attempt's request and the shaping of its events
 on their way to the writer (token ids taken out and recorded, chunks converted).
@@ -59,6 +68,14 @@ def backoff_s(settings: Settings, attempt: int) -> float:
     return float(min(settings.retry_backoff_ms * 2 ** (attempt - 1), 30_000.0) / 1000)
 
 
+@dataclass(frozen=True)
+class HandBack:
+    """Every call failed before the engine took the request, and nothing of the job was
+    written: hand it back for another endpoint (``ExecutionStore.reroute``)."""
+
+    cause: EngineError
+
+
 @dataclass
 class _Progress:
     first_ms: int | None = None  # set when the first output went to the writer
@@ -88,8 +105,11 @@ class JobRunner:
         self._contexts = ContextLengths()
         self.retries = 0  # engine calls made again
 
-    async def run(self, job: Claimed, on_sent: Callable[[bool], None] | None = None) -> Outcome:
-        """Execute the job at its endpoint; engine failures become a failed outcome.
+    async def run(
+        self, job: Claimed, on_sent: Callable[[bool], None] | None = None
+    ) -> Outcome | HandBack:
+        """Execute the job at its endpoint; engine failures become a failed outcome, or a
+        hand-back when the engine never took the job (see the module's docstring).
 
         ``on_sent`` is called when the engine has the request: a streamed request's
         response headers arrived (with True when the engine accepted it: its client's
@@ -107,6 +127,8 @@ class JobRunner:
                 await self._call(job, plan, payload, accounting, progress)
             except EngineError as exc:
                 if progress.wrote or not exc.retryable or call == tries:
+                    if call == tries and self._may_hand_back(exc, plan, progress):
+                        return HandBack(exc)
                     return Outcome(JobState.FAILED, error=exc.to_error())
                 log.info("job %s: %s; calling the engine again", job.job_id, exc.code)
                 self.retries += 1
@@ -120,6 +142,13 @@ class JobRunner:
                 first_token_ms=progress.first_ms,
             )
         raise AssertionError("unreachable: the last try returns")
+
+    def _may_hand_back(self, exc: EngineError, plan: Attempt, progress: _Progress) -> bool:
+        """The engine never took the job and it has no output at all (an answer that went
+        on from earlier output, ``plan.earlier``, keeps the rules in place)."""
+        if self._settings.engine_max_reroutes == 0:
+            return False
+        return exc.unaccepted and not progress.wrote and plan.earlier is None
 
     async def _attempt(self, job: Claimed) -> Attempt | Whole:
         """This attempt's engine request: fresh, or going on with a resumed answer."""

@@ -35,6 +35,7 @@ from broker import (
     ModelConfig,
     Outcome,
     Reclaim,
+    Reroute,
     Settings,
     lean_link,
     stop_task,
@@ -46,8 +47,9 @@ from broker.redis.cluster import SlotConnections, slot_groups
 from workers.cancel import CancelListener
 from workers.deadlines import DeadlineSweeper
 from workers.engine import open_client
+from workers.errors import EngineError, no_engine_took
 from workers.lease import LeaseKeeper
-from workers.runner import JobRunner, backoff_s
+from workers.runner import HandBack, JobRunner, backoff_s
 from workers.telemetry import WorkerTelemetry
 from workers.writer import ResultWriter
 
@@ -305,19 +307,59 @@ class Worker:
             await asyncio.gather(run, return_exceptions=True)
             self._writer.discard(job.job_id)
             return
+        outcome = await self._outcome(job, run)
+        if isinstance(outcome, HandBack):
+            handed = await self._hand_back(job, outcome.cause)
+            if handed is None:
+                return
+            outcome = handed
+        self._finishing.add(job.job_id)
+        if await self._writer.finish(job, outcome):
+            self.telemetry.ended(job, outcome)
+
+    async def _outcome(
+        self, job: Claimed, run: asyncio.Future[Outcome | HandBack]
+    ) -> Outcome | HandBack:
+        """The runner's outcome; a failed one when the worker stops or the runner broke."""
         try:
-            outcome = await run
+            return await run
         except asyncio.CancelledError:
             if job.job_id in self._dropped:  # ended by cancel.lua, or another worker's now
                 self._writer.discard(job.job_id)
                 raise
-            outcome = Outcome(JobState.FAILED, error=_SHUTDOWN_ERROR)
+            return Outcome(JobState.FAILED, error=_SHUTDOWN_ERROR)
         except Exception as exc:  # a bug must not leave the job running forever
             log.exception("job %s crashed the runner", job.job_id)
-            outcome = Outcome(JobState.FAILED, error=_internal_error(exc))
-        self._finishing.add(job.job_id)
-        if await self._writer.finish(job, outcome):
-            self.telemetry.ended(job, outcome)
+            return Outcome(JobState.FAILED, error=_internal_error(exc))
+
+    async def _hand_back(self, job: Claimed, cause: EngineError) -> Outcome | None:
+        """Queue the job again for another endpoint: its engine never took it
+        (``reroute.lua``). None when it went back, or is not this attempt's any more; the
+        failed outcome when it may not go back (handed back the most times allowed, or
+        output was written after all)."""
+        self._writer.discard(job.job_id)  # a started mark still buffered: this attempt's
+        backoff = Backoff()
+        while True:  # as ``_start``: a retry after a lost reply finds it gone ('stale')
+            try:
+                handed = await self._store.reroute(job)
+                break
+            except RedisError as exc:
+                log.warning("handing back job %s failed (%s); retrying", job.job_id, exc)
+                await backoff.wait()
+        if handed.outcome is Reroute.REROUTED:
+            log.info(
+                "job %s: the engine at %s did not take it (%s); handed back for another "
+                "endpoint (%d time(s))", job.job_id, job.endpoint, cause.code, handed.times,
+            )  # fmt: skip
+            telemetry.REROUTES.labels("rerouted").inc()
+            return None
+        if handed.outcome is Reroute.EXHAUSTED:
+            telemetry.REROUTES.labels("exhausted").inc()
+            error = no_engine_took(cause, job.endpoint, handed.times)
+            return Outcome(JobState.FAILED, error=error.to_error())
+        if handed.outcome is Reroute.OUTPUT:
+            return Outcome(JobState.FAILED, error=cause.to_error())
+        return None  # ended, taken back, or another worker's: nothing more to write
 
     async def _start(self, job: Claimed, accepted: bool) -> int | None:
         """start.lua, retried while Redis is unreachable (a restart): a job given up here

@@ -108,9 +108,11 @@ async def test_a_5xx_on_every_call_fails_after_the_allowed_tries_with_the_engine
 async def test_an_engine_that_refuses_connections_fails_the_job_as_unreachable(
     redis_url: str,
 ) -> None:
+    # The tries in place alone: handing the job back for another endpoint is
+    # tests/integration/test_reroute.py's.
     before = retries()
     nobody = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    async with fairq(redis_url, nobody, engine_max_tries=2) as client:
+    async with fairq(redis_url, nobody, engine_max_tries=2, engine_max_reroutes=0) as client:
         failed = await run(client, None, stream=True)
     assert failed.state is JobState.FAILED and failed.error["code"] == "engine_unreachable"
     assert "could not be reached" in str(failed.error["message"])
