@@ -323,7 +323,9 @@ def test_a_client_waiting_on_a_job_redis_lost_gets_an_error_not_a_hang(
         redis_server.url, ["http://e:1"], model="m", api_keys=[api_key("k", "u")]
     )
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}
-    headers = {"Authorization": "Bearer k"}
+    # Early headers: the 200 while the job is queued. Held ones would leave only at the
+    # first lull (15 s), as long as the client's read timeout.
+    headers = {"Authorization": "Bearer k", "X-Fairq-Stream-Headers": "early"}
     with gateway(settings) as url, httpx.Client(timeout=15) as client:
         stream = client.stream("POST", f"{url}/v1/chat/completions", json=body, headers=headers)
         with stream as response:
