@@ -181,8 +181,9 @@ class Fleet:
                 return  # removed while it started: never published
             replica.ready_s = time.monotonic()
             replica.state = "ready"
-            self._zone.add(dns_name(replica.model), replica.address)
+            # Noted first: the DNS thread may answer with the record before this line ends.
             replica.published_s = time.monotonic()
+            self._zone.add(dns_name(replica.model), replica.address)
         except (httpx.HTTPError, ReplicaError) as exc:
             replica.error = f"start: {exc}"
             replica.state = "stopped"
