@@ -10,28 +10,46 @@ there: the client gets that replica's whole answer, each token once, its usage o
 Where no replica takes it, the job fails after ``engine_max_reroutes`` hand-backs with an
 error naming the last endpoint and its reason. A job that had output when its replica
 went is not run again (the rule in place: it fails with the engine's reason, and its
-client keeps what it had, once).
+client keeps what it had, once). Last, a replica process killed under load: its job
+mid-answer fails so, the jobs waiting in its queue (taken, no token yet) are served by
+the other replica, and no job is lost or ends twice.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import sys
 from collections.abc import Iterator
+from pathlib import Path
+from subprocess import Popen
 from typing import Any
 
 import httpx
 import orjson
 import pytest
+import yaml
 from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 
-from broker import DispatchStore, Pick, Settings, keys
+from broker import (
+    AsyncClient,
+    DispatchStore,
+    JobFailed,
+    JobRecord,
+    JobState,
+    Pick,
+    Settings,
+    keys,
+    read_queues,
+)
 from fairq.localredis import free_port
 from tests.support.eventually import WAIT_S, aeventually
+from tests.support.processes import ProcessGroups, kill_group
 from tests.support.servers import uvicorn_thread
-from tests.support.settings import ALICE, MODEL, make_settings
-from tests.support.stack import FAST, components, gateway, sim
+from tests.support.settings import ALICE, ALICE_KEY, BOB_KEY, MODEL, make_settings
+from tests.support.stack import FAST, components, gateway, sim, wait_healthy
 from workers.sim import create_app as create_sim
 
 pytestmark = pytest.mark.integration
@@ -244,3 +262,109 @@ async def test_a_job_with_output_when_its_replica_went_is_not_run_again(
     assert [e["code"] for e in answer.errors] == ["engine_stream_cut"]
     assert error["code"] == "engine_stream_cut"
     assert reroutes("rerouted") == before
+
+
+# One job in the replica's batch at a time, slow steps: when it is killed it holds one job
+# mid-answer and others waiting in its queue, taken (their response headers went out) but
+# without a token yet.
+SLOW = {"max_num_seqs": 1, "step_base_ms": 25.0, "default_output_tokens": TOKENS}
+NO_BATCH = {"batch_slots": 0}
+
+
+def start_replica(
+    processes: ProcessGroups, port: int, profile: Path, startup_s: float = 0.0
+) -> Popen[bytes]:
+    """A ``fairq sim`` process; one with ``startup_s`` answers 503 that long (loading)."""
+    args = ["sim", "--host", "127.0.0.1", "--port", str(port), "--model", MODEL]
+    args += ["--profile", str(profile), "--startup-s", str(startup_s)]
+    proc = processes.start(
+        [sys.executable, "-m", "fairq", *args],
+        env={**os.environ, "FAIRQ_LOG_LEVEL": "WARNING"},
+    )
+    if not startup_s:
+        wait_healthy(f"http://127.0.0.1:{port}/health", proc, f"the replica on port {port}")
+    return proc
+
+
+async def test_a_replica_killed_under_load_loses_no_job_and_repeats_no_token(
+    redis_url: str, processes: ProcessGroups, tmp_path: Path
+) -> None:
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump(SLOW))
+    a, b = free_port(), free_port()
+    killed = start_replica(processes, a, profile)
+    # b is loading (503) for the first seconds: every job goes to a first.
+    start_replica(processes, b, profile, startup_s=2.0)
+    there = f"http://127.0.0.1:{b}"
+    # No batch rule: a takes up to its queue target (3) beyond the one it runs.
+    settings = settings_of(redis_url, [f"http://127.0.0.1:{a}", there], model_fields=NO_BATCH)
+    before = reroutes("rerouted")
+    redis = Redis.from_url(redis_url)
+    clients = [AsyncClient(settings, api_key=key) for key in (ALICE_KEY, BOB_KEY)]
+    try:
+        async with components(settings):
+            prompt = [{"role": "user", "content": "hi"}]
+            jobs = {
+                await client.submit(MODEL, messages=prompt, max_tokens=TOKENS, stream=True): client
+                for _ in range(4)
+                for client in clients
+            }
+
+            async def at_a() -> tuple[int, bool]:
+                """a's jobs, and whether one of them is mid-answer."""
+                counts = (await read_queues(redis, MODEL, settings.bands, 0)).inflight
+                streams = [await redis.xrange(keys.results(MODEL, j)) for j in jobs]
+                mid = any(
+                    any(b"d" in f for _, f in s) and not any(b"end" in f for _, f in s)
+                    for s in streams
+                )  # fmt: skip
+                return counts.get(f"http://127.0.0.1:{a}", 0), mid
+
+            # a holds a job mid-answer and others behind it when it goes.
+            await aeventually(
+                at_a, "a job mid-answer at a and others waiting there",
+                until=lambda seen: seen[0] >= 3 and seen[1], interval_s=0.005,
+            )  # fmt: skip
+            kill_group(killed)
+            async with asyncio.timeout(WAIT_S):  # each stream reads to its job's end
+                outcomes = [await ended(redis, c, job_id) for job_id, c in jobs.items()]
+    finally:
+        for client in clients:
+            await client.aclose()
+        await redis.aclose()
+    completed = [o for o in outcomes if o.state is JobState.COMPLETED]
+    failed = [o for o in outcomes if o.state is not JobState.COMPLETED]
+    # Every job ended once. One that had output when a went fails with the engine's
+    # reason, its client keeping what it had; every other one completes whole.
+    assert all(len(o.tokens) == TOKENS and o.usage == TOKENS for o in completed)
+    assert all(o.code == "engine_stream_cut" and 0 < len(o.tokens) < TOKENS for o in failed)
+    assert len(failed) == 1  # a ran one job at a time
+    # The jobs waiting at a (two at least) were handed back, and served by b.
+    handed = [o for o in outcomes if o.handed]
+    assert len(handed) >= 2 and all(o.endpoint == there for o in handed)
+    assert all(o.state is JobState.COMPLETED for o in handed)
+    assert reroutes("rerouted") - before == sum(o.handed for o in outcomes)
+
+
+class Ended:
+    """A job as it ended, with what its client reads of it."""
+
+    def __init__(self, record: JobRecord, tokens: list[str], handed: int) -> None:
+        self.state, self.endpoint, self.tokens, self.handed = (
+            record.state, record.endpoint, tokens, handed
+        )  # fmt: skip
+        self.usage = (record.usage or {}).get("completion_tokens")
+        self.code = (record.error or {}).get("code")
+
+
+async def ended(redis: Redis, client: AsyncClient, job_id: str) -> Ended:
+    tokens = []
+    with contextlib.suppress(JobFailed):
+        async for chunk in client.stream(job_id):
+            for choice in chunk.get("choices") or []:
+                if text := (choice.get("delta") or {}).get("content"):
+                    tokens.append(text)
+    ends = [f for _, f in await redis.xrange(keys.results(MODEL, job_id)) if b"end" in f]
+    assert len(ends) == 1, (job_id, ends)  # ended exactly once
+    handed = int(await redis.hget(keys.job(MODEL, job_id), "rr") or 0)
+    return Ended(await client.status(job_id), tokens, handed)
