@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from grpc import aio
 
@@ -93,10 +93,7 @@ class PushDecisions:
     def _rules(self, model: str) -> Rules:
         """The rules with the trigger's target as GetMetricSpec gave it."""
         per_replica = self.targets.get(model, self.rules.demand_per_replica)
-        if per_replica == self.rules.demand_per_replica:
-            return self.rules
-        return Rules(per_replica, self.rules.max_replicas, self.rules.cooldown_s,
-                     self.rules.scale_down_period_s, self.rules.min_replicas)  # fmt: skip
+        return replace(self.rules, demand_per_replica=per_replica)
 
 
 def scaled_object(model: str, demand_per_replica: float) -> pb.ScaledObjectRef:
