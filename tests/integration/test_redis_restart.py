@@ -141,8 +141,9 @@ def quick_reclaim_stack(redis_server: LocalRedis) -> Iterator[Stack]:
 
 
 def _states(url: str, job_ids: list[str], timeout_s: float) -> dict[str, str]:
-    """Each job's state, polled until all are terminal or ``timeout_s`` passed (404: lost).
-    Jobs still not ended then are for the test to judge: a lost one never ends."""
+    """Each job's state, polled until all are terminal or lost (404), or ``timeout_s``
+    passed. A lost job never ends: waiting on it would always take ``timeout_s``. Jobs
+    still not ended then are for the test to judge."""
     states: dict[str, str] = {}
     with httpx.Client(timeout=5.0) as client:
 
@@ -152,7 +153,7 @@ def _states(url: str, job_ids: list[str], timeout_s: float) -> dict[str, str]:
                 states[job_id] = (
                     response.json()["status"] if response.status_code == 200 else "lost"
                 )
-            return [j for j in job_ids if states[j] not in TERMINAL]
+            return [j for j in job_ids if states[j] not in TERMINAL | {"lost"}]
 
         with contextlib.suppress(AssertionError):
             eventually(
