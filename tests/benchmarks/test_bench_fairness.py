@@ -51,10 +51,13 @@ from benchmarks.fairness import failed_arms
 from fairq.cli import main
 from tests.support.paths import FIXTURES
 
+# Light answers of 10 tokens, not the preset's 50: each arm's idle TTFT is measured on
+# light requests first, and those, one at a time, took half of the run.
+LIGHT_TOKENS = 10
 SMALL = [
     "--power-requests", "30", "--prompt-tokens", "20", "--output-tokens", "20",
     "--light-users", "2", "--light-start-s", "0.1", "--light-interval-s", "0.2",
-    "--arms", "a,c", "--profile", "default",
+    "--light-output-tokens", str(LIGHT_TOKENS), "--arms", "a,c", "--profile", "default",
 ]  # fmt: skip
 
 
@@ -85,8 +88,8 @@ def test_a_small_run_writes_table_json_and_plots_with_every_request_measured(
         assert arm["errors"] == [] and arm["heavy_ok"] == 30
         assert [r["user"] for r in arm["light"]] == ["B", "C"]
         assert all(r["ttft_ms"] > 0 and r["error"] is None for r in arm["light"])
-        assert all(r["output_tokens"] == 50 for r in arm["light"])
-        assert arm["output_tokens"] == 30 * 20 + 2 * 50
+        assert all(r["output_tokens"] == LIGHT_TOKENS for r in arm["light"])
+        assert arm["output_tokens"] == 30 * 20 + 2 * LIGHT_TOKENS
         assert arm["output_tok_s"] > 0 and arm["power_done_s"] > 0
         assert arm["engine"]["trace"]["t_s"] and arm["engine"]["scrape_failures"] == 0
         assert arm["cpu"]["client_s"] > 0
