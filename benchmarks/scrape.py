@@ -130,10 +130,17 @@ def _unseen(redis_url: str) -> Any:
 
 
 async def scrape_for(
-    arm: str, endpoints: int, port: int, seconds: float, redis: tuple[str, int] | None = None
+    arm: str,
+    endpoints: int,
+    port: int,
+    seconds: float,
+    redis: tuple[str, int] | None = None,
+    *,
+    warmup_s: float = WARMUP_S,
 ) -> dict[str, Any]:
-    """Run the scraper over ``endpoints`` endpoints; its CPU and latencies after warm-up.
-    ``redis``: the URL and process id of the Redis the lean+redis arm reads."""
+    """Run the scraper over ``endpoints`` endpoints; its CPU and latencies after
+    ``warmup_s`` (connections opened, the first pages read). ``redis``: the URL and
+    process id of the Redis the lean+redis arm reads."""
     from dispatcher import scraper as scraping
     from dispatcher.engine_metrics import EngineSample
 
@@ -166,7 +173,7 @@ async def scrape_for(
         unseen=unseen,
     )
     task = asyncio.create_task(scraper.run())
-    await asyncio.sleep(WARMUP_S)
+    await asyncio.sleep(warmup_s)
     latencies.clear()
     failures.clear()
     redis_before = sum(redis_cpu()[:2]) if redis_cpu else 0.0
@@ -197,26 +204,33 @@ async def scrape_for(
 
 
 def child(
-    arm: str, endpoints: int, port: int, seconds: float, redis: tuple[str, int] | None
+    arm: str,
+    endpoints: int,
+    port: int,
+    seconds: float,
+    redis: tuple[str, int] | None,
+    *,
+    warmup_s: float = WARMUP_S,
 ) -> None:
     """One arm's run on uvloop, printed as JSON (the body of ``_child``'s process)."""
     import uvloop
 
-    print(json.dumps(uvloop.run(scrape_for(arm, endpoints, port, seconds, redis))))
+    result = uvloop.run(scrape_for(arm, endpoints, port, seconds, redis, warmup_s=warmup_s))
+    print(json.dumps(result))
 
 
 def _child(
-    arm: str, endpoints: int, port: int, seconds: float, redis: tuple[str, int]
+    arm: str, endpoints: int, port: int, seconds: float, redis: tuple[str, int], *, warmup_s: float
 ) -> dict[str, Any]:
     """One arm in a fresh process (nothing warmed by the other arms)."""
-    args = f"{arm!r}, {endpoints}, {port}, {seconds}, {redis!r}"
+    args = f"{arm!r}, {endpoints}, {port}, {seconds}, {redis!r}, warmup_s={warmup_s}"
     code = f"from benchmarks.scrape import child; child({args})"
     done = subprocess.run(
         [sys.executable, "-c", code],
         check=False,
         capture_output=True,
         text=True,
-        timeout=seconds + 60,
+        timeout=warmup_s + seconds + 60,
     )
     if done.returncode != 0:
         raise click.ClickException(f"the {arm} arm failed: {done.stderr[-2000:]}")
@@ -282,8 +296,14 @@ def _ratios(rows: list[dict[str, Any]]) -> str:
 @click.option("--endpoints", default="1,50,200", show_default=True, help="N, comma-separated")
 @click.option("--seconds", default=15.0, show_default=True, help="measured per arm and round")
 @click.option("--rounds", default=2, show_default=True)
+@click.option(
+    "--warmup",
+    default=WARMUP_S,
+    show_default=True,
+    help="seconds each arm scrapes before it is measured",
+)
 @click.option("--out", default="bench-out", show_default=True)
-def main(endpoints: str, seconds: float, rounds: int, out: str) -> None:
+def main(endpoints: str, seconds: float, rounds: int, warmup: float, out: str) -> None:
     """Scrape cost per endpoint: fairq's lean scrape against httpx with the full and the
     filtered parse."""
     counts = [int(n) for n in endpoints.split(",")]
@@ -300,7 +320,8 @@ def main(endpoints: str, seconds: float, rounds: int, out: str) -> None:
                 for i, n in enumerate(counts):
                     shift = (round_ + i) % len(ARMS)
                     for arm in ARMS[shift:] + ARMS[:shift]:
-                        rows.append(_child(arm, n, port, seconds, (redis.url, redis.process.pid)))
+                        redis_at = (redis.url, redis.process.pid)
+                        rows.append(_child(arm, n, port, seconds, redis_at, warmup_s=warmup))
     finally:
         server.terminate()
         server.wait(timeout=10)

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.integration
 
 
 def test_a_small_scrape_run_measures_every_arm_and_the_lean_ones_keep_up(tmp_path: Path) -> None:
-    args = ["--endpoints", "3", "--seconds", "1", "--rounds", "1", "--out", str(tmp_path)]
+    args = ["--endpoints", "3", "--seconds", "1", "--rounds", "1", "--warmup", "0.5"]
+    args += ["--out", str(tmp_path)]
     result = CliRunner().invoke(scrape.main, args)
     assert result.exit_code == 0, result.output
     rows = json.loads((tmp_path / "scrape.json").read_text())["rows"]
