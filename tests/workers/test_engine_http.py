@@ -88,6 +88,17 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes | None:
     return head + await reader.readexactly(length)
 
 
+async def _closed_within(reader: asyncio.StreamReader, pause_s: float) -> bool:
+    """A pause of the script that ends early when the client closes the connection (True):
+    a test waiting for the close then need not wait out the whole pause."""
+    deadline = asyncio.get_running_loop().time() + pause_s
+    while asyncio.get_running_loop().time() < deadline:
+        if reader.at_eof() or reader.exception() is not None:
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
 @contextlib.asynccontextmanager
 async def scripted_server(*scripts: list[object]) -> AsyncIterator[Scripted]:
     state = Scripted("", list(scripts))
@@ -103,7 +114,9 @@ async def scripted_server(*scripts: list[object]) -> AsyncIterator[Scripted]:
                         writer.close()
                         return
                     if isinstance(step, float):
-                        await asyncio.sleep(step)
+                        if await _closed_within(reader, step):
+                            state.client_closed.set()
+                            return
                     else:
                         assert isinstance(step, bytes)
                         writer.write(step)
