@@ -77,6 +77,27 @@ local function release(counts, job, st, endpoint, user)
   end
 end
 
+-- A dispatched or running job (state `st`) that left its endpoint (`release`) without
+-- output goes back to the queue, taken from the attempt that ran it (park.lua, reroute.lua):
+-- queued with its payload in its hash (dispatch.lua takes it from there), no worker ('wk'
+-- '-': a late completion by the one that ran it is refused), no first-token mark (it is
+-- unstarted until its next first output), and its start not counted against
+-- job_max_attempts. A fence entry <g>-0 in its result stream (`results`), g being the times
+-- it was taken back ('pk'), refuses every later write of that attempt, however many are
+-- still on their way (result entry ids only grow); 'rsq' tells its next attempt to write
+-- <g>-1, <g>-2... Returns g.
+local function take_back(job, results, st, payload)
+  redis.call('HDEL', job, 'ft', 'ep', 're')
+  redis.call('HSET', job, 'st', 'queued', 'p', payload, 'wk', '-')
+  if st == 'running' then
+    redis.call('HINCRBY', job, 'att', -1)
+  end
+  local taken = redis.call('HINCRBY', job, 'pk', 1)
+  redis.call('XADD', results, taken .. '-0', 'pk', 1)
+  redis.call('HSET', job, 'rsq', taken)
+  return taken
+end
+
 -- The first output entry of a job's result stream (`results`), or nil when it holds none.
 -- park.lua adds a fence entry ('pk') each time it takes the job back, `taken` times at most
 -- ('pk' of the job hash), start.lua at most one acceptance mark ('ok') per attempt, and

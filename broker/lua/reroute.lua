@@ -4,12 +4,11 @@
 -- its result stream: nothing was generated for its client, so it starts again from scratch
 -- and its client sees nothing twice. The job keeps its id and its result stream.
 -- It leaves its endpoint as an ended job does (prelude.lua's release), is fenced and queued
--- again as park.lua does a job without output, and joins the *head* of its user's line (the
--- parked list that dispatch.lua serves before the user's queue stream): it was already
--- picked fairly once. Its start is not counted against job_max_attempts ('att': that bound
--- is for workers that die); its hand-backs are counted in 'rr' and bounded by ARGV[4].
--- The fence ('pk' times taken back, entry <pk>-0, 'rsq') refuses any late write of this
--- attempt (a queued started mark, a stray chunk): result entry ids only grow.
+-- again as park.lua does a job without output (prelude.lua's take_back: a late write of
+-- this attempt is refused), and joins the *head* of its user's line (the parked list that
+-- dispatch.lua serves before the user's queue stream): it was already picked fairly once.
+-- Its start is not counted against job_max_attempts (that bound is for workers that die);
+-- its hand-backs are counted in 'rr' and bounded by ARGV[4].
 -- KEYS[1] job hash        fq:{m}:job:{id}
 -- KEYS[2] result stream   fq:{m}:out:{id}
 -- KEYS[3] ready stream    fq:{m}:ready
@@ -57,12 +56,7 @@ drop_entry(KEYS[3], ARGV[3], ARGV[2])
 release({inflight = KEYS[4], unstarted = KEYS[5], transit = KEYS[6], users = KEYS[7]},
   KEYS[1], st, endpoint, ARGV[6])
 redis.call('ZREM', KEYS[12], endpoint .. '\n' .. ARGV[7])  -- not at that engine after all
-redis.call('HDEL', KEYS[1], 'ft', 'ep', 're')  -- unstarted until its next first output
-redis.call('HSET', KEYS[1], 'st', 'queued', 'p', payload, 'wk', '-')
-redis.call('HINCRBY', KEYS[1], 'att', -1)
-local taken = redis.call('HINCRBY', KEYS[1], 'pk', 1)
-redis.call('XADD', KEYS[2], taken .. '-0', 'pk', 1)
-redis.call('HSET', KEYS[1], 'rsq', taken)
+take_back(KEYS[1], KEYS[2], st, payload)
 handed_back = redis.call('HINCRBY', KEYS[1], 'rr', 1)
 redis.call('LPUSH', KEYS[11], ARGV[7])
 join_queue({queued = KEYS[8], backlog = KEYS[10], meta = KEYS[9], join = 'join:' .. ARGV[5],
