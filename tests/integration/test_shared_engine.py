@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker import Client, JobState, keys
-from fairq.localredis import free_port
+from fairq.localredis import LocalRedis, free_port
 from fairq.stack import Stack
 from tests.support.eventually import eventually
 from tests.support.settings import ALICE_KEY, API_KEYS, BOB_KEY, make_settings
@@ -137,9 +136,12 @@ def flood(redis_url: str, tmp_path: Path) -> Flood:
     return Flood(probe, [model for _, model in dispatched])
 
 
-@pytest.fixture
-def stack_flood(redis_url: str, tmp_path: Path) -> Iterator[Flood]:
-    yield flood(redis_url, tmp_path)
+@pytest.fixture(scope="module")
+def stack_flood(redis_server: LocalRedis, tmp_path_factory: pytest.TempPathFactory) -> Flood:
+    """One flood, on an emptied Redis, for the tests that only read what it recorded."""
+    with redis.Redis.from_url(redis_server.url) as client:
+        client.flushall()
+    return flood(redis_server.url, tmp_path_factory.mktemp("flood"))
 
 
 def test_two_names_of_one_engine_never_exceed_its_queue_target_together(
