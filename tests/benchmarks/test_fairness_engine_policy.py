@@ -23,9 +23,11 @@ from workers.sim import load_profile
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
+# Light answers of 10 tokens: every arm first times light requests one at a time.
 SMALL = [
     "--scenario", "seed", "--power-requests", "20", "--prompt-tokens", "20",
     "--output-tokens", "10", "--light-users", "1", "--light-start-s", "0.1",
+    "--light-output-tokens", "10",
 ]  # fmt: skip
 
 
