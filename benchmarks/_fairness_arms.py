@@ -102,6 +102,12 @@ ARMS: dict[str, ArmSpec] = {
             model_overrides={"resume_streams": "off"},
         ),
         ArmSpec("k", "engine FIFO (direct), token ids asked", via_fairq=False, token_ids=True),
+        ArmSpec(
+            "l",
+            "fairq, newcomer's prefill step not kept clear",
+            via_fairq=True,
+            model_overrides={"clear_newcomer_step": False},
+        ),
     )
 }
 ENGINE_POLICIES = ("fcfs", "priority")

@@ -246,7 +246,7 @@ def main_run(options: Options, as_json: bool) -> None:
     "--light-interval-s", type=float, help="between later light users (mixed: the mean Poisson gap)"
 )
 @click.option("--seed", type=int, help="of the answers' lengths and the Poisson arrivals")
-@click.option("--arms", "arm_keys", default="a,b,c,d,e,f,g,h,i,j,k", show_default=True)
+@click.option("--arms", "arm_keys", default="a,b,c,d,e,f,g,h,i,j,k,l", show_default=True)
 @click.option(
     "--engine",
     "engine_kind",

@@ -224,15 +224,25 @@ class DispatchStore:
             snap.in_engine.update(_in_engine(users, band_counts))
         return Dispatched(r.ids, snap, r.plain)
 
-    async def park(self, model: str, endpoint: str, *, min_jobs: int = 2) -> Parked | None:
+    async def park(
+        self, model: str, endpoint: str, *, min_jobs: int = 2, young_ms: int = 0
+    ) -> Parked | None:
         """Take the newest job without output of the user with the most jobs at ``endpoint``
         (at least ``min_jobs``) back out of the engine, to the head of that user's queue;
         failing that, their oldest streamed job that can go on where it is cut (the model's
         ``resume_streams``; the oldest is nearest its end, so the pause makes no straggler).
-        Its worker is told to drop it. None when no such job is there."""
+        With ``young_ms`` only a job without output handed over within that many ms. Its
+        worker is told to drop it. None when no such job is there."""
         config = self._settings.model(model)
         from_text = config is not None and config.resume_streams == "text"
-        call = park_call(model, endpoint, scan=PARK_SCAN, min_jobs=min_jobs, from_text=from_text)
+        call = park_call(
+            model,
+            endpoint,
+            scan=PARK_SCAN,
+            min_jobs=min_jobs,
+            from_text=from_text,
+            young_ms=young_ms,
+        )
         return await call.run(self._redis)
 
     async def grant(self, model: str, grant: Grant | None, sequence: int, ttl_ms: int) -> bool:

@@ -55,6 +55,7 @@ ENGINE_WIDE = (
     "batch_slots",
     "reserved_slots",
     "preemption",
+    "clear_newcomer_step",
     "engine_priority",
     "routing",
     "routing_load_bound",

@@ -143,6 +143,13 @@ class ModelConfig(_Frozen):
     # with the most jobs there back out of the engine (one that has sent no output yet: it
     # starts again later, nothing repeated), so the newcomer gets its slot at the next step.
     preemption: bool = True
+    # Keep a newcomer's prefill step clear of the flood's refills: for two engine steps (the
+    # engine's recent time per output token) after a newcomer is sent to an endpoint, users
+    # already in the engine send nothing more there, and with ``preemption`` their streamed
+    # jobs handed over within those steps without output are taken back (they would share
+    # its prefill step, which their prompts lengthen). Needs the batch rule and metrics
+    # (dispatcher.newcomer_step).
+    clear_newcomer_step: bool = True
     # Preemption may also take a streamed answer back mid-way (vLLM only), to go on later
     # (``workers.resume_exact``). "exact": only an answer whose token ids the engine
     # returned (vLLM's return_token_ids): it goes on from the prompt's and the answer's

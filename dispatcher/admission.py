@@ -26,7 +26,8 @@ engine ran while others waited) bounds users who already have a job in the engin
 are admitted only into free batch slots, less the slots kept for users with none
 (``reserved_slots``); where slots are kept they also leave one place of the queue target
 to newcomers, counted lag-free (their refills wait a step for prefill, and would hold a
-newcomer back).
+newcomer back). For two engine steps after a newcomer is sent (``newcomer_step``) they get
+nothing: their prompts would share its prefill step and lengthen it.
 While the last scrape saw requests wait with the batch not full (the KV cache is full:
 long answers fill it before the slots), the engine takes only what it runs
 (``room_in``). So the engine's own queue never holds a heavy user's jobs, a freed
@@ -67,6 +68,7 @@ class Limit(enum.StrEnum):
 
     QUEUE_TARGET = "queue_target"
     BATCH_SLOTS = "batch_slots"  # the batch is full: only users with nothing in it may go
+    NEWCOMER_STEP = "newcomer_step"  # a newcomer's prefill step: only users with nothing in it
     TPOT_CEILING = "tpot_ceiling"
     STALE_METRICS = "stale_metrics"  # fell back to the static cap
     UNHEALTHY = "unhealthy"
@@ -91,6 +93,9 @@ class EndpointState:
     plain_since_scrape: int = 0  # of them not streamed
     batch_seen: int = 0  # the most requests the engine ran while others waited (its batch)
     kv_usage: float | None = None  # the engine's KV-cache use at the last scrape, 0..1
+    # A newcomer was sent within the last two engine steps: its prefill step is kept clear of
+    # refills (``ModelConfig.clear_newcomer_step``)
+    newcomer_step: bool = False
 
     @property
     def queue_estimate(self) -> float:
@@ -236,6 +241,8 @@ class MetricsAdmission:
         targeted = int(min(target - state.queue_estimate, target - place - state.unstarted))
         served = max(0, min(room, targeted, free))
         limit = Limit.BATCH_SLOTS if room > 0 and served == 0 else Limit.QUEUE_TARGET
+        if state.newcomer_step and served > 0:
+            served, limit = 0, Limit.NEWCOMER_STEP
         return Decision(state.endpoint, room, limit, estimate, state.running, served)
 
 

@@ -15,7 +15,8 @@ per endpoint).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import NamedTuple
 
 from broker import ModelSnapshot
@@ -105,15 +106,20 @@ def endpoint_states(
     now: float,
     stale_s: float,
     others: Sequence[ModelSnapshot] = (),
+    clearing: Collection[str] = (),
 ) -> list[EndpointState]:
     """One state per endpoint; ``views`` None means the model does not use metrics.
     ``others``: the latest snapshots of the models that share the engine, whose jobs in
-    flight and without a first token count too."""
+    flight and without a first token count too. ``clearing``: the endpoints whose step is
+    kept clear for a newcomer's prefill now (``dispatcher.newcomer_step``)."""
     shared = (snapshot, *others)
-    return [
+    states = [
         _state(ep, shared, None if views is None else views[ep], sent, now=now, stale_s=stale_s)
         for ep in endpoints
     ]
+    if not clearing:
+        return states
+    return [replace(s, newcomer_step=True) if s.endpoint in clearing else s for s in states]
 
 
 def _state(

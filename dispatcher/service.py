@@ -86,6 +86,7 @@ from dispatcher.affinity import assign, open_endpoints, round_room
 from dispatcher.discovery import DnsDiscovery, LiveEndpoints
 from dispatcher.endpoints import METRICS_LAG_S, RateMeter, SentLog, endpoint_states
 from dispatcher.fairness import plan_with_slots, policy
+from dispatcher.newcomer_step import YOUNG_STEPS, NewcomerSteps
 from dispatcher.ownership import Ownership
 from dispatcher.scraper import EndpointView, Scraper
 from dispatcher.sharing import next_turn
@@ -141,6 +142,7 @@ class Dispatcher:
         self._grants: dict[str, _Written] = {}
         # model -> endpoint -> express sends of newcomers since its last round (preemption)
         self._express_newcomers: dict[str, dict[str, int]] = {}
+        self._newcomer_steps = NewcomerSteps()  # endpoints kept clear for a newcomer's prefill
         self.dispatched = 0  # jobs moved to ready streams by this process
         self.name = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.owned: frozenset[str] = frozenset()  # models this replica holds the lease of
@@ -435,7 +437,7 @@ class Dispatcher:
                 top.users,
                 top.join,
                 room=room,
-                served_room=sum(d.room_for_served for d in decisions),
+                served_room=_served_room(model, decisions, top.users, busy),
                 in_engine=busy,
             )
             if not picks:  # the batch is full, and every backlogged user has a job in it
@@ -447,10 +449,13 @@ class Dispatcher:
                 model.routing, picks, decisions, loads, busy, load_bound=model.routing_load_bound
             )
             sent = 0
+            steps = {s.endpoint: s.tpot_s for s in states}
             for decision, group in routes:
                 dispatched, snap = await self._send(
                     model, decision, group, snap=snap, busy=busy, depth=depth, sent=newcomers_sent
                 )
+                if dispatched and any(p.user not in busy for p in group):
+                    self._clear_step(model, decision.endpoint, steps.get(decision.endpoint))
                 telemetry.DISPATCHED.labels(model.name, top.band).inc(dispatched)
                 sent += dispatched
             total += sent
@@ -548,11 +553,11 @@ class Dispatcher:
                 continue
             # Every job beyond the batch waits in the engine's queue, ahead of a newcomer
             # queued now; a newcomer sent beyond it needs one running job out of its way.
-            for _ in range(min(state.inflight - batch, _MAX_PARKS)):
-                taken = await self._park_one(model, snap, state.endpoint)
-                if taken is None:
-                    break
-                parked.add(taken[0])
+            parked |= await self._park(model, snap, state.endpoint, state.inflight - batch)
+            if newcomers_sent.get(state.endpoint) and state.newcomer_step and state.tpot_s:
+                # Refills handed over within the last steps may share the newcomer's.
+                young_ms = max(1, round(state.tpot_s * YOUNG_STEPS * 1000))
+                parked |= await self._park(model, snap, state.endpoint, _MAX_PARKS, young_ms)
         for other in self._engine_of[model.name]:
             if other.name in parked and other.name != model.name:
                 self._views[other.name] = await self._view(other, None)
@@ -560,17 +565,31 @@ class Dispatcher:
             return snap
         return await self._store.snapshot(model.name, _depth(model, config), in_engine=True)
 
+    async def _park(
+        self, model: ModelConfig, snap: ModelSnapshot, endpoint: str, most: int, young_ms: int = 0
+    ) -> set[str]:
+        """Take up to ``most`` (at most ``_MAX_PARKS``) jobs back out of ``endpoint``
+        (``_park_one``); the models whose jobs were taken."""
+        parked: set[str] = set()
+        for _ in range(min(most, _MAX_PARKS)):
+            taken = await self._park_one(model, snap, endpoint, young_ms=young_ms)
+            if taken is None:
+                break
+            parked.add(taken[0])
+        return parked
+
     async def _park_one(
-        self, model: ModelConfig, snap: ModelSnapshot, endpoint: str
+        self, model: ModelConfig, snap: ModelSnapshot, endpoint: str, *, young_ms: int = 0
     ) -> tuple[str, Parked] | None:
-        """Take one job back out of ``endpoint`` (``DispatchStore.park``), of the model of
-        its engine with the most jobs there that has one to give; (that model, the job)."""
+        """Take one job back out of ``endpoint`` (``DispatchStore.park``, ``young_ms`` as
+        there), of the model of its engine with the most jobs there that has one to give;
+        (that model, the job)."""
         loads = {model.name: snap.inflight.get(endpoint, 0)}
         for other in self._engine_of[model.name]:
             if other.name != model.name and (view := self._views.get(other.name)) is not None:
                 loads[other.name] = view.inflight.get(endpoint, 0)
         for name in sorted(loads, key=lambda n: -loads[n]):
-            taken = await self._store.park(name, endpoint)
+            taken = await self._store.park(name, endpoint, young_ms=young_ms)
             if taken is not None:
                 telemetry.PREEMPTIONS.labels(name).inc()
                 log.debug("took job %s of %s back out of %s", taken.job_id, taken.user, endpoint)
@@ -590,6 +609,14 @@ class Dispatcher:
         if sent.newcomer:  # it may wait beyond a full batch: the next round makes room
             pending = self._express_newcomers.setdefault(model, {})
             pending[sent.endpoint] = pending.get(sent.endpoint, 0) + 1
+            view = self._scraper.view(sent.endpoint) if self._scraper is not None else None
+            self._clear_step(self._config[model], sent.endpoint, view.tpot_s if view else None)
+
+    def _clear_step(self, model: ModelConfig, endpoint: str, step_s: float | None) -> None:
+        """A newcomer went to ``endpoint``: keep its next step clear of refills, for the
+        engine's recent step (unknown before a scrape shows one: nothing kept then)."""
+        if _clears_steps(model) and step_s:
+            self._newcomer_steps.hold(endpoint, step_s, time.monotonic())
 
     async def _refresh_grant(
         self,
@@ -643,14 +670,16 @@ class Dispatcher:
             for m in self._engine_of[model.name]
             if m.name != model.name and (view := self._views.get(m.name)) is not None
         ]
+        now = time.monotonic()
         return endpoint_states(
             self._live.of(model.name),
             snap,
             views,
             self._sent,
-            now=time.monotonic(),
+            now=now,
             stale_s=self._settings.metrics_stale_s,
             others=others,
+            clearing=self._newcomer_steps.clearing(now) if _clears_steps(model) else (),
         )
 
 
@@ -663,6 +692,26 @@ def _depth(model: ModelConfig, config: AdmissionConfig) -> int:
     the lowest ``depth`` users are enough: reading more would make a round cost
     O(backlogged users)."""
     return min(max(model.inflight_cap, *config.targets.values()), _MAX_PICKS)
+
+
+def _served_room(
+    model: ModelConfig,
+    decisions: Sequence[Decision],
+    backlog: Sequence[tuple[str, float]],
+    busy: Sequence[str],
+) -> int:
+    """Of a round's room, what users already in the engine may take: none while a newcomer
+    is backlogged where its prefill step is kept clear (it is sent alone, then the step
+    holds them back)."""
+    if _clears_steps(model) and any(user not in busy for user, _ in backlog):
+        return 0
+    return sum(d.room_for_served for d in decisions)
+
+
+def _clears_steps(model: ModelConfig) -> bool:
+    """Whether a newcomer's prefill step is kept clear of refills (``dispatcher.newcomer_step``):
+    it needs the batch rule, which tells newcomers from users in the engine."""
+    return model.clear_newcomer_step and _batch_rule(model)
 
 
 def _batch_rule(model: ModelConfig) -> bool:

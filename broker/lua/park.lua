@@ -30,10 +30,21 @@
 -- ARGV[7] fewest jobs a user must have at the endpoint to lose one
 -- ARGV[8] wake channel   ARGV[9] cancel channel   ARGV[10] result key prefix (fq:{m}:out:)
 -- ARGV[11] 1: a resumable job without token ids may go on from its text; else it stays
+-- ARGV[12] 0: any job as above; N > 0: only a streamed job without output handed over (its
+--          ready entry added) within the last N ms, by Redis's clock: one that may still
+--          wait for its prefill (the dispatcher clears a newcomer's prefill step of such
+--          jobs). Not one that is not streamed: it has no output until its end, so nothing
+--          tells whether its prefill is done, and taking it back would waste that.
 -- Parked jobs of a (band, user) are the list fq:{m}:qf:{band}:{user}; dispatch.lua serves
 -- them before the user's queue stream, and a user stays backlogged while either holds one.
 -- Returns {job id, user} of the job parked, or {} when no job may be taken.
 local entries = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', tonumber(ARGV[6]))
+local young_ms = tonumber(ARGV[12])
+local oldest_ms = 0  -- with young_ms: the oldest ready entry time a job may have
+if young_ms > 0 then
+  local now = redis.call('TIME')
+  oldest_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) - young_ms
+end
 
 -- Whether a resumable job whose first output entry is `first` can go on where it was cut
 -- (see the header).
@@ -63,13 +74,18 @@ for _, e in ipairs(entries) do
   if f['ep'] == ARGV[1] and f['u'] then
     local user = f['u']
     count[user] = (count[user] or 0) + 1
-    if not candidate[user] then
+    -- With young_ms, entries older than the bound (and all after them: newest first) and
+    -- jobs not streamed only count.
+    local young = young_ms == 0
+      or (f['s'] ~= '0' and tonumber(string.match(e[1], '^(%d+)')) >= oldest_ms)
+    if young and not candidate[user] then
       local s = redis.call('HMGET', ARGV[2] .. f['j'], 'st', 'rsm', 'pk')
       if s[1] == 'dispatched' or s[1] == 'running' then
         local first = first_output(ARGV[10] .. f['j'], s[3])
         if not first then
           candidate[user] = {f['j'], e[1], f['p'], f['b']}
-        elseif s[2] and goes_on(first) then  -- newest first: the last one seen stays
+        elseif young_ms == 0 and s[2] and goes_on(first) then
+          -- newest first: the last one seen stays
           resumable[user] = {f['j'], e[1], f['p'], f['b']}
         end
       end

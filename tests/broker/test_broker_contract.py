@@ -595,6 +595,37 @@ async def test_park_takes_the_heaviest_users_newest_job_back_to_the_head_of_thei
     assert (await q.get(later, "alice")).state is JobState.QUEUED
 
 
+async def test_park_young_takes_only_a_job_without_output_handed_over_within_the_bound(
+    r: Redis,
+) -> None:
+    # A newcomer's prefill step is cleared of the refills handed over within the last step
+    # (dispatcher.newcomer_step): jobs older than the bound stay, whatever their count.
+    old, d = await _in_engine(r, "alice", 3, s=RESUMING)
+    await _sent_output(r, old[:1])  # resumable and with output: mid-answer, never young
+    await asyncio.sleep(0.3)
+    assert await d.park(MODEL, EP, young_ms=150) is None
+    q = JobQueue(r, RESUMING)
+    young = [await q.submit(submission("alice")) for _ in range(2)]
+    picks = [Pick("default", "alice", 10 + i, 9.5 + i) for i in range(2)]
+    await d.dispatch(MODEL, EP, 10, picks, 10)
+    await _sent_output(r, young[1:])  # the newest has output: the one before it goes
+    parked = await d.park(MODEL, EP, young_ms=150)
+    assert parked is not None and parked.job_id == young[0] and parked.user == "alice"
+    assert await d.park(MODEL, EP, young_ms=150) is None  # none left young without output
+    # Nor one not streamed: nothing tells whether its prefill is done (no output till its end).
+    for _ in range(2):
+        await q.submit(replace(submission("carol"), stream_flag=StreamMode.PLAIN))
+    picks = [Pick("default", "carol", 20 + i, 19.5 + i) for i in range(2)]
+    assert len((await d.dispatch(MODEL, EP, 10, picks, 10)).ids) == 2
+    assert await d.park(MODEL, EP, young_ms=150) is None
+    snap = await d.snapshot(MODEL, 10, in_engine=True)
+    assert snap.inflight == {EP: 6} and snap.in_engine == {"alice": 4}  # the backlogged
+    assert (await q.get(young[0], "alice")).state is JobState.QUEUED
+    # Without the bound the same call takes the newest job without output, however old.
+    parked = await d.park(MODEL, EP)
+    assert parked is not None and parked.job_id == old[-1]
+
+
 async def _sent_output(
     r: Redis, jobs: list[str], trail: TokenTrail | None = None
 ) -> ExecutionStore:

@@ -1,0 +1,59 @@
+"""Which endpoints keep their next engine step clear for a newcomer's prefill (pure, no I/O).
+
+A newcomer (a user with nothing in the engine) sent to an endpoint is prefilled in the
+engine's next step, together with every other request waiting there then. Under a flood
+those are the heavy users' refills, sent as slots free; their prompts are long, and their
+prefill lengthens the newcomer's step several times over (on the simulator's H100 profile
+three 1,000-token prompts add ~150 ms to a ~60 ms step). So for ``HOLD_STEPS`` engine
+steps after a newcomer is sent (the step in progress, which may be a long one, and the
+newcomer's), the endpoint takes nothing more of users already in it
+(``EndpointState.newcomer_step``), and the dispatcher takes back their streamed jobs
+handed over within ``YOUNG_STEPS`` steps that have no output yet (``DispatchStore.park``
+with ``young_ms``): they go back to the head of their users' queues and are sent again
+once the step is clear. (Not jobs that are not streamed: they show no output until their
+end, so nothing tells whether their prefill is done, and taking one back wastes it.)
+
+Costs: a freed slot stays empty for up to ``HOLD_STEPS`` steps per newcomer, and a refill
+taken back that had already started its prefill does it again. So that newcomers coming
+one after another never hold the users in the engine back for good, an endpoint is held
+at most half the time: after a hold ends, the next starts only once as long has passed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# An engine step is the engine's recent mean time per output token; a step with prefill in
+# it is longer than the mean, so both bounds are two of them.
+HOLD_STEPS = 2.0
+YOUNG_STEPS = 2.0
+
+
+@dataclass
+class _Hold:
+    start: float
+    end: float
+
+
+class NewcomerSteps:
+    """Endpoint -> its current or last hold for a newcomer's step."""
+
+    def __init__(self) -> None:
+        self._holds: dict[str, _Hold] = {}
+
+    def hold(self, endpoint: str, step_s: float, now: float) -> bool:
+        """A newcomer was sent to ``endpoint`` at ``now``; its engine steps ``step_s``. Starts
+        or extends the endpoint's hold; False when it is in the rest after one (nothing held)."""
+        last = self._holds.get(endpoint)
+        end = now + step_s * HOLD_STEPS
+        if last is not None and now < last.end:  # another newcomer: its step too, within
+            last.end = min(max(last.end, end), last.start + 2 * step_s * HOLD_STEPS)  # a bound
+            return True
+        if last is not None and now < last.end + (last.end - last.start):
+            return False
+        self._holds[endpoint] = _Hold(now, end)
+        return True
+
+    def clearing(self, now: float) -> frozenset[str]:
+        """The endpoints held at ``now``."""
+        return frozenset(e for e, hold in self._holds.items() if now < hold.end)
