@@ -7,7 +7,9 @@ ones found (``LiveEndpoints``), says what changed (``Change``), how long to wait
 the next read (``read_delay``) and which record types to ask (``Families``).
 ``DnsDiscovery`` is the I/O: it reads the records of each model every ``interval_s`` and
 hands a changed set to its caller, who scrapes what was added and stops admitting to what
-was removed.
+was removed. Reads keep a fixed grid (``time_left``): the next starts an interval after the
+previous one *started*, at once if that one overran, so a read's own time (tens of ms on a
+busy loop) does not push every later read back.
 
 A model that is waking -- requests queued and no healthy endpoint: its replica is
 starting -- is read every ``waking_interval_s`` instead, so its first replica is found
@@ -125,6 +127,12 @@ def read_delay(found: DiscoveryConfig, waking: bool) -> float:
     return min(found.waking_interval_s, found.interval_s) if waking else found.interval_s
 
 
+def time_left(began_s: float, now_s: float, delay_s: float) -> float:
+    """How long to wait for the read due ``delay_s`` after the one that began at
+    ``began_s``; 0 when it is due already (a read that overran: the next starts at once)."""
+    return max(0.0, began_s + delay_s - now_s)
+
+
 RecordType = dns.rdatatype.RdataType
 
 
@@ -195,7 +203,9 @@ class DnsDiscovery:
     async def _follow(self, model: str, found: DiscoveryConfig) -> None:
         resolver = make_resolver(found)
         families = Families()
+        clock = asyncio.get_running_loop().time
         while True:
+            began_s = clock()
             try:
                 urls = await resolve(resolver, found, families)
             except ResolveFailed as exc:
@@ -203,18 +213,22 @@ class DnsDiscovery:
             else:
                 self._recovered(model, found)
                 self._hand_on(model, urls)
-            await self._wait(model, found)
+            await self._wait(model, found, began_s)
 
-    async def _wait(self, model: str, found: DiscoveryConfig) -> None:
+    async def _wait(self, model: str, found: DiscoveryConfig, began_s: float) -> None:
+        """Until the next read of ``model``: due an interval after the read that began at
+        ``began_s`` (the grid), or at once when ``hurry`` says it started to wake."""
+        now_s = asyncio.get_running_loop().time()
         if self._is_waking(model):
-            await asyncio.sleep(read_delay(found, waking=True))
+            await asyncio.sleep(time_left(began_s, now_s, read_delay(found, waking=True)))
             return
         hurry = self._hurry[model]
         hurry.clear()
         self._slow.add(model)
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(hurry.wait(), read_delay(found, waking=False))
+                left_s = time_left(began_s, now_s, read_delay(found, waking=False))
+                await asyncio.wait_for(hurry.wait(), left_s)
         finally:
             self._slow.discard(model)
 

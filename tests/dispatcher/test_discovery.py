@@ -3,12 +3,15 @@ what changed, the delay to the next read and the record types asked (pure), and 
 a real DNS server on 127.0.0.1: records, a name with none or none at all (zero
 endpoints), a failing or silent server (the last set stands, logged once per change of
 state), one question a read for a single-stack name, reads every waking interval while a
-model wakes."""
+model wakes, on a fixed grid however long a read takes."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import statistics
+import time
 
 import pytest
 from dns.rdatatype import AAAA, A
@@ -25,6 +28,7 @@ from dispatcher.discovery import (
     make_resolver,
     read_delay,
     resolve,
+    time_left,
 )
 from dispatcher.endpoints import SentLog
 from tests.support.dns import dns_server, silent_dns
@@ -222,3 +226,51 @@ async def test_a_waking_model_is_read_often_from_the_hurry_on_and_slowly_after()
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+def test_the_next_read_is_due_an_interval_after_the_last_began_at_once_if_it_overran() -> None:
+    assert time_left(began_s=10.0, now_s=10.03, delay_s=0.1) == pytest.approx(0.07)
+    assert time_left(began_s=10.0, now_s=10.1, delay_s=0.1) == 0.0
+    assert time_left(began_s=10.0, now_s=10.25, delay_s=0.1) == 0.0  # overran: at once
+
+
+async def _gaps_between_reads(found: DiscoveryConfig, busy_s: float, waking: bool) -> list[float]:
+    """The time between the starts of ten reads' hand-overs, each of which blocks the
+    loop ``busy_s`` (a busy dispatcher)."""
+    began: list[float] = []
+
+    def on_found(model: str, urls: tuple[str, ...]) -> None:
+        began.append(time.monotonic())
+        time.sleep(busy_s)
+
+    model = ModelConfig(name="llama", discovery=found)
+    task = asyncio.create_task(DnsDiscovery([model], on_found, waking=lambda m: waking).run())
+    try:
+        await aeventually(lambda: len(began) >= 11, "eleven reads", 5)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    return [b - a for a, b in itertools.pairwise(began)][:10]
+
+
+@pytest.mark.parametrize("waking", [True, False], ids=["waking", "usual"])
+async def test_reads_keep_their_grid_when_each_read_takes_a_while(waking: bool) -> None:
+    # Reads once slept the interval after a 40 ms hand-over, 0.14 s apart; on the grid
+    # they stay 0.1 s apart.
+    with dns_server() as (zone, server):
+        zone.set(NAME, ["10.1.0.4"])
+        found = DiscoveryConfig(dns=NAME, port=8000, nameservers=(server,),
+                                interval_s=30.0 if waking else 0.1,
+                                waking_interval_s=0.1)  # fmt: skip
+        gaps = await _gaps_between_reads(found, busy_s=0.04, waking=waking)
+    assert 0.09 <= statistics.median(gaps) < 0.12, gaps
+
+
+async def test_a_read_that_overran_its_interval_is_followed_by_the_next_at_once() -> None:
+    with dns_server() as (zone, server):
+        zone.set(NAME, ["10.1.0.4"])
+        found = DiscoveryConfig(dns=NAME, port=8000, interval_s=30.0, waking_interval_s=0.05,
+                                nameservers=(server,))  # fmt: skip
+        gaps = await _gaps_between_reads(found, busy_s=0.08, waking=True)
+    # 0.08 s of work (over the 0.05 s interval) and a read: no wait on top (once 0.13 s).
+    assert 0.08 <= statistics.median(gaps) < 0.115, gaps
