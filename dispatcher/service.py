@@ -62,7 +62,6 @@ from broker import (
     ModelSnapshot,
     Newcomer,
     OwnershipStore,
-    Parked,
     Pick,
     Settings,
     Unseen,
@@ -86,8 +85,9 @@ from dispatcher.affinity import assign, open_endpoints, round_room
 from dispatcher.discovery import DnsDiscovery, LiveEndpoints
 from dispatcher.endpoints import METRICS_LAG_S, RateMeter, SentLog, endpoint_states
 from dispatcher.fairness import plan_with_slots, policy
-from dispatcher.newcomer_step import YOUNG_STEPS, NewcomerSteps
+from dispatcher.newcomer_step import NewcomerSteps
 from dispatcher.ownership import Ownership
+from dispatcher.preemption import Preemption
 from dispatcher.scraper import EndpointView, Scraper
 from dispatcher.sharing import next_turn
 from dispatcher.wake import WakeListener
@@ -97,7 +97,6 @@ log = logging.getLogger(__name__)
 _MAX_EMPTY_ROUNDS = 3  # picks that found only emptied queues; each one cleans the backlog
 _LAZY_ROUND_S = 0.005  # the delay of a round that only refreshes room while nothing is queued
 _MAX_PICKS = 64  # per script call: a huge room (a static cap of 100,000) is served in rounds
-_MAX_PARKS = 4  # jobs taken back out of one endpoint per round (preemption)
 
 
 @dataclass(frozen=True)
@@ -139,6 +138,7 @@ class Dispatcher:
         self._queued_hooks: list[Callable[[str], None]] = []
         self._wake: WakeListener | None = None  # while ``run`` runs
         self._views: dict[str, ModelSnapshot] = {}  # model -> state after its last dispatch
+        self._preemption = Preemption(self._store, self._engine_of, self._views)
         self._grants: dict[str, _Written] = {}
         # model -> endpoint -> express sends of newcomers since its last round (preemption)
         self._express_newcomers: dict[str, dict[str, int]] = {}
@@ -533,68 +533,16 @@ class Dispatcher:
         config: AdmissionConfig,
         newcomers_sent: dict[str, int],
     ) -> ModelSnapshot:
-        """Preemption: while a newcomer (a user with nothing in the engine) was sent beyond an
-        endpoint's batch, or is still queued, take the jobs beyond the batch back out of the
-        engine (``DispatchStore.park``: the heaviest user's newest without output, else
-        their oldest that can be resumed mid-answer; a user's only job never), so the
-        newcomer is first in the engine's queue and, when one of those was running, gets
-        its slot at the next step. On an engine shared by several models the job is taken
-        from the model with the most jobs there that has one to give (a newcomer of one
-        model is not held back by another's flood). Returns the snapshot to plan from next
-        (read again if anything was taken back; so are the other models' views)."""
-        top = snap.backlogs[0] if snap.backlogs else None
-        queued = [u for u, _ in top.users if not snap.in_engine.get(u)] if top else []
-        parked: set[str] = set()  # the models whose jobs were taken back
-        for state in self._states(model, snap):
-            batch = config.room_in(state)
-            if batch is None:
-                continue
-            if not newcomers_sent.get(state.endpoint) and not queued:
-                continue
-            # Every job beyond the batch waits in the engine's queue, ahead of a newcomer
-            # queued now; a newcomer sent beyond it needs one running job out of its way.
-            parked |= await self._park(model, snap, state.endpoint, state.inflight - batch)
-            if newcomers_sent.get(state.endpoint) and state.newcomer_step and state.tpot_s:
-                # Refills handed over within the last steps may share the newcomer's.
-                young_ms = max(1, round(state.tpot_s * YOUNG_STEPS * 1000))
-                parked |= await self._park(model, snap, state.endpoint, _MAX_PARKS, young_ms)
+        """Preemption after a round (``dispatcher.preemption``). Returns the snapshot to plan
+        from next (read again if anything was taken back; so are the other models' views)."""
+        states = self._states(model, snap)
+        parked = await self._preemption.make_room(model, snap, states, config, newcomers_sent)
         for other in self._engine_of[model.name]:
             if other.name in parked and other.name != model.name:
                 self._views[other.name] = await self._view(other, None)
         if model.name not in parked:
             return snap
         return await self._store.snapshot(model.name, _depth(model, config), in_engine=True)
-
-    async def _park(
-        self, model: ModelConfig, snap: ModelSnapshot, endpoint: str, most: int, young_ms: int = 0
-    ) -> set[str]:
-        """Take up to ``most`` (at most ``_MAX_PARKS``) jobs back out of ``endpoint``
-        (``_park_one``); the models whose jobs were taken."""
-        parked: set[str] = set()
-        for _ in range(min(most, _MAX_PARKS)):
-            taken = await self._park_one(model, snap, endpoint, young_ms=young_ms)
-            if taken is None:
-                break
-            parked.add(taken[0])
-        return parked
-
-    async def _park_one(
-        self, model: ModelConfig, snap: ModelSnapshot, endpoint: str, *, young_ms: int = 0
-    ) -> tuple[str, Parked] | None:
-        """Take one job back out of ``endpoint`` (``DispatchStore.park``, ``young_ms`` as
-        there), of the model of its engine with the most jobs there that has one to give;
-        (that model, the job)."""
-        loads = {model.name: snap.inflight.get(endpoint, 0)}
-        for other in self._engine_of[model.name]:
-            if other.name != model.name and (view := self._views.get(other.name)) is not None:
-                loads[other.name] = view.inflight.get(endpoint, 0)
-        for name in sorted(loads, key=lambda n: -loads[n]):
-            taken = await self._store.park(name, endpoint, young_ms=young_ms)
-            if taken is not None:
-                telemetry.PREEMPTIONS.labels(name).inc()
-                log.debug("took job %s of %s back out of %s", taken.job_id, taken.user, endpoint)
-                return name, taken
-        return None
 
     def _wake_scraper(self, endpoint: str) -> None:
         """A job went to ``endpoint``: read it at the scrape interval again if it was idle."""

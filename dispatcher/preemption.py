@@ -1,0 +1,99 @@
+"""Preemption: take jobs back out of an engine so that a newcomer is next in it.
+
+While a newcomer (a user with nothing in the engine) was sent beyond an endpoint's batch,
+or is still queued, the jobs beyond the batch are taken back (``DispatchStore.park``: the
+heaviest user's newest without output, else their oldest that can be resumed mid-answer;
+a user's only job never), so the newcomer is first in the engine's queue and, when one of
+those was running, gets its slot at the next step. Where a newcomer's prefill step is
+kept clear (``dispatcher.newcomer_step``), the streamed jobs handed over within the last
+steps without output are taken back too: they would share that step. On an engine shared
+by several models a job is taken from the model with the most jobs there that has one to
+give, so a newcomer of one model is not held back by another's flood. At most
+``MAX_PARKS`` jobs per endpoint and kind per round.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+from broker import DispatchStore, ModelConfig, ModelSnapshot, Parked, telemetry
+from dispatcher.admission import AdmissionConfig, EndpointState
+from dispatcher.newcomer_step import YOUNG_STEPS
+
+log = logging.getLogger(__name__)
+
+MAX_PARKS = 4  # jobs taken back out of one endpoint per round, of each kind
+
+
+class Preemption:
+    """Takes jobs back out of engines for newcomers. ``views``: each model's latest
+    snapshot (the dispatcher's own dict, read for the loads of models sharing an engine)."""
+
+    def __init__(
+        self,
+        store: DispatchStore,
+        engine_of: Mapping[str, Sequence[ModelConfig]],
+        views: Mapping[str, ModelSnapshot],
+    ) -> None:
+        self._store = store
+        self._engine_of = engine_of
+        self._views = views
+
+    async def make_room(
+        self,
+        model: ModelConfig,
+        snap: ModelSnapshot,
+        states: Sequence[EndpointState],
+        config: AdmissionConfig,
+        newcomers_sent: Mapping[str, int],
+    ) -> set[str]:
+        """After a round of ``model`` (``newcomers_sent``: endpoint -> newcomers it got);
+        returns the models whose jobs were taken back, whose views are stale now."""
+        top = snap.backlogs[0] if snap.backlogs else None
+        queued = [u for u, _ in top.users if not snap.in_engine.get(u)] if top else []
+        parked: set[str] = set()
+        for state in states:
+            batch = config.room_in(state)
+            sent = newcomers_sent.get(state.endpoint, 0)
+            if batch is None or not (sent or queued):
+                continue
+            # Every job beyond the batch waits in the engine's queue, ahead of a newcomer
+            # queued now; a newcomer sent beyond it needs one running job out of its way.
+            parked |= await self._park(model, snap, state.endpoint, state.inflight - batch)
+            if sent and state.newcomer_step and state.tpot_s:
+                # Refills handed over within the last steps may share the newcomer's.
+                young_ms = max(1, round(state.tpot_s * YOUNG_STEPS * 1000))
+                parked |= await self._park(model, snap, state.endpoint, MAX_PARKS, young_ms)
+        return parked
+
+    async def _park(
+        self, model: ModelConfig, snap: ModelSnapshot, endpoint: str, most: int, young_ms: int = 0
+    ) -> set[str]:
+        """Take up to ``most`` (at most ``MAX_PARKS``) jobs back out of ``endpoint``
+        (``_park_one``); the models whose jobs were taken."""
+        parked: set[str] = set()
+        for _ in range(min(most, MAX_PARKS)):
+            taken = await self._park_one(model, snap, endpoint, young_ms=young_ms)
+            if taken is None:
+                break
+            parked.add(taken[0])
+        return parked
+
+    async def _park_one(
+        self, model: ModelConfig, snap: ModelSnapshot, endpoint: str, *, young_ms: int = 0
+    ) -> tuple[str, Parked] | None:
+        """Take one job back out of ``endpoint`` (``DispatchStore.park``, ``young_ms`` as
+        there), of the model of its engine with the most jobs there that has one to give;
+        (that model, the job)."""
+        loads = {model.name: snap.inflight.get(endpoint, 0)}
+        for other in self._engine_of[model.name]:
+            if other.name != model.name and (view := self._views.get(other.name)) is not None:
+                loads[other.name] = view.inflight.get(endpoint, 0)
+        for name in sorted(loads, key=lambda n: -loads[n]):
+            taken = await self._store.park(name, endpoint, young_ms=young_ms)
+            if taken is not None:
+                telemetry.PREEMPTIONS.labels(name).inc()
+                log.debug("took job %s of %s back out of %s", taken.job_id, taken.user, endpoint)
+                return name, taken
+        return None
