@@ -209,15 +209,22 @@ def table(result: dict[str, object]) -> str:
     lines = [head, "", markdown_table(("seconds", "p50", "p95", "max"), rows), ""]
     over = cold["over"]
     assert isinstance(over, dict)
-    issue_terms, woken_by = result["issue_terms"], cold["woken_by"]
-    assert isinstance(issue_terms, list) and isinstance(woken_by, dict)
-    issue = " + ".join(str(t) for t in issue_terms)
+    trigger_terms, issue_terms = result["trigger_terms"], result["issue_terms_s"]
+    woken_by = cold["woken_by"]
+    assert isinstance(trigger_terms, list) and isinstance(issue_terms, dict)
+    assert isinstance(woken_by, dict)
+    waits = " + ".join(str(t) for t in trigger_terms)
+    issue = " + ".join(f"{k} {v}" for k, v in issue_terms.items())
     woken = ", ".join(f"{n} by {cause}" for cause, n in woken_by.items())
     lines.append(f"Trigger: {result['trigger']}; cold starts woken: {woken or 'none'}. "
                  f"Bound terms (s): {bound}; their sum {result['bound_s']} s: cold starts "
-                 f"over it: {over['bound']}. The issue's bound ({issue}) "
-                 f"{result['issue_bound_s']} s: over it: {over['issue_bound']}. TTFT below "
-                 f"the startup time: {cold['below_startup']}.")  # fmt: skip
+                 f"over it: {over['bound']}. The trigger's waits ({waits}) "
+                 f"{result['trigger_bound_s']} s: over it: {over['trigger_bound']}.")  # fmt: skip
+    lines.append(f"The issue's bound, one scrape interval + one engine step ({issue}): "
+                 f"{result['issue_bound_s']} s: over it: {over['issue_bound']}; with the "
+                 f"readiness probe (Kubernetes's) {result['issue_bound_with_probe_s']} s: "
+                 f"over it: {over['issue_bound_with_probe']}. TTFT below the startup time: "
+                 f"{cold['below_startup']}.")  # fmt: skip
     run = result["run"]
     assert isinstance(run, dict)
     other = [

@@ -73,11 +73,21 @@ def test_a_tiny_fleet_run_loses_nothing_and_no_cold_start_beats_its_startup(
         assert start["published_s"] <= start["found_s"] < start["first_token_s"]
     assert set(cold["steps_s"]) == set(STEPS)
     assert figures["bound_s"] == round(sum(figures["bound_terms_s"].values()), 3)
-    assert figures["issue_terms"] == ["DNS read while waking (waking_interval_s)", "engine step"]
+    assert figures["trigger_terms"] == ["DNS read while waking (waking_interval_s)", "engine step"]
+    # The issue's bound: fairq's engine scrape interval (0.2 s) + one engine step (25 ms),
+    # and beside it with Kubernetes's readiness probe (0.1 s).
+    assert figures["issue_terms_s"] == {"engine scrape (scrape_interval_s)": 0.2,
+                                        "engine step": 0.025}  # fmt: skip
+    assert figures["issue_bound_s"] == 0.225 and figures["issue_bound_with_probe_s"] == 0.325
+    assert set(cold["over"]) == {"bound", "trigger_bound", "issue_bound",
+                                 "issue_bound_with_probe"}  # fmt: skip
+    assert cold["over"]["issue_bound"] >= cold["over"]["issue_bound_with_probe"]
     table = (tmp_path / "fleet.md").read_text()
     assert "Simulator: estimates" in table and "requests lost" in table
     assert "excess = TTFT - startup" in table and "cores" in table
     assert "Trigger: external-push" in table and "dns read" in table
+    assert "The issue's bound, one scrape interval + one engine step" in table
+    assert "with the readiness probe (Kubernetes's) 0.325 s" in table
 
 
 # --- KEDA's rules ------------------------------------------------------------------------
