@@ -108,8 +108,11 @@ async def test_a_worker_killed_after_the_first_token_fails_the_job_without_repea
                 MODEL, messages=PROMPT, stream=True, max_tokens=6, sim_fault=fault
             )
             first = procs.spawn()
+            # Entry 0-1 is the engine's acceptance mark; output starts at 0-2.
             await aeventually(
-                lambda: aredis.xlen(keys.results(MODEL, job_id)), "the first output in Redis"
+                lambda: aredis.xlen(keys.results(MODEL, job_id)),
+                "the first output in Redis",
+                until=lambda entries: entries >= 2,
             )
             kill(first)
             procs.spawn()
