@@ -223,6 +223,10 @@ class Fleet:
                 total += float(line.rsplit(" ", 1)[1])
         return int(total)
 
+    def dns_questions(self) -> int:
+        """Questions the DNS server answered so far (the dispatcher's reads)."""
+        return self._zone.questions
+
     def note_reads(self) -> None:
         """Copy onto each replica when the DNS answers first carried its record and first
         left it out (the dispatchers' reads: ``Zone.found_s`` and ``Zone.dropped_s``)."""

@@ -236,6 +236,8 @@ def table(result: dict[str, object]) -> str:
         ("engine answers (replicas' request_success_total)", run["engine_answers"]),
         ("dispatcher CPU s over the load (% of one core)",
          f"{run['dispatcher_cpu_s']} ({run['dispatcher_cpu_pct']} %)"),
+        ("DNS questions a second over the load (the dispatcher's reads)",
+         run["dns_questions_per_s"]),
         ("load wall s", run["load_wall_s"]),
     ]  # fmt: skip
     if "pushes_active" in run:

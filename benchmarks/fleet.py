@@ -216,10 +216,10 @@ async def drive(
     stop = asyncio.Event()
     scaler, scaling = await start_scaler(options, stack, fleet, scaler_address, stop)
     try:
-        before = cpu_s(pids)
+        before, asked = cpu_s(pids), fleet.dns_questions()
         url = f"{stack.gateway_url}/v1/chat/completions"
         load = await run_load(url, APP_KEY, zipf_mix(names, options.zipf), options.load)
-        after = cpu_s(pids)
+        after, asked = cpu_s(pids), fleet.dns_questions() - asked
         say(f"load done: {len(load.requests)} requests; waiting for the fleet to reach zero")
         deadline = time.monotonic() + options.rules.cooldown_s + ZERO_WAIT_S
         while time.monotonic() < deadline and any(fleet.live(m) for m in names):
@@ -231,7 +231,7 @@ async def drive(
         await fleet.stop_all(timeout_s=90.0)
         fleet.note_reads()
     return {"load": load, "scaler": scaler, "cpu_before": before, "cpu_after": after,
-            "at_zero": at_zero}  # fmt: skip
+            "at_zero": at_zero, "dns_questions": asked}  # fmt: skip
 
 
 def run(options: Options) -> dict[str, Any]:
@@ -305,6 +305,7 @@ def report(options: Options, outcome: dict[str, Any]) -> dict[str, Any]:
         "dispatcher_cpu_s": cpu.get("dispatcher-0"),
         "dispatcher_cpu_pct": round(100 * cpu.get("dispatcher-0", 0.0) / wall, 1) if wall else None,
         "cpu_s_over_load": cpu,
+        "dns_questions_per_s": round(outcome["dns_questions"] / wall, 1) if wall else None,
         "load_wall_s": round(wall, 1),
         "errors": errors[:10] + ([f"process exited: {outcome['dead']}"] if outcome["dead"] else []),
     }

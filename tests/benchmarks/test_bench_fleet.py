@@ -56,6 +56,7 @@ def test_a_tiny_fleet_run_loses_nothing_and_no_cold_start_beats_its_startup(
     assert run["drains_timed_out"] == 0
     assert run["replicas_drained_idle"] + run["stopped_before_ready"] == run["replicas_started"]
     assert run["dispatcher_cpu_s"] > 0 and 0 < run["dispatcher_cpu_pct"] < 100
+    assert run["dns_questions_per_s"] > 0  # 5 models read at least every interval_s
     # The push path: every stream sent its first state (inactive), and woke the models.
     assert run["pushes_inactive"] >= 5 and run["pushes_active"] >= 1
     assert run["woken_by_push"] >= 1 and run["stream_failures"] == 0
