@@ -57,7 +57,7 @@ class DiscoveryConfig(_Frozen):
     interval_s: float = Field(default=5.0, gt=0)  # how often the records are read again
     # ... and while the model has queued requests and no healthy endpoint (a model waking
     # from zero): its first replica is found this soon after its record appears.
-    waking_interval_s: float = Field(default=0.2, gt=0)
+    waking_interval_s: float = Field(default=0.1, gt=0)
     # "host:port" (or a bare address: port 53) of the DNS servers to ask; empty: the
     # system's resolver configuration (/etc/resolv.conf).
     nameservers: tuple[str, ...] = ()
