@@ -561,8 +561,9 @@ class Dispatcher:
             self._clear_step(self._config[model], sent.endpoint, view.tpot_s if view else None)
 
     def _clear_step(self, model: ModelConfig, endpoint: str, step_s: float | None) -> None:
-        """A newcomer went to ``endpoint``: keep its next step clear of refills, for the
-        engine's recent step (unknown before a scrape shows one: nothing kept then)."""
+        """A newcomer went to ``endpoint``: keep its prefill step clear of refills
+        (``dispatcher.newcomer_step``), timed by the engine's recent step (unknown before a
+        scrape shows one: nothing kept then)."""
         if _clears_steps(model) and step_s:
             self._newcomer_steps.hold(endpoint, step_s, time.monotonic())
 
