@@ -336,8 +336,10 @@ class Settings(BaseSettings):
     lease_ms: int = Field(default=15_000, ge=100)
     lease_renew_ms: int = Field(default=3_000, ge=20)
     # A worker that stopped or died leaves its name in each ready group; a name idle this
-    # long with nothing pending is removed (workers/lease.py, about once a minute).
+    # long with nothing pending is removed (workers/lease.py), each worker looking for such
+    # names every forget_every_ms.
     forget_consumer_after_ms: int = Field(default=3_600_000, ge=1000)
+    forget_every_ms: int = Field(default=60_000, ge=100)
     # Attempts of a job whose worker died before its first token; then dead letter.
     job_max_attempts: int = Field(default=3, ge=1)
     # Calls of the engine per attempt when it fails before the first token (5xx, refused,

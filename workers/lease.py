@@ -29,8 +29,6 @@ from broker.execution import Reclaimed
 
 log = logging.getLogger(__name__)
 
-_FORGET_EVERY_S = 60.0
-
 
 class LeaseKeeper:
     def __init__(
@@ -68,7 +66,7 @@ class LeaseKeeper:
             await asyncio.sleep(interval_s)
 
     async def _forget_gone_workers(self) -> None:
-        if time.monotonic() - self._forgot_at < _FORGET_EVERY_S:
+        if time.monotonic() - self._forgot_at < self._settings.forget_every_ms / 1000:
             return
         self._forgot_at = time.monotonic()
         for model in self._models:

@@ -153,13 +153,15 @@ def test_the_banner_is_still_on_the_first_screen_after_the_stack_idled(
     processes: ProcessGroups,
 ) -> None:
     # `make run` in an 80x24 terminal: what the screen shows is the last 24 rows printed.
-    up = Up(processes, env={})
+    # Every periodic task of an idle stack runs at least every 3 s with the default
+    # settings but the workers' look for gone workers' names (once a minute): brought to
+    # the same pace, each runs several times in the wait below.
+    up = Up(processes, env={"FAIRQ_FORGET_EVERY_MS": "3000"})
     banner = up.banner()
     assert rows(banner, 80) <= 22, "the banner does not fit one screen"
     # The console prints the banner again once the log was quiet for QUIET_S, so only
     # lines that come closer together than that keep it off the screen: long enough for
-    # as many of them as push it off. Every periodic task of an idle stack runs at least
-    # every 3 s with the default settings, so each runs several times meanwhile.
+    # as many of them as push it off.
     lines_that_push_it_off = 24 - rows(banner, 80) + 1
     time.sleep(lines_that_push_it_off * QUIET_S)
     screen = _last_rows(up.lines, columns=80, height=24)
