@@ -20,6 +20,11 @@ the engine schedules by priority:
     jobs that have sent nothing, the default before exact resume);
 (k) as (a), each request asking for its token ids (``return_token_ids``) as fairq's
     workers ask for a stream that may be resumed: what that costs the engine alone.
+(l) as (c) with the newcomer's prefill step not kept clear (``clear_newcomer_step`` off);
+(m) as (c) with refills not paced (``pace_refills`` off);
+(n) as (a), but the heavy users' requests go only as the engine's batch frees (at most
+    its batch + 1 open at once, as fairq hands them over): what the engine's throughput
+    is when a flood arrives over time rather than at t=0, with no fairq process running.
 
 An arm whose fairq feature is missing (fairq rejects its model setting) or whose
 engine runs the other scheduling policy is reported "not available: <reason>",
@@ -50,6 +55,9 @@ class ArmSpec:
     backpressure: bool = True  # False: fairq holds nothing back
     model_overrides: Mapping[str, Any] = field(default_factory=dict)  # fairq's model config
     token_ids: bool = False  # direct: each request asks for its token ids
+    # direct: the heavy users' requests go only as the engine's batch frees, at most its
+    # batch + 1 open at once (as fairq hands them over), with no fairq process running
+    heavy_window: bool = False
 
     @property
     def client_priorities(self) -> bool:
@@ -107,6 +115,18 @@ ARMS: dict[str, ArmSpec] = {
             "fairq, newcomer's prefill step not kept clear",
             via_fairq=True,
             model_overrides={"clear_newcomer_step": False},
+        ),
+        ArmSpec(
+            "m",
+            "fairq, refills not paced",
+            via_fairq=True,
+            model_overrides={"pace_refills": False},
+        ),
+        ArmSpec(
+            "n",
+            "engine FIFO (direct), the flood sent as slots free",
+            via_fairq=False,
+            heavy_window=True,
         ),
     )
 }

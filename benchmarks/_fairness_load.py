@@ -180,9 +180,14 @@ async def send(client: httpx.AsyncClient, target: Target, result: RequestResult,
 
 
 async def _at(client: httpx.AsyncClient, target: Target, item: Planned, result: RequestResult,
-              prompt: str, *, t0: float, bucket_s: float | None) -> None:  # fmt: skip
+              prompt: str, *, t0: float, bucket_s: float | None,
+              window: asyncio.Semaphore | None) -> None:  # fmt: skip
     await asyncio.sleep(max(0.0, t0 + item.at_s - time.perf_counter()))
-    await send(client, target, result, prompt, stream=item.stream, t0=t0, bucket_s=bucket_s)
+    if window is None or not item.heavy:
+        await send(client, target, result, prompt, stream=item.stream, t0=t0, bucket_s=bucket_s)
+        return
+    async with window:  # a heavy request goes once one of the open ones has ended
+        await send(client, target, result, prompt, stream=item.stream, t0=t0, bucket_s=bucket_s)
 
 
 async def run_load(
@@ -193,8 +198,10 @@ async def run_load(
     dead: Callable[[], str | None] = lambda: None,
     on_start: Callable[[float], None] = lambda _t0: None,
     bucket_s: float | None = None,
+    heavy_window: int | None = None,
 ) -> LoadResult:
-    """Send the plan once; requests still open at the deadline fail as "stopped"."""
+    """Send the plan once; requests still open at the deadline fail as "stopped".
+    ``heavy_window``: at most this many heavy requests open at once (None: no bound)."""
     rng = random.Random(0)
     prompts = [make_prompt(f"{p.user} {i}", p.prompt_tokens, rng) for i, p in enumerate(planned)]
     results = [RequestResult(p.user, p.heavy, p.at_s, p.max_tokens) for p in planned]
@@ -202,10 +209,13 @@ async def run_load(
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
     timeout = httpx.Timeout(deadline_s, connect=30.0)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        window = None if heavy_window is None else asyncio.Semaphore(heavy_window)
         t0 = time.perf_counter()
         on_start(t0)
         tasks = [
-            asyncio.create_task(_at(client, target, item, result, prompt, t0=t0, bucket_s=bucket_s))
+            asyncio.create_task(
+                _at(client, target, item, result, prompt, t0=t0, bucket_s=bucket_s, window=window)
+            )
             for item, result, prompt in zip(planned, results, prompts, strict=True)
         ]
         stopped = await _wait_all(tasks, t0 + deadline_s, dead)

@@ -114,7 +114,8 @@ async def _flood(
         await asyncio.sleep(WATCH_MARGIN_S)
         meter.start()
         load = await run_load(env.target, plan(setup.scenario), deadline_s, dead=env.dead,
-                              on_start=starts.append, bucket_s=bucket_s)  # fmt: skip
+                              on_start=starts.append, bucket_s=bucket_s,
+                              heavy_window=env.heavy_window)  # fmt: skip
         cpu = meter.stop()
         await asyncio.sleep(WATCH_MARGIN_S)
     finally:

@@ -64,6 +64,7 @@ class ArmEnv:
     groups: ProcessGroups
     stacks: tuple[Stack, ...] = ()
     engine_dead: Callable[[], str | None] | None = None  # the engine's own liveness check
+    heavy_window: int | None = None  # heavy requests open at once at most (None: no bound)
 
     def dead(self) -> str | None:
         """A process of the arm that exited mid-arm, if any."""
@@ -127,7 +128,11 @@ def arm_env(spec: ArmSpec, setup: Setup) -> Iterator[ArmEnv]:
             stacks = (stack,)
         groups = ProcessGroups(engine_pids, frozenset(descendants()) - engine_pids, _labels(stacks))
         target = _target(spec, setup, engine.url, stacks)
-        yield ArmEnv(target, engine.url, groups, stacks, engine.dead)
+        window = setup.engine.batch_slots
+        if spec.heavy_window and window is None:
+            raise ValueError(f"arm ({spec.key}) needs the engine's batch, unknown for this engine")
+        window = window + 1 if spec.heavy_window and window is not None else None
+        yield ArmEnv(target, engine.url, groups, stacks, engine.dead, heavy_window=window)
 
 
 def _fairq_stack(spec: ArmSpec, setup: Setup, engine_url: str) -> Stack:

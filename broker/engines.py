@@ -56,6 +56,7 @@ ENGINE_WIDE = (
     "reserved_slots",
     "preemption",
     "clear_newcomer_step",
+    "pace_refills",
     "engine_priority",
     "routing",
     "routing_load_bound",

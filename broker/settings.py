@@ -150,6 +150,12 @@ class ModelConfig(_Frozen):
     # its prefill step, which their prompts lengthen). Needs the batch rule and metrics
     # (dispatcher.newcomer_step).
     clear_newcomer_step: bool = True
+    # Pace the refills of users already in the engine: as many per engine step as requests
+    # end in one (at least one), spread over the step, rather than a burst whenever slots
+    # free. The engine prefills what it got since its last step in one step; a burst makes
+    # that step long, and a newcomer arriving then waits it out. Needs the batch rule and
+    # metrics (``dispatcher.pacing``).
+    pace_refills: bool = True
     # Preemption may also take a streamed answer back mid-way (vLLM only), to go on later
     # (``workers.resume_exact``). "exact": only an answer whose token ids the engine
     # returned (vLLM's return_token_ids): it goes on from the prompt's and the answer's

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 from broker import ModelSnapshot
 from dispatcher.admission import EndpointState
+from dispatcher.pacing import Pacer, pace_of
 from dispatcher.scraper import EndpointView
 
 # How long a job that reached the engine may stay out of its metrics: vLLM updates its
@@ -107,16 +108,18 @@ def endpoint_states(
     stale_s: float,
     others: Sequence[ModelSnapshot] = (),
     clearing: Collection[str] = (),
+    pacer: Pacer | None = None,
 ) -> list[EndpointState]:
     """One state per endpoint; ``views`` None means the model does not use metrics.
     ``others``: the latest snapshots of the models that share the engine, whose jobs in
     flight and without a first token count too. ``clearing``: the endpoints whose step is
-    kept clear for a newcomer's prefill now (``dispatcher.newcomer_step``)."""
+    kept clear for a newcomer's prefill now (``dispatcher.newcomer_step``). ``pacer``: when
+    each endpoint's next refill is due (``dispatcher.pacing``)."""
     shared = (snapshot, *others)
-    states = [
-        _state(ep, shared, None if views is None else views[ep], sent, now=now, stale_s=stale_s)
-        for ep in endpoints
-    ]
+    states = []
+    for ep in endpoints:
+        view = None if views is None else views[ep]
+        states.append(_state(ep, shared, view, sent, now=now, stale_s=stale_s, pacer=pacer))
     if not clearing:
         return states
     return [replace(s, newcomer_step=True) if s.endpoint in clearing else s for s in states]
@@ -130,6 +133,7 @@ def _state(
     *,
     now: float,
     stale_s: float,
+    pacer: Pacer | None = None,
 ) -> EndpointState:
     inflight = sum(snap.inflight.get(endpoint, 0) for snap in shared)
     unstarted = sum(snap.unstarted.get(endpoint, 0) for snap in shared)
@@ -139,6 +143,7 @@ def _state(
     if sample is None or scraped_at is None:
         return EndpointState(endpoint, inflight, unstarted, healthy=view.healthy)
     since = sent.since(endpoint, scraped_at)
+    allowed, due_in = _pace(endpoint, view, pacer, now)
     return EndpointState(
         endpoint,
         inflight,
@@ -156,4 +161,19 @@ def _state(
         plain_since_scrape=since.plain,
         batch_seen=view.batch_seen,
         kv_usage=sample.kv_usage,
+        pace_allowed=allowed,
+        pace_due_in_s=due_in,
     )
+
+
+def _pace(
+    endpoint: str, view: EndpointView, pacer: Pacer | None, now: float
+) -> tuple[int | None, float | None]:
+    """The refills the endpoint's pace lets go now, and in how long the next is due (None,
+    None: its refills are not paced, or no pace is known yet)."""
+    if pacer is None or view.pace is None:
+        return None, None
+    pace = pace_of(view.pace.ends_per_s, view.pace.step_s)
+    if pace is None:
+        return None, None
+    return pacer.allowed(endpoint, pace, now), pacer.due_in(endpoint, now)

@@ -275,6 +275,49 @@ def recent_tpot_s(previous: EngineSample | None, current: EngineSample) -> float
     return seconds / tokens
 
 
+@dataclass(frozen=True)
+class PaceWindow:
+    """How fast an engine ends requests and how long its steps are, over windows of at
+    least ``PACE_WINDOW_S``: the counts at the start of the current window (the end-to-end
+    histogram's _count, the per-token histogram's _sum and _count), and the figures over
+    the whole window before. Scrapes come every few engine steps, and over so short a time
+    one request more or less, or one prefill step more or less, swings either figure
+    severalfold."""
+
+    start_s: float  # the clock when the current window began
+    start_ended: float  # requests the engine had ended then
+    start_tpot: tuple[float, float] | None  # the per-token histogram's (_sum, _count) then
+    ends_per_s: float | None = None  # requests ended per second over the last whole window
+    step_s: float | None = None  # mean time per output token over it (None: no token)
+
+
+PACE_WINDOW_S = 1.0
+
+
+def next_pace_window(
+    window: PaceWindow | None, sample: EngineSample, at: float
+) -> PaceWindow | None:
+    """The window after a good scrape sent at ``at`` (same clock). None: the engine does not
+    count its ended requests. A count that went backwards (the engine restarted) starts a
+    new window, with no figures until it ends."""
+    ended = sample.e2e_count
+    if ended is None:
+        return None
+    tpot = None
+    if sample.tpot_sum_s is not None and sample.tpot_count is not None:
+        tpot = (sample.tpot_sum_s, sample.tpot_count)
+    if window is None or ended < window.start_ended:
+        return PaceWindow(at, ended, tpot)
+    elapsed = at - window.start_s
+    if elapsed < PACE_WINDOW_S:
+        return window
+    step_s = None
+    if tpot is not None and window.start_tpot is not None:
+        seconds, tokens = tpot[0] - window.start_tpot[0], tpot[1] - window.start_tpot[1]
+        step_s = seconds / tokens if tokens > 0 and seconds >= 0 else None
+    return PaceWindow(at, ended, tpot, (ended - window.start_ended) / elapsed, step_s)
+
+
 def engine_drain_per_s(sample: EngineSample) -> float | None:
     """Requests the engine ends per second, by Little's law: the requests in it over the
     mean time one spends in it. None when nothing is in it, or nothing says how long.

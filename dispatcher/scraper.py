@@ -62,6 +62,8 @@ from broker import Unseen
 from dispatcher.engine_metrics import (
     EngineSample,
     MetricsError,
+    PaceWindow,
+    next_pace_window,
     parse_wanted,
     recent_tpot_s,
     wanted_lines,
@@ -84,6 +86,9 @@ class EndpointView:
     healthy: bool = False  # a good scrape seen, and fewer than `unhealthy_after` failures since
     error: str | None = None  # why the last scrape failed; None after a good one
     batch_seen: int = 0  # the engine's batch, as learned (``learned_batch``)
+    # How fast the engine ends requests, and its step, over the last second or more (None:
+    # it does not count its ended requests)
+    pace: PaceWindow | None = None
 
 
 _UNKNOWN = EndpointView()
@@ -402,6 +407,7 @@ class Scraper:
             tpot_s=recent_tpot_s(old.sample, sample),
             healthy=True,
             batch_seen=learned_batch(old.batch_seen, old.sample, sample),
+            pace=next_pace_window(old.pace, sample, sent_at),
         )
 
     def _record_failure(self, endpoint: str, reason: str) -> None:

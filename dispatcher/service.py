@@ -87,6 +87,7 @@ from dispatcher.endpoints import METRICS_LAG_S, RateMeter, SentLog, endpoint_sta
 from dispatcher.fairness import plan_with_slots, policy
 from dispatcher.newcomer_step import NewcomerSteps
 from dispatcher.ownership import Ownership
+from dispatcher.pacing import Pacer, pace_of
 from dispatcher.preemption import Preemption
 from dispatcher.scraper import EndpointView, Scraper
 from dispatcher.sharing import next_turn
@@ -96,6 +97,7 @@ log = logging.getLogger(__name__)
 
 _MAX_EMPTY_ROUNDS = 3  # picks that found only emptied queues; each one cleans the backlog
 _LAZY_ROUND_S = 0.005  # the delay of a round that only refreshes room while nothing is queued
+_PACE_SLACK_S = 0.001  # a paced refill's wake-up comes this late, so the step has passed
 _MAX_PICKS = 64  # per script call: a huge room (a static cap of 100,000) is served in rounds
 
 
@@ -143,6 +145,8 @@ class Dispatcher:
         # model -> endpoint -> express sends of newcomers since its last round (preemption)
         self._express_newcomers: dict[str, dict[str, int]] = {}
         self._newcomer_steps = NewcomerSteps()  # endpoints kept clear for a newcomer's prefill
+        self._pacer = Pacer()  # when each endpoint's next refill is due
+        self._pace_timers: set[str] = set()  # models with a wake-up due when a pace frees
         self.dispatched = 0  # jobs moved to ready streams by this process
         self.name = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.owned: frozenset[str] = frozenset()  # models this replica holds the lease of
@@ -236,6 +240,7 @@ class Dispatcher:
         for endpoint in change.removed:
             if not self._live.models_of(endpoint):
                 self._sent.forget(endpoint)
+                self._pacer.forget(endpoint)
         self._watch()
         if self._wake is not None:
             self._wake.mark_stale(model)
@@ -440,9 +445,9 @@ class Dispatcher:
                 served_room=_served_room(model, decisions, top.users, busy),
                 in_engine=busy,
             )
-            if not picks:  # the batch is full, and every backlogged user has a job in it
-                full = {d.endpoint: Limit.BATCH_SLOTS for d in decisions}
-                telemetry.refused(model.name, top.band, full)
+            if not picks:  # no room for users in the engine, and every backlogged one is
+                telemetry.refused(model.name, top.band, {d.endpoint: _held(d) for d in decisions})
+                self._wake_when_paced(model, decisions, states)
                 break
             loads = {s.endpoint: s.inflight for s in states if s.healthy}
             routes = assign(
@@ -508,6 +513,7 @@ class Dispatcher:
         now = time.monotonic()
         self._sent.record(decision.endpoint, len(dispatched), now, plain)
         self._rates[model.name].record(len(dispatched), now)
+        self._paced(model, decision.endpoint, min(len(dispatched), len(picks) - fresh), now)
         if dispatched:
             self._wake_scraper(decision.endpoint)
         return len(dispatched), snap
@@ -543,6 +549,35 @@ class Dispatcher:
         if model.name not in parked:
             return snap
         return await self._store.snapshot(model.name, _depth(model, config), in_engine=True)
+
+    def _paced(self, model: ModelConfig, endpoint: str, refills: int, now: float) -> None:
+        """``refills`` jobs of users already in the engine went to ``endpoint``: its pace's
+        schedule moves on (``dispatcher.pacing``)."""
+        view = self._scraper.view(endpoint) if self._scraper is not None else None
+        if not model.pace_refills or view is None or view.pace is None:
+            return
+        pace = pace_of(view.pace.ends_per_s, view.pace.step_s)
+        if pace is not None:
+            self._pacer.sent(endpoint, refills, pace, now)
+
+    def _wake_when_paced(
+        self, model: ModelConfig, decisions: Sequence[Decision], states: Sequence[EndpointState]
+    ) -> None:
+        """Refills held by their pace (``dispatcher.pacing``) may go when the next is due:
+        wake the model's loop then, as no job need end or start meanwhile. One timer at a
+        time per model."""
+        paced = {d.endpoint for d in decisions if d.limit is Limit.REFILL_PACE}
+        dues = [s.pace_due_in_s for s in states if s.endpoint in paced and s.pace_due_in_s]
+        if not dues or self._wake is None or model.name in self._pace_timers:
+            return
+        event = self._wake.event(model.name)
+
+        def wake() -> None:
+            self._pace_timers.discard(model.name)
+            event.set()
+
+        self._pace_timers.add(model.name)
+        asyncio.get_running_loop().call_later(max(0.0, min(dues)) + _PACE_SLACK_S, wake)
 
     def _wake_scraper(self, endpoint: str) -> None:
         """A job went to ``endpoint``: read it at the scrape interval again if it was idle."""
@@ -629,6 +664,7 @@ class Dispatcher:
             stale_s=self._settings.metrics_stale_s,
             others=others,
             clearing=self._newcomer_steps.clearing(now) if _clears_steps(model) else (),
+            pacer=self._pacer if model.pace_refills else None,
         )
 
 
@@ -655,6 +691,13 @@ def _served_room(
     if _clears_steps(model) and any(user not in busy for user, _ in backlog):
         return 0
     return sum(d.room_for_served for d in decisions)
+
+
+def _held(decision: Decision) -> Limit:
+    """Why an endpoint with room took no job of a user already in the engine."""
+    if decision.limit in (Limit.NEWCOMER_STEP, Limit.REFILL_PACE):
+        return decision.limit
+    return Limit.BATCH_SLOTS
 
 
 def _clears_steps(model: ModelConfig) -> bool:

@@ -10,6 +10,7 @@ sizing, arm availability by engine policy, the stream reader, the plans.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,11 +34,12 @@ from benchmarks._fairness_arms import (
 from benchmarks._fairness_checks import criteria
 from benchmarks._fairness_cpu import ProcessGroups, cpu_split
 from benchmarks._fairness_engine import Sample, parse_sample, preemptions, step_ms
-from benchmarks._fairness_load import LoadResult, RequestResult
+from benchmarks._fairness_load import LoadResult, RequestResult, Target, run_load
 from benchmarks._fairness_report import arm_summary, compare, render
 from benchmarks._fairness_resumed import Answer, problems, whole
 from benchmarks._fairness_scenarios import (
     PRESETS,
+    Planned,
     Scenario,
     build,
     context_problem,
@@ -50,6 +52,7 @@ from benchmarks._fairness_sse import StreamTally
 from benchmarks.fairness import failed_arms
 from fairq.cli import main
 from tests.support.paths import FIXTURES
+from tests.support.servers import uvicorn_thread
 
 # Light answers of 10 tokens, not the preset's 50: each arm's idle TTFT is measured on
 # light requests first, and those, one at a time, took half of the run.
@@ -442,9 +445,43 @@ def test_an_arm_whose_resumed_answer_was_not_whole_fails() -> None:
 
 
 def test_arm_k_asks_the_engine_for_token_ids_as_fairqs_workers_do() -> None:
-    from benchmarks._fairness_load import Target
-
     assert ARMS["k"].token_ids and not ARMS["k"].via_fairq and not ARMS["a"].token_ids
     asking = Target("u", "m", token_ids=True).body("hi", 5, stream=True, heavy=True)
     assert asking["return_token_ids"] is True
     assert "return_token_ids" not in Target("u", "m").body("hi", 5, stream=True, heavy=True)
+
+
+class _CountingEngine:
+    """An ASGI chat endpoint that answers every request after a short wait, counting the
+    most requests open at once."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.most_open = 0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        self.open += 1
+        self.most_open = max(self.most_open, self.open)
+        await asyncio.sleep(0.02)
+        self.open -= 1
+        body = json.dumps({"usage": {"completion_tokens": 5}}).encode()
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def test_arm_n_sends_the_flood_as_the_window_frees_and_arm_a_all_at_once() -> None:
+    assert ARMS["n"].heavy_window and not ARMS["n"].via_fairq and not ARMS["a"].heavy_window
+    plan = [Planned("A", True, 0.0, 8, 5, False) for _ in range(12)]
+    engine = _CountingEngine()
+    with uvicorn_thread(engine, lifespan="off") as url:
+        target = Target(f"{url}/v1/chat/completions", "m")
+        windowed = asyncio.run(run_load(target, plan, 30.0, heavy_window=3))
+        assert engine.most_open == 3
+        engine.most_open = 0
+        at_once = asyncio.run(run_load(target, plan, 30.0))
+        assert engine.most_open == 12
+    for load in (windowed, at_once):
+        assert load.failed == [] and load.output_tokens == 12 * 5

@@ -1,0 +1,80 @@
+"""Refills paced by the engine's step (pure, no I/O).
+
+The engine prefills whatever it was sent since its last step in its next one. Refills of
+users already in the engine sent in a burst (several slots freed at once, or a scrape
+showing that a burst of jobs that are not streamed has started) make one long step, and
+a newcomer arriving during it waits it out before its own step begins. So refills go at
+about the rate requests end: ``per_step`` of them per engine step (the engine's ended
+requests per step, at least one), one every ``step / per_step`` -- the same prefill work,
+spread evenly over the steps.
+
+The engine's step and its ended requests per second come from its metrics over windows
+of a second or more (``engine_metrics.PaceWindow``), not between two scrapes, where a step
+without a prefill in it reads as a fraction of one with, and a pace from it would pile
+refills up in the engine.
+
+The schedule is kept in time, not counted from the last send: a send that comes late (the
+dispatcher's wake-up and round take a few milliseconds) does not push every later one
+back, or the pace would drift below the engine's and its batch would shrink. Lateness of
+up to one engine step is made up, never more than ``per_step`` refills at once; a schedule
+a step or more behind (nothing was sent for that long) starts afresh.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Pace:
+    """The rate refills may go at: ``per_step`` per engine step of ``step_s``."""
+
+    per_step: int
+    step_s: float
+
+    @property
+    def interval_s(self) -> float:
+        return self.step_s / self.per_step
+
+
+def pace_of(ends_per_s: float | None, step_s: float | None) -> Pace | None:
+    """The pace for an engine that ends ``ends_per_s`` requests a second in steps of
+    ``step_s``; None while either is unknown (its first second)."""
+    if ends_per_s is None or not step_s:
+        return None
+    return Pace(max(1, math.floor(ends_per_s * step_s)), step_s)
+
+
+class Pacer:
+    """Endpoint -> when its next refill is due (monotonic seconds)."""
+
+    def __init__(self) -> None:
+        self._due: dict[str, float] = {}
+
+    def allowed(self, endpoint: str, pace: Pace, now: float) -> int:
+        """How many refills may go to ``endpoint`` at ``now``."""
+        due = self._due.get(endpoint)
+        if due is None or now - due > pace.step_s:
+            return pace.per_step  # none sent for a step or more: a step's worth
+        if now < due:
+            return 0
+        return min(pace.per_step, 1 + math.floor((now - due) / pace.interval_s))
+
+    def due_in(self, endpoint: str, now: float) -> float | None:
+        """Seconds until the next refill is due (None: none sent yet)."""
+        due = self._due.get(endpoint)
+        return None if due is None else due - now
+
+    def sent(self, endpoint: str, count: int, pace: Pace, now: float) -> None:
+        """``count`` refills went to ``endpoint`` at ``now``: the schedule moves on by
+        theirs from where it was, or from now if it is a step or more behind (nothing was
+        sent for that long)."""
+        if count <= 0:
+            return
+        due = self._due.get(endpoint)
+        start = now if due is None or now - due > pace.step_s else due
+        self._due[endpoint] = start + count * pace.interval_s
+
+    def forget(self, endpoint: str) -> None:
+        self._due.pop(endpoint, None)
