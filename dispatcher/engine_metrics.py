@@ -298,16 +298,14 @@ def next_pace_window(
     window: PaceWindow | None, sample: EngineSample, at: float
 ) -> PaceWindow | None:
     """The window after a good scrape sent at ``at`` (same clock). None: the engine does not
-    count its ended requests (``_ended``). A count that went backwards (the engine
-    restarted) starts a new window, with no figures until it ends."""
-    ended = _ended(sample)
+    count its ended requests. A count that went backwards (the engine restarted) starts a
+    new window, with no figures until it ends."""
+    ended = sample.e2e_count
     if ended is None:
         return None
     tpot = None
     if sample.tpot_sum_s is not None and sample.tpot_count is not None:
         tpot = (sample.tpot_sum_s, sample.tpot_count)
-    elif _declares(sample.engine, "tpot"):
-        tpot = (0.0, 0.0)  # no token yet: the histogram shows with its first one
     if window is None or ended < window.start_ended:
         return PaceWindow(at, ended, tpot)
     elapsed = at - window.start_s
@@ -318,21 +316,6 @@ def next_pace_window(
         seconds, tokens = tpot[0] - window.start_tpot[0], tpot[1] - window.start_tpot[1]
         step_s = seconds / tokens if tokens > 0 and seconds >= 0 else None
     return PaceWindow(at, ended, tpot, (ended - window.start_ended) / elapsed, step_s)
-
-
-def _ended(sample: EngineSample) -> float | None:
-    """Requests the engine has ended: its end-to-end histogram's count. An engine whose page
-    has that histogram but no series of it yet has ended none (vLLM's and the simulator's
-    histograms are labelled, and a labelled series shows with its first observation); None
-    where the engine does not count them."""
-    if sample.e2e_count is not None:
-        return sample.e2e_count
-    return 0.0 if _declares(sample.engine, "e2e") else None
-
-
-def _declares(engine: str, histogram: str) -> bool:
-    """Whether the dialect named ``engine`` reads a histogram (``tpot`` or ``e2e``)."""
-    return any(d.engine == engine and getattr(d, histogram) for d in _DIALECTS)
 
 
 def engine_drain_per_s(sample: EngineSample) -> float | None:

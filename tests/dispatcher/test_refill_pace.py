@@ -172,16 +172,3 @@ async def test_refills_held_by_their_pace_wake_the_dispatcher_when_the_step_free
     dispatcher._wake_when_paced(model, full, states)
     assert dispatcher._pace_timers == set()
     await redis.aclose()
-
-
-def test_a_vllm_page_without_the_histograms_yet_has_ended_nothing_and_made_no_token() -> None:
-    # vLLM's and the simulator's histograms are labelled: their series show with the first
-    # observation, so a fresh engine's page has none. A window starts at once all the same.
-    fresh = replace(sample(None, (0.0, 0.0)), tpot_sum_s=None, tpot_count=None, engine="vllm")
-    window = next_pace_window(None, fresh, at=0.0)
-    assert window == PaceWindow(0.0, 0.0, (0.0, 0.0))
-    later = next_pace_window(window, replace(fresh, e2e_count=0.0, tpot_sum_s=2.0,
-                                             tpot_count=40.0), at=1.0)  # fmt: skip
-    assert later is not None and later.ends_per_s == 0.0 and later.step_s == 0.05
-    # An engine that has no such histogram at all (llama.cpp) gives no window.
-    assert next_pace_window(None, replace(fresh, engine="llamacpp"), at=0.0) is None
