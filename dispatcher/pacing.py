@@ -11,8 +11,11 @@ spread evenly over the steps.
 The engine's step and its ended requests per second come from its metrics over windows
 of a second or more (``engine_metrics.PaceWindow``), not between two scrapes, where a step
 without a prefill in it reads as a fraction of one with, and a pace from it would pile
-refills up in the engine. The pace only ever lowers what admission allows: the scrape's
-caution on jobs that are not streamed still holds (``dispatcher.admission``).
+refills up in the engine. No pace is known before the engine has ended a request (the
+simulator, for one, shows its end-to-end histogram only then) and a window has closed;
+refills keep the scrape's caution alone until then. The pace only ever lowers what
+admission allows: the scrape's caution on jobs that are not streamed still holds
+(``dispatcher.admission``).
 
 The schedule is kept in time, not counted from the last send: a send that comes late (the
 dispatcher's wake-up and round take a few milliseconds) does not push every later one
