@@ -72,7 +72,7 @@ class Limit(enum.StrEnum):
     QUEUE_TARGET = "queue_target"
     BATCH_SLOTS = "batch_slots"  # the batch is full: only users with nothing in it may go
     NEWCOMER_STEP = "newcomer_step"  # a newcomer's prefill step: only users with nothing in it
-    REFILL_PACE = "refill_pace"  # this step's refills were sent: only users with nothing in it
+    REFILL_PACE = "refill_pace"  # the next refill is not due: only users with nothing in it
     TPOT_CEILING = "tpot_ceiling"
     STALE_METRICS = "stale_metrics"  # fell back to the static cap
     UNHEALTHY = "unhealthy"
