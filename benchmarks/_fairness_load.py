@@ -15,6 +15,7 @@ process ends the load early instead of leaving it to time out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -183,10 +184,9 @@ async def _at(client: httpx.AsyncClient, target: Target, item: Planned, result: 
               prompt: str, *, t0: float, bucket_s: float | None,
               window: asyncio.Semaphore | None) -> None:  # fmt: skip
     await asyncio.sleep(max(0.0, t0 + item.at_s - time.perf_counter()))
-    if window is None or not item.heavy:
-        await send(client, target, result, prompt, stream=item.stream, t0=t0, bucket_s=bucket_s)
-        return
-    async with window:  # a heavy request goes once one of the open ones has ended
+    # A heavy request in a window goes once one of the open ones has ended.
+    gate = window if window is not None and item.heavy else contextlib.nullcontext()
+    async with gate:
         await send(client, target, result, prompt, stream=item.stream, t0=t0, bucket_s=bucket_s)
 
 

@@ -111,6 +111,7 @@ def fairq_config(spec: ArmSpec, setup: Setup, engine_url: str) -> dict[str, Any]
 @contextlib.contextmanager
 def arm_env(spec: ArmSpec, setup: Setup) -> Iterator[ArmEnv]:
     """Start what the arm needs; stop all of it on the way out (Ctrl-C included)."""
+    window = _heavy_window(spec, setup)
     with (
         tempfile.TemporaryDirectory(prefix="fairq-bench-") as folder,
         contextlib.ExitStack() as on_exit,
@@ -128,11 +129,18 @@ def arm_env(spec: ArmSpec, setup: Setup) -> Iterator[ArmEnv]:
             stacks = (stack,)
         groups = ProcessGroups(engine_pids, frozenset(descendants()) - engine_pids, _labels(stacks))
         target = _target(spec, setup, engine.url, stacks)
-        window = setup.engine.batch_slots
-        if spec.heavy_window and window is None:
-            raise ValueError(f"arm ({spec.key}) needs the engine's batch, unknown for this engine")
-        window = window + 1 if spec.heavy_window and window is not None else None
         yield ArmEnv(target, engine.url, groups, stacks, engine.dead, heavy_window=window)
+
+
+def _heavy_window(spec: ArmSpec, setup: Setup) -> int | None:
+    """The heavy requests the arm keeps open at once: the engine's batch + 1 (None: no
+    bound). Raises ValueError before anything starts when the arm needs an unknown batch."""
+    if not spec.heavy_window:
+        return None
+    slots = setup.engine.batch_slots
+    if slots is None:
+        raise ValueError(f"arm ({spec.key}) needs the engine's batch, unknown for this engine")
+    return slots + 1
 
 
 def _fairq_stack(spec: ArmSpec, setup: Setup, engine_url: str) -> Stack:

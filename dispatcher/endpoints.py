@@ -171,9 +171,7 @@ def _pace(
 ) -> tuple[int | None, float | None]:
     """The refills the endpoint's pace lets go now, and in how long the next is due (None,
     None: its refills are not paced, or no pace is known yet)."""
-    if pacer is None or view.pace is None:
-        return None, None
-    pace = pace_of(view.pace.ends_per_s, view.pace.step_s)
-    if pace is None:
+    pace = pace_of(view.pace)
+    if pacer is None or pace is None:
         return None, None
     return pacer.allowed(endpoint, pace, now), pacer.due_in(endpoint, now)

@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dispatcher.engine_metrics import PaceWindow
+
 
 @dataclass(frozen=True)
 class Pace:
@@ -42,12 +44,13 @@ class Pace:
         return self.step_s / self.per_step
 
 
-def pace_of(ends_per_s: float | None, step_s: float | None) -> Pace | None:
-    """The pace for an engine that ends ``ends_per_s`` requests a second in steps of
-    ``step_s``; None while either is unknown (its first second)."""
-    if ends_per_s is None or not step_s:
+def pace_of(window: PaceWindow | None) -> Pace | None:
+    """The pace for an engine whose last whole window says how fast it ends requests and
+    how long its steps are; None while either is unknown (before a window has closed), or
+    where the engine does not count its ended requests (no window)."""
+    if window is None or window.ends_per_s is None or not window.step_s:
         return None
-    return Pace(max(1, math.floor(ends_per_s * step_s)), step_s)
+    return Pace(max(1, math.floor(window.ends_per_s * window.step_s)), window.step_s)
 
 
 class Pacer:

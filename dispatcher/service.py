@@ -554,9 +554,7 @@ class Dispatcher:
         """``refills`` jobs of users already in the engine went to ``endpoint``: its pace's
         schedule moves on (``dispatcher.pacing``)."""
         view = self._scraper.view(endpoint) if self._scraper is not None else None
-        if not model.pace_refills or view is None or view.pace is None:
-            return
-        pace = pace_of(view.pace.ends_per_s, view.pace.step_s)
+        pace = pace_of(view.pace) if model.pace_refills and view is not None else None
         if pace is not None:
             self._pacer.sent(endpoint, refills, pace, now)
 

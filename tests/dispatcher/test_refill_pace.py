@@ -40,13 +40,19 @@ def state(**values: object) -> EndpointState:
     return EndpointState(**(base | values))  # type: ignore[arg-type]
 
 
+def window(ends_per_s: float | None, step_s: float | None) -> PaceWindow:
+    return PaceWindow(0.0, 0.0, None, ends_per_s, step_s)
+
+
 def test_the_pace_is_as_many_refills_per_step_as_requests_end_in_one() -> None:
     # 5 ends/s x 50 ms = 0.25 per step: one refill per step, one every 50 ms.
-    assert pace_of(5.0, 0.05) == Pace(1, 0.05) and Pace(1, 0.05).interval_s == 0.05
+    assert pace_of(window(5.0, 0.05)) == Pace(1, 0.05) and Pace(1, 0.05).interval_s == 0.05
     # 90 ends/s x 50 ms = 4.5 per step: four (the batch settles where four end in a step).
-    assert pace_of(90.0, 0.05) == Pace(4, 0.05)
-    assert pace_of(0.0, 0.05) == Pace(1, 0.05)  # nothing ended yet: one per step
-    assert pace_of(None, 0.05) is None and pace_of(5.0, None) is None  # its first second
+    assert pace_of(window(90.0, 0.05)) == Pace(4, 0.05)
+    assert pace_of(window(0.0, 0.05)) == Pace(1, 0.05)  # nothing ended yet: one per step
+    assert pace_of(window(None, 0.05)) is None  # its first second: no whole window yet
+    assert pace_of(window(5.0, None)) is None  # no token in the window
+    assert pace_of(None) is None  # the engine does not count its ended requests
 
 
 def test_paced_refills_go_one_interval_apart_and_a_late_send_does_not_push_the_rest() -> None:
