@@ -31,8 +31,8 @@ from broker.batch.lines import KINDS, LineError, ValidLine, check_line, error_re
 from broker.batch.reading import Line, read_lines
 from broker.batch.store import BatchRecord
 from broker.errors import NotFound
-from broker.jobs import StreamMode, Submission, new_job_id
-from broker.requests import engine_payload, estimate_cost
+from broker.jobs import Submission, new_job_id
+from broker.requests import engine_payload, estimate_cost, stream_mode
 
 _FAILED_ERRORS_SHOWN = 10
 _REASON_CHARS = 300  # of an exception's text, in a line's error
@@ -178,7 +178,7 @@ def _submission(batch: BatchRecord, line: ValidLine, job_id: str) -> Submission:
         tenant=batch.s("tenant") or batch.owner,
         band="batch",
         kind=KINDS[batch.s("endpoint") or ""],
-        stream_flag=StreamMode.PLAIN,
+        stream_flag=stream_mode(line.body, line.model),
         payload=engine_payload(line.body, job_id, line.model),
         job_id=job_id,
         cost=estimate_cost(line.body, line.model),

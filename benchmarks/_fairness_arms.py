@@ -24,7 +24,9 @@ the engine schedules by priority:
 (m) as (c) with refills not paced (``pace_refills`` off);
 (n) as (a), but the heavy users' requests go only as the engine's batch frees (at most
     its batch + 1 open at once, as fairq hands them over): what the engine's throughput
-    is when a flood arrives over time rather than at t=0, with no fairq process running.
+    is when a flood arrives over time rather than at t=0, with no fairq process running;
+(o) as (c) with answers not streamed to their clients not streamed from the engine either
+    (``stream_from_engine`` off): fairq sees their first token only with the whole answer.
 
 An arm whose fairq feature is missing (fairq rejects its model setting) or whose
 engine runs the other scheduling policy is reported "not available: <reason>",
@@ -127,6 +129,12 @@ ARMS: dict[str, ArmSpec] = {
             "engine FIFO (direct), the flood sent as slots free",
             via_fairq=False,
             heavy_window=True,
+        ),
+        ArmSpec(
+            "o",
+            "fairq, whole answers not streamed from the engine",
+            via_fairq=True,
+            model_overrides={"stream_from_engine": False},
         ),
     )
 }

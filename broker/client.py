@@ -74,7 +74,7 @@ class AsyncClient:
                 tenant=self._principal.tenant,
                 band=self._principal.band_for(band, self._settings.bands),
                 kind=kind,
-                stream_flag=stream_mode(body),
+                stream_flag=stream_mode(body, config),
                 payload=engine_payload(body, job_id, config),
                 job_id=job_id,
                 cost=estimate_cost(body, config),

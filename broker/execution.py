@@ -119,7 +119,8 @@ class Claimed:
 
     @property
     def stream(self) -> bool:
-        return self.stream_flag is not StreamMode.PLAIN
+        """Its client reads server-sent events."""
+        return self.stream_flag.to_client
 
 
 class TokenTrail(NamedTuple):

@@ -54,6 +54,15 @@ class StreamMode(enum.StrEnum):
     PLAIN = "0"  # not streamed: one body
     STREAMED = "1"  # server-sent events
     WITH_USAGE = "2"  # streamed, ending with the usage chunk (stream_options.include_usage)
+    # One body for its client, streamed from the engine to the worker, which rebuilds the
+    # whole answer (``workers.whole``): fairq sees its first token at once, as a streamed
+    # job's (``ModelConfig.stream_from_engine``).
+    WHOLE = "3"
+
+    @property
+    def to_client(self) -> bool:
+        """The client reads server-sent events (else one body)."""
+        return self is StreamMode.STREAMED or self is StreamMode.WITH_USAGE
 
 
 @dataclass(frozen=True)
@@ -144,7 +153,7 @@ class JobRecord:
             tenant=s(jf.TENANT) or keys.tenant_of_field(band, s(jf.TENANT_FIELD) or ""),
             band=band,
             kind=RequestKind(s(jf.KIND) or "chat"),
-            stream=h.get(jf.STREAM, b"0").decode() != StreamMode.PLAIN,
+            stream=StreamMode(h.get(jf.STREAM, b"0").decode()).to_client,
             endpoint=s(jf.ENDPOINT),
             enqueued_ms=_enqueued_ms(h),
             dispatched_ms=_ms(h.get(jf.DISPATCHED_MS)),

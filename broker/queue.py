@@ -15,7 +15,6 @@ from broker.errors import BrokerUnavailable, NotFound, QueueFull
 from broker.jobs import (
     JobRecord,
     JobState,
-    StreamMode,
     Submission,
     model_of,
     new_job_id,
@@ -80,7 +79,7 @@ class JobQueue:
             bands=s.bands,
             ready_maxlen=s.ready_stream_maxlen,
             engine_priority=model is not None and model.engine_priority,
-            resumable=resumes and sub.stream_flag != StreamMode.PLAIN and resumable(sub.payload),
+            resumable=resumes and sub.stream_flag.to_client and resumable(sub.payload),
             keep_s=keep_s,
         )
 

@@ -159,6 +159,8 @@ def engine_payload(body: dict[str, Any], job_id: str, model: ModelConfig) -> byt
     payload.pop("priority", None)  # a key never sets its own engine priority: fairq does
     if model.engine == "vllm":
         payload["request_id"] = job_id
+    if stream_mode(body, model) is StreamMode.WHOLE:
+        payload["stream"] = True  # the worker rebuilds the whole answer (workers.whole)
     if payload.get("stream"):
         options = dict(payload.get("stream_options") or {})
         options["include_usage"] = True
@@ -214,10 +216,35 @@ def resumable(payload: bytes) -> bool:
     return not any(mark in payload for mark in _NOT_RESUMABLE) and not _LOGPROBS.search(payload)
 
 
-def stream_mode(body: dict[str, Any]) -> StreamMode:
-    if not body.get("stream"):
-        return StreamMode.PLAIN
-    return StreamMode.WITH_USAGE if wants_usage(body) else StreamMode.STREAMED
+# The request fields with which the answer the engine streams is the whole answer, chunk by
+# chunk, so that the worker can rebuild it (``workers.whole``): text and finish reasons,
+# and the sampling, length and format options that shape them. A request with any other
+# field (tools, log probabilities, echo, best_of, token ids, a field unknown here) goes to
+# the engine as its client sent it, not streamed.
+WHOLE_FIELDS = frozenset(
+    {
+        "model", "messages", "prompt", "user", "stream", "n", "request_id",
+        "max_tokens", "max_completion_tokens", "min_tokens", "ignore_eos", "stop",
+        "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens",
+        "spaces_between_special_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
+        "presence_penalty", "frequency_penalty", "repetition_penalty", "length_penalty",
+        "logit_bias", "bad_words", "allowed_token_ids", "response_format",
+        "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+        "guided_grammar", "add_generation_prompt", "continue_final_message",
+        "add_special_tokens", "chat_template", "chat_template_kwargs", "reasoning_effort",
+        "truncate_prompt_tokens", "cache_salt", "metadata",
+    }
+)  # fmt: skip
+
+
+def stream_mode(body: dict[str, Any], model: ModelConfig) -> StreamMode:
+    """How the job's answer travels: to its client as asked; one its client wants whole is
+    streamed from the engine where the model says so and the worker can rebuild it."""
+    if body.get("stream"):
+        return StreamMode.WITH_USAGE if wants_usage(body) else StreamMode.STREAMED
+    if model.stream_from_engine and body.get("n", 1) == 1 and WHOLE_FIELDS.issuperset(body):
+        return StreamMode.WHOLE
+    return StreamMode.PLAIN
 
 
 def wants_usage(body: dict[str, Any]) -> bool:

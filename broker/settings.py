@@ -156,6 +156,13 @@ class ModelConfig(_Frozen):
     # that step long, and a newcomer arriving then waits it out. Needs the batch rule and
     # metrics (``dispatcher.pacing``).
     pace_refills: bool = True
+    # Ask the engine to stream the answers of requests whose clients want them whole (not
+    # streamed), and rebuild each whole answer in the worker (``workers.whole``): fairq then
+    # sees their first token at once, as a streamed request's, where it would otherwise see
+    # nothing until the answer ends (admission, the newcomer's step and preemption rely on
+    # it). Requests with fields the rebuild does not cover (tools, log probabilities, echo,
+    # several choices, ...; ``broker.requests.WHOLE_FIELDS``) go to the engine as sent.
+    stream_from_engine: bool = True
     # Preemption may also take a streamed answer back mid-way (vLLM only), to go on later
     # (``workers.resume_exact``). "exact": only an answer whose token ids the engine
     # returned (vLLM's return_token_ids): it goes on from the prompt's and the answer's

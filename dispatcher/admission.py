@@ -7,15 +7,16 @@ jobs, where the estimate of its queue is the larger of
 * what it last reported waiting, plus fairq's jobs that scrape could not show
   (on their way to it, or handed over within the engine's metrics lag), plus
   what fairq sent it since that may still wait: none of these is in the sample,
-  so they add up. A streamed job waits in the engine only until its first token,
+  so they add up. A streamed job (to its client, or from the engine for a whole
+  answer: ``StreamMode.WHOLE``) waits in the engine only until its first token,
   which fairq sees at once; so of the streamed jobs handed over just before the
   scrape and those sent since, the ones that still may wait are at most the
-  lag-free count below. A job on its way at the scrape, or one not streamed
-  (whose first token is invisible until its whole answer), may wait unseen until
-  the next scrape; and
+  lag-free count below. A job on its way at the scrape, or one the engine does not
+  stream (whose first token is invisible until its whole answer), may wait unseen
+  until the next scrape; and
 * fairq's own count of jobs sent to it that have not started yet: lag-free. A
-  streamed job has started at its first token (so prefill counts too); a
-  non-streamed job once the worker has handed the request to the engine.
+  streamed job has started at its first token (so prefill counts too); one the
+  engine does not stream once the worker has handed the request to the engine.
 
 The terms read at the scrape stay until the next one, and a newer sample may show
 that their jobs have left the engine's queue: ``held_by_unseen`` says when only they

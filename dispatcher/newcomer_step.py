@@ -10,7 +10,8 @@ newcomer's), the endpoint takes nothing more of users already in it
 (``EndpointState.newcomer_step``), and the dispatcher takes back their streamed jobs
 handed over within ``YOUNG_STEPS`` steps that have no output yet (``DispatchStore.park``
 with ``young_ms``): they go back to the head of their users' queues and are sent again
-once the step is clear. (Not jobs that are not streamed: they show no output until their
+once the step is clear. (A job streamed from the engine for a whole answer counts until
+its first token. Not jobs the engine does not stream: they show no output until their
 end, so nothing tells whether their prefill is done, and taking one back wastes it.)
 
 Costs: a freed slot stays empty for up to ``HOLD_STEPS`` steps per newcomer, and a refill

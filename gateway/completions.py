@@ -25,7 +25,7 @@ from starlette.responses import Response
 
 from broker.auth import Principal
 from broker.errors import InvalidRequest, UnknownModel
-from broker.jobs import RequestKind, StreamMode, Submission, new_job_id
+from broker.jobs import RequestKind, Submission, new_job_id
 from broker.requests import engine_payload, estimate_cost, parse_body, stream_mode
 from broker.settings import ModelConfig
 from gateway.auth import Caller
@@ -60,7 +60,7 @@ async def _complete(request: Request, caller: Principal, kind: RequestKind) -> R
     sub = _submission(gateway, caller, kind, body, request.headers.get(BAND_HEADER))
     hold = _hold_headers(request.headers.get(STREAM_HEADERS_HEADER))
     job = await FollowedJob.submit(gateway, sub)
-    if sub.stream_flag != StreamMode.PLAIN:
+    if sub.stream_flag.to_client:
         return JobStreamResponse(job, hold=hold)
     try:
         return await _wait_for_result(request, job)
@@ -103,7 +103,7 @@ def _submission(
         tenant=caller.tenant,
         band=caller.band_for(band or None, gateway.settings.bands),
         kind=kind,
-        stream_flag=stream_mode(body),
+        stream_flag=stream_mode(body, model),
         payload=engine_payload(body, job_id, model),
         job_id=job_id,
         cost=estimate_cost(body, model),

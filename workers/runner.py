@@ -43,6 +43,7 @@ from workers.engine_info import ContextLengths
 from workers.errors import EngineError
 from workers.resume import Earlier
 from workers.resume_exact import needs_context_len, seam_of
+from workers.whole import WholeAnswer
 from workers.writer import ResultWriter
 
 # The chunk entries earlier attempts of a resumed job wrote (``ExecutionStore.written``).
@@ -172,6 +173,8 @@ class JobRunner:
     ) -> None:  # fmt: skip
         if job.stream:
             await self._stream(job, plan, payload, accounting, progress)
+        elif job.stream_flag is StreamMode.WHOLE:
+            await self._whole(job, plan.url, payload, accounting, progress)
         else:
             await self._plain(job, plan.url, payload, accounting, progress)
 
@@ -203,6 +206,34 @@ class JobRunner:
             idle_timeout_s=self._settings.engine_stream_idle_timeout_s,
             on_response=progress.on_sent,
         )
+
+    async def _whole(
+        self, job: Claimed, url: str, payload: bytes, accounting: Accounting, progress: _Progress
+    ) -> None:
+        """Streamed from the engine, the whole answer written at its end: its first token
+        marks the job started at once (``first.lua``), as a streamed job's first output."""
+        answer = WholeAnswer(job.kind)
+        first_ms: int | None = None
+
+        def on_events(events: bytes) -> None:  # runs inside the HTTP client's callback
+            nonlocal first_ms
+            if first_ms is None:
+                first_ms = int(time.time() * 1000)
+                self._writer.mark_started(job)
+            answer.add(events)
+
+        await stream_events(
+            self._http,
+            url,
+            payload,
+            accounting,
+            on_events,
+            keep_usage=True,  # the usage chunk may carry the fingerprint of the body
+            idle_timeout_s=self._settings.engine_stream_idle_timeout_s,
+            on_response=lambda _accepted: progress.sent_plain(),  # its client waits for a body
+        )
+        progress.first_ms = first_ms or int(time.time() * 1000)
+        self._writer.body(job, answer.body(accounting.usage))
 
     async def _plain(
         self, job: Claimed, url: str, payload: bytes, accounting: Accounting, progress: _Progress

@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from broker import Claimed, Latency, Outcome, add_latency, keys, telemetry
+from broker import Claimed, Latency, Outcome, StreamMode, add_latency, keys, telemetry
 from broker import job_fields as jf
 from broker.jobs import model_of
 
@@ -38,7 +38,7 @@ class _Ended:
     model: str
     job_id: str
     band: str
-    stream: bool
+    first_seen: bool  # its first token was seen as it came (not one body at its end)
 
 
 class WorkerTelemetry:
@@ -50,7 +50,8 @@ class WorkerTelemetry:
         """This worker ended the job (complete.lua said so): count it, time it later."""
         telemetry.JOBS_ENDED.labels(job.model, job.band, outcome.state.value).inc()
         if len(self._ended) < _MAX_PENDING:
-            self._ended.append(_Ended(job.model, job.job_id, job.band, job.stream))
+            first_seen = job.stream_flag is not StreamMode.PLAIN
+            self._ended.append(_Ended(job.model, job.job_id, job.band, first_seen))
 
     async def observe(self, redis: Redis) -> int:
         """Time the jobs ended since the last call; returns how many were observed."""
@@ -90,7 +91,7 @@ def _latency(e: _Ended, fields: Sequence[bytes | None]) -> Latency | None:
     enqueued = int(tq)
     wait_ms = int(td) - enqueued if td else None
     run_ms = max(0, int(te) - int(td)) if td and te else None
-    ttft_ms = int(tf) - enqueued if e.stream and tf else None
+    ttft_ms = int(tf) - enqueued if e.first_seen and tf else None
     labels = (e.model, e.band)
     if wait_ms is not None:
         telemetry.QUEUE_WAIT.labels(*labels).observe(max(0, wait_ms) / 1000)

@@ -38,7 +38,7 @@
 --          backlog of band 1 (user, score, ...), ..., backlog of band B,
 --          join scores of the bands and the express sequence 'xs',
 --          in-flight hash (endpoint, count, ...), unstarted hash,
---          how many of the jobs dispatched are not streamed (admission counts those
+--          how many of the jobs dispatched the engine does not stream ('s' 0: admission counts those
 --          apart: fairq cannot see when they leave the engine's queue),
 --          with ARGV[10] = 1: per band, the jobs in the engine of each reported user}.
 local now = now_ms()
@@ -46,7 +46,7 @@ local bands = tonumber(ARGV[6])
 local cap = tonumber(ARGV[4])
 local served_cap = tonumber(ARGV[9])  -- nil: no bound of its own
 local ids = {}
-local plain = 0  -- jobs dispatched that are not streamed
+local plain = 0  -- jobs dispatched that the engine does not stream
 local sent = 0   -- jobs dispatched by this call
 local FIXED = 7  -- KEYS before the band backlogs
 local picks = #KEYS - FIXED - bands

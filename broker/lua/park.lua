@@ -30,11 +30,12 @@
 -- ARGV[7] fewest jobs a user must have at the endpoint to lose one
 -- ARGV[8] wake channel   ARGV[9] cancel channel   ARGV[10] result key prefix (fq:{m}:out:)
 -- ARGV[11] 1: a resumable job without token ids may go on from its text; else it stays
--- ARGV[12] 0: any job as above; N > 0: only a streamed job without output handed over (its
---          ready entry added) within the last N ms, by Redis's clock: one that may still
---          wait for its prefill (the dispatcher clears a newcomer's prefill step of such
---          jobs). Not one that is not streamed: it has no output until its end, so nothing
---          tells whether its prefill is done, and taking it back would waste that.
+-- ARGV[12] 0: any job as above; N > 0: only a job streamed from the engine without a first
+--          token handed over (its ready entry added) within the last N ms, by Redis's clock:
+--          one that may still wait for its prefill (the dispatcher clears a newcomer's
+--          prefill step of such jobs). Not one the engine does not stream ('s' 0): it has no
+--          output until its end, so nothing tells whether its prefill is done, and taking it
+--          back would waste that.
 -- Parked jobs of a (band, user) are the list fq:{m}:qf:{band}:{user}; dispatch.lua serves
 -- them before the user's queue stream, and a user stays backlogged while either holds one.
 -- Returns {job id, user} of the job parked, or {} when no job may be taken.
@@ -79,10 +80,12 @@ for _, e in ipairs(entries) do
     local young = young_ms == 0
       or (f['s'] ~= '0' and tonumber(string.match(e[1], '^(%d+)')) >= oldest_ms)
     if young and not candidate[user] then
-      local s = redis.call('HMGET', ARGV[2] .. f['j'], 'st', 'rsm', 'pk')
+      local s = redis.call('HMGET', ARGV[2] .. f['j'], 'st', 'rsm', 'pk', 'ft')
       if s[1] == 'dispatched' or s[1] == 'running' then
         local first = first_output(ARGV[10] .. f['j'], s[3])
-        if not first then
+        -- A job streamed from the engine for a whole answer ('s' 3) writes no output before
+        -- its end; its first token is marked 'ft' (first.lua): it is past its prefill.
+        if not first and not (young_ms > 0 and s[4]) then
           candidate[user] = {f['j'], e[1], f['p'], f['b']}
         elseif young_ms == 0 and s[2] and goes_on(first) then
           -- newest first: the last one seen stays

@@ -19,6 +19,7 @@ from broker import (
     Outcome,
     Pick,
     Settings,
+    StreamMode,
     express_send,
     keys,
 )
@@ -178,7 +179,8 @@ async def test_an_express_job_that_may_be_resumed_records_its_token_ids_like_a_d
     await x.ensure_groups([MODEL])
     assert await _grant(d, ALL)
     await q.submit(submission("alice"))
-    await q.submit(replace(submission("alice"), stream_flag="0"))  # not streamed: never
+    not_streamed = replace(submission("alice"), stream_flag=StreamMode.PLAIN)  # never
+    await q.submit(not_streamed)
     claimed = await x.claim(r, [MODEL], "w1", count=10, block_ms=100)
     assert [c.track_tokens for c in claimed] == [True, False]
 

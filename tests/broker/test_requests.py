@@ -64,7 +64,6 @@ def test_vllm_payload_names_the_job_and_drops_the_fairness_user() -> None:
     payload = orjson.loads(engine_payload(chat(user="u1"), "job-1", VLLM))
     assert payload["request_id"] == "job-1"
     assert "user" not in payload
-    assert "stream_options" not in payload
 
 
 @pytest.mark.parametrize("engine", ["openai", "sglang", "tgi", "llamacpp"])
@@ -100,11 +99,46 @@ def test_wants_usage_only_when_the_client_asked() -> None:
 
 def test_the_stream_mode_says_whether_the_answer_streams_and_ends_with_usage() -> None:
     usage = {"include_usage": True}
-    assert stream_mode(chat()) is StreamMode.PLAIN
-    assert stream_mode(chat(stream=False, stream_options=usage)) is StreamMode.PLAIN
-    assert stream_mode(chat(stream=True)) is StreamMode.STREAMED
-    assert stream_mode(chat(stream=True, stream_options=usage)) is StreamMode.WITH_USAGE
+    assert stream_mode(chat(), VLLM) is StreamMode.WHOLE
+    assert stream_mode(chat(stream=False, stream_options=usage), VLLM) is StreamMode.PLAIN
+    assert stream_mode(chat(stream=True), VLLM) is StreamMode.STREAMED
+    assert stream_mode(chat(stream=True, stream_options=usage), VLLM) is StreamMode.WITH_USAGE
     assert StreamMode.WITH_USAGE == "2"  # the wire value in Redis ('s')
+    assert [m.to_client for m in StreamMode] == [False, True, True, False]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"tools": [{"type": "function", "function": {"name": "f"}}]},
+        {"logprobs": True, "top_logprobs": 2},
+        {"n": 2},
+        {"echo": True},
+        {"best_of": 2},
+        {"return_token_ids": True},
+        {"a_field_fairq_does_not_know": 1},
+    ],
+)
+def test_a_whole_answer_the_worker_cannot_rebuild_goes_to_the_engine_as_sent(
+    extra: dict[str, object],
+) -> None:
+    body = chat(**extra)
+    assert stream_mode(body, VLLM) is StreamMode.PLAIN
+    assert "stream" not in orjson.loads(engine_payload(body, "job-1", VLLM))
+
+
+def test_a_whole_answer_is_streamed_from_the_engine_with_its_usage() -> None:
+    body = chat(max_tokens=8, temperature=0.0, stop=["\n"], n=1, seed=3, stream=False)
+    assert stream_mode(body, VLLM) is StreamMode.WHOLE
+    payload = orjson.loads(engine_payload(body, "job-1", VLLM))
+    assert payload["stream"] is True
+    assert payload["stream_options"] == {"include_usage": True}
+
+
+def test_a_model_may_keep_whole_answers_unstreamed() -> None:
+    model = VLLM.model_copy(update={"stream_from_engine": False})
+    assert stream_mode(chat(), model) is StreamMode.PLAIN
+    assert "stream" not in orjson.loads(engine_payload(chat(), "job-1", model))
 
 
 def test_a_client_cannot_set_its_own_engine_priority() -> None:

@@ -37,6 +37,7 @@ from broker import (
     Outcome,
     Pick,
     Settings,
+    StreamMode,
     keys,
 )
 from gateway import sse
@@ -381,7 +382,7 @@ async def test_non_streaming_returns_the_engine_body(
 ) -> None:
     request = asyncio.create_task(http.post("/v1/chat/completions", headers=ALICE, json=chat()))
     job = await standin.take()
-    assert job.stream_flag == "0"
+    assert job.stream_flag is StreamMode.WHOLE  # streamed from the engine, one body to its client
     body = chat_body(job.job_id, "hello")
     await standin.finish(job, body=body)
     response = await asyncio.wait_for(request, WAIT_S)

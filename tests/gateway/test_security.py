@@ -28,7 +28,7 @@ import pytest
 import redis
 from pydantic import ValidationError
 
-from broker import ApiKeyConfig, JobQueue, KeyRing, Settings, Submission
+from broker import ApiKeyConfig, JobQueue, KeyRing, Settings, StreamMode, Submission
 from broker.jobs import RequestKind
 from broker.requests import engine_payload
 from fairq.localredis import LocalRedis
@@ -107,7 +107,8 @@ async def _queue(redis_url: str, user: str, band: str, n: int) -> None:
     client = Redis.from_url(redis_url)
     queue = JobQueue(client, make_settings(redis_url, **CONFIG))
     sub = Submission(model=MODEL, owner=user, user=user, tenant=user, band=band,
-                     kind=RequestKind.CHAT, stream_flag="1", payload=b"{}")  # fmt: skip
+                     kind=RequestKind.CHAT, stream_flag=StreamMode.STREAMED,
+                     payload=b"{}")  # fmt: skip
     for _ in range(n):
         await queue.submit(sub)
     await client.aclose()

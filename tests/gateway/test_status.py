@@ -27,6 +27,7 @@ from broker import (
     Pick,
     RequestKind,
     Settings,
+    StreamMode,
     Submission,
     keys,
 )
@@ -64,7 +65,7 @@ _DASHBOARD = REPO / "deploy/k8s/grafana/fairq-dashboard.json"
 def submission(user: str, band: str = "default") -> Submission:
     return Submission(
         model=MODEL, owner=user, user=user, tenant=user, band=band,
-        kind=RequestKind.CHAT, stream_flag="1", payload=b"{}",
+        kind=RequestKind.CHAT, stream_flag=StreamMode.STREAMED, payload=b"{}",
     )  # fmt: skip
 
 

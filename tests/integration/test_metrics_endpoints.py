@@ -156,7 +156,8 @@ def test_each_component_exports_its_series_and_status_shows_the_backlog(stack: S
     assert value(w, "fairq_jobs_ended_total", model="demo-chat", state="completed") == 4
     assert value(w, "fairq_worker_jobs_running", model="demo-chat") == 0
     assert value(w, "fairq_worker_concurrency") == 64
-    assert value(w, "fairq_ttft_seconds_count", model="demo-code") is None  # none streamed
+    # Not streamed to their clients, but streamed from the engine: first tokens seen.
+    assert value(w, "fairq_ttft_seconds_count", model="demo-code") == 11
 
     # A scrape that timed out on this busy box makes an engine unhealthy until the next.
     eventually(lambda: _engines_healthy(dispatcher), "both engines healthy", **_POLL)

@@ -1,8 +1,9 @@
-"""Exact resume against a real vLLM 0.32 (CPU build, the benchmarks' tiny model): alice's
+"""Against a real vLLM 0.32 (CPU build, the benchmarks' tiny model). Exact resume: alice's
 long streamed answers fill the batch, bob comes, one of hers is taken back mid-answer and
 goes on from token ids. Every answer is then checked against the model's tokenizer: its
 text is the tokenizer's text of the answer's token ids, which are as many as she asked
-for and as her usage counts, and her client saw none of the ids.
+for and as her usage counts, and her client saw none of the ids. Whole answers: a request
+not streamed, which fairq streams from the engine and rebuilds, gets vLLM's own answer.
 
 Slow (vLLM starts in about 30 s): it runs only with ``FAIRQ_TEST_VLLM=1``, and after
 ``make bench-vllm-setup`` (or with ``FAIRQ_VLLM_HOME`` naming a home that has vLLM).
@@ -14,6 +15,7 @@ import os
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from redis import Redis
 
@@ -112,3 +114,40 @@ def _wait_for_output(redis_url: str, jobs: list[str]) -> bool:
                 return False
             time.sleep(0.01)
     raise AssertionError("alice's answers never filled the batch")
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "tell me more"}]}),
+        ("/v1/completions", {"prompt": "def main():"}),
+    ],
+)
+def test_a_whole_answer_rebuilt_from_the_stream_is_vllms_own_whole_answer(
+    vllm_url: str, redis_url: str, path: str, body: dict[str, object]
+) -> None:
+    # The same greedy request, straight to vLLM and through fairq, which streams it from
+    # the engine and rebuilds the whole answer (workers/whole.py).
+    request = {"model": MODEL, "max_tokens": 24, "temperature": 0.0, **body}
+    direct = httpx.post(vllm_url + path, json=request, timeout=60).json()
+    config = demo_config([1, 2])
+    config["models"] = [{"name": MODEL, "engine": "vllm", "endpoints": [vllm_url]}]
+    with Stack(config, gateway_port=0, redis_url=redis_url, gateway=False) as stack:
+        settings = make_settings(redis_url, **stack.config)
+        with Client(settings, api_key="fq-demo-alice") as alice:
+            job_id = alice.submit(MODEL, **{k: v for k, v in request.items() if k != "model"})
+            rebuilt = alice.result(job_id)
+            assert alice.status(job_id).first_token_ms is not None
+    left_out = {k: v for k, v in direct.items() if k not in rebuilt}
+    assert all(v is None for v in left_out.values()), left_out
+    for key in set(rebuilt) - {"id", "created", "choices"}:
+        assert _set(rebuilt[key]) == _set(direct[key]), key
+    (mine,), (theirs,) = rebuilt["choices"], direct["choices"]
+    assert all(theirs[k] == v for k, v in mine.items() if k != "message"), (mine, theirs)
+    if "message" in mine:
+        assert {k: v for k, v in theirs["message"].items() if v} == mine["message"]
+
+
+def _set(value: object) -> object:
+    """An object's members that are not null (a whole answer's usage has null ones)."""
+    return {k: v for k, v in value.items() if v is not None} if isinstance(value, dict) else value

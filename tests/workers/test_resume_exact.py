@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from broker import Claimed, RequestKind, TokenTrail, WrittenEntry
+from broker import Claimed, RequestKind, StreamMode, TokenTrail, WrittenEntry
 from workers import attempt
 from workers.resume import Earlier
 from workers.resume_exact import (
@@ -70,8 +70,9 @@ def usage(prompt: int, done: int) -> bytes:
 
 
 def job(payload: dict[str, Any], kind: RequestKind = RequestKind.CHAT) -> Claimed:
-    return Claimed("m", b"1-0", "j", orjson.dumps(payload), kind, "2", "http://e:8000",
-                   "default", "alice", resume_gen=1, track_tokens=True)  # fmt: skip
+    return Claimed("m", b"1-0", "j", orjson.dumps(payload), kind, StreamMode.WITH_USAGE,
+                   "http://e:8000", "default", "alice", resume_gen=1,
+                   track_tokens=True)  # fmt: skip
 
 
 # --- the first attempt: token ids out of the client's chunks, into the trail ------------
@@ -105,7 +106,7 @@ def test_a_resumable_job_asks_for_token_ids_and_others_do_not() -> None:
     plan = attempt.fresh(job({"model": "m", "stream": True}))
     assert plan.url == "http://e:8000/v1/chat/completions" and plan.shape is take_token_ids
     assert b'"return_token_ids":true' in plan.payload
-    plain = attempt.fresh(Claimed("m", b"1-0", "j", b"{}", RequestKind.CHAT, "1",
+    plain = attempt.fresh(Claimed("m", b"1-0", "j", b"{}", RequestKind.CHAT, StreamMode.STREAMED,
                                   "http://e:8000", "default", "alice"))  # fmt: skip
     assert plain.payload == b"{}" and plain.shape is None
 
