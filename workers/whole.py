@@ -32,6 +32,9 @@ class WholeAnswer:
         self._kind = kind
         self._head: dict[str, Any] = {}
         self._choices: dict[int, dict[str, Any]] = {}
+        # Per choice, each text field's pieces, joined once in ``body``: appending to a
+        # string kept in a dict copies it each time, quadratic in a long answer's length.
+        self._texts: dict[int, dict[str, list[str]]] = {}
 
     def add(self, events: bytes) -> None:
         """Take in complete ``data: {...}`` events, as the engine's accounting passed them
@@ -47,7 +50,7 @@ class WholeAnswer:
             "object": _OBJECT[self._kind],
             "created": self._head.get("created"),
             "model": self._head.get("model"),
-            "choices": [self._choices[i] for i in sorted(self._choices)],
+            "choices": [self._choice(i) for i in sorted(self._choices)],
         }
         body.update((key, self._head[key]) for key in _TOP_KEPT if key in self._head)
         body["usage"] = usage
@@ -67,13 +70,30 @@ class WholeAnswer:
         choice = self._choices.get(index)
         if choice is None:
             choice = self._choices[index] = self._new_choice(index)
+            self._texts[index] = {}
+        texts = self._texts[index]
         if self._kind is RequestKind.CHAT:
-            _append_delta(choice["message"], part.get("delta") or {})
-        else:
-            choice["text"] += part.get("text") or ""
+            delta = part.get("delta") or {}
+            if isinstance(delta.get("role"), str):
+                choice["message"]["role"] = delta["role"]
+            for key, value in delta.items():
+                if key not in _DELTA_SKIPPED and isinstance(value, str):
+                    texts.setdefault(key, []).append(value)
+        elif part.get("text"):
+            texts.setdefault("text", []).append(part["text"])
         for key in ("finish_reason", "stop_reason"):
             if part.get(key) is not None:
                 choice[key] = part[key]
+
+    def _choice(self, index: int) -> dict[str, Any]:
+        """The choice with its text fields joined (chat: into its message)."""
+        choice = dict(self._choices[index])
+        joined = {key: "".join(pieces) for key, pieces in self._texts[index].items()}
+        if self._kind is RequestKind.CHAT:
+            choice["message"] = {**choice["message"], **joined}
+        else:
+            choice.update(joined)
+        return choice
 
     def _new_choice(self, index: int) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": index}
@@ -83,12 +103,3 @@ class WholeAnswer:
             choice["text"] = ""
         choice.update(logprobs=None, finish_reason=None, stop_reason=None)
         return choice
-
-
-def _append_delta(message: dict[str, Any], delta: dict[str, Any]) -> None:
-    """A chat delta's text fields appended to the message's (content, reasoning, ...)."""
-    if isinstance(delta.get("role"), str):
-        message["role"] = delta["role"]
-    for key, value in delta.items():
-        if key not in _DELTA_SKIPPED and isinstance(value, str):
-            message[key] = (message.get(key) or "") + value

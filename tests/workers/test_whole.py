@@ -83,3 +83,12 @@ def test_an_answer_with_no_text_keeps_content_null_as_the_engine_would() -> None
     chunk = {"id": "c", "created": 1, "model": "m", "choices": [{"index": 0, "delta": {}}]}
     answer.add(b"data: " + orjson.dumps(chunk) + b"\n\n")
     assert orjson.loads(answer.body(None))["choices"][0]["message"]["content"] is None
+
+
+def test_a_long_completion_keeps_every_piece_in_order() -> None:
+    answer = WholeAnswer(RequestKind.COMPLETION)
+    pieces = [f" w{i}" for i in range(5000)]
+    for piece in pieces:
+        chunk = {"id": "c", "created": 1, "model": "m", "choices": [{"index": 0, "text": piece}]}
+        answer.add(b"data: " + orjson.dumps(chunk) + b"\n\n")
+    assert orjson.loads(answer.body(None))["choices"][0]["text"] == "".join(pieces)
