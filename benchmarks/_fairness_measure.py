@@ -80,7 +80,7 @@ async def measure_arm(
     return summary, idle_s
 
 
-def _light_stages(env: ArmEnv, setup: Setup) -> list[dict[str, int]] | None:
+def _light_stages(env: ArmEnv, setup: Setup) -> list[dict[str, Any]] | None:
     """Each light job's stages inside fairq (None: the arm does not run fairq)."""
     if not env.stacks or env.stacks[0].redis_url is None:
         return None

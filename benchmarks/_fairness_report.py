@@ -130,7 +130,7 @@ def arm_summary(
     heavy_shares: Mapping[str, Any] | None = None,
     *,
     fairq_preemptions: Mapping[str, Any] | None = None,
-    light_stages: Sequence[dict[str, int]] | None = None,
+    light_stages: Sequence[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """``fairq_preemptions``: ``_fairness_resumed.fairq_preemptions`` (fairq arms); an
     answer it resumed that did not come out whole fails the arm. ``light_stages``: each
@@ -159,6 +159,7 @@ def arm_summary(
         "light_stages": (
             stages.summary(light_stages, _ttfts_ms(load.light)) if light_stages else None
         ),
+        "light_stages_by_job": list(light_stages) if light_stages else None,
         "cpu": dict(cpu),
         "fairq_cpu_ms_per_1k_tokens": (
             fairq_s * 1e6 / load.output_tokens if fairq_s and load.output_tokens else None

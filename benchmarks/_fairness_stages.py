@@ -36,7 +36,7 @@ def stages_of(times: Sequence[int]) -> dict[str, int]:
     return {stage: times[i + 1] - times[i] for i, stage in enumerate(STAGES)}
 
 
-def summary(jobs: Iterable[dict[str, int]], ttfts_ms: Sequence[float]) -> dict[str, Any]:
+def summary(jobs: Iterable[dict[str, Any]], ttfts_ms: Sequence[float]) -> dict[str, Any]:
     """Median and maximum of each stage over ``jobs``, and the rest of the client's median
     TTFT (``ttfts_ms``, the same requests) as ``gateway``."""
     jobs = list(jobs)
@@ -46,14 +46,15 @@ def summary(jobs: Iterable[dict[str, int]], ttfts_ms: Sequence[float]) -> dict[s
         stage: {"p50": median([j[stage] for j in jobs]), "max": max(j[stage] for j in jobs)}
         for stage in STAGES
     }
-    inside = median([sum(j.values()) for j in jobs])
+    inside = median([sum(j[stage] for stage in STAGES) for j in jobs])
     out["gateway"] = {"p50": median(ttfts_ms) - inside if ttfts_ms else None}
     out["jobs"] = len(jobs)
     return out
 
 
-def light_stages(redis_url: str, model: str, users: Sequence[str]) -> list[dict[str, int]]:
-    """The stages of every ended job of ``users`` at ``model`` in that Redis."""
+def light_stages(redis_url: str, model: str, users: Sequence[str]) -> list[dict[str, Any]]:
+    """The stages of every ended job of ``users`` at ``model`` in that Redis, each with
+    its ``user``."""
     redis = Redis.from_url(redis_url)
     wanted = {user.encode() for user in users}
     found = []
@@ -62,7 +63,7 @@ def light_stages(redis_url: str, model: str, users: Sequence[str]) -> list[dict[
             user, *times = redis.hmget(key, [job_fields.USER, *_TIMES])
             ms = [int(t) for t in times if t is not None]
             if user in wanted and len(ms) == len(_TIMES):
-                found.append(stages_of(ms))
+                found.append({"user": user.decode(), **stages_of(ms)})
     finally:
         redis.close()
     return found

@@ -11,7 +11,8 @@ def test_a_jobs_stages_are_the_gaps_between_its_moves() -> None:
 
 
 def test_the_summary_gives_medians_maxima_and_the_rest_of_the_clients_ttft() -> None:
-    jobs = [stages_of([0, 2, 3, 13]), stages_of([0, 4, 5, 25]), stages_of([0, 1, 2, 10])]
+    times = [[0, 2, 3, 13], [0, 4, 5, 25], [0, 1, 2, 10]]
+    jobs = [{"user": user, **stages_of(t)} for user, t in zip("BCD", times, strict=True)]
     found = summary(jobs, [15.0, 30.0, 14.0])
     assert found["queue"] == {"p50": 2, "max": 4}
     assert found["engine"] == {"p50": 10, "max": 20}
