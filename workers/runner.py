@@ -161,7 +161,7 @@ class JobRunner:
         if seam is not None and needs_context_len(job.kind, job.payload):
             context = await self._contexts.get(job.endpoint, job.model)
         plan = attempt.resumed(job, written, seam, context)
-        if isinstance(plan, Attempt):
+        if isinstance(plan, Attempt) and plan.earlier is not None:  # not started afresh
             telemetry.RESUMES.labels("exact" if plan.exact else "text").inc()
             if not plan.exact:
                 log.info("job %s: goes on from its text (no exact token ids)", job.job_id)
