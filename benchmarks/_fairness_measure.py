@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks._fairness_cpu import CpuMeter
 from benchmarks._fairness_engine import EngineWatch, served_models
@@ -77,7 +78,27 @@ async def measure_arm(
     stages = await asyncio.to_thread(_light_stages, env, setup)
     summary = arm_summary(load, path_idle_s, engine, cpu, _shares(load, setup),
                           fairq_preemptions=taken, light_stages=stages)  # fmt: skip
+    summary["admission_refusals"] = await _refusals(env, setup)
     return summary, idle_s
+
+
+async def _refusals(env: ArmEnv, setup: Setup) -> dict[str, float] | None:
+    """The dispatcher's rounds that found the model's endpoint full, by reason (None: the
+    arm does not run fairq, or its dispatcher serves no metrics)."""
+    stack = env.stacks[0] if env.stacks else None
+    if stack is None or "dispatcher-0" not in stack.metrics_ports:
+        return None
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        page = (await client.get(stack.metrics_url("dispatcher-0"))).text
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            if sample.name == "fairq_admission_refusals_total" and (
+                sample.labels.get("model") == setup.model
+            ):
+                reason = sample.labels["reason"]
+                found[reason] = found.get(reason, 0.0) + sample.value
+    return found
 
 
 def _light_stages(env: ArmEnv, setup: Setup) -> list[dict[str, Any]] | None:
