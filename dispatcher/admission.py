@@ -72,6 +72,9 @@ class Limit(enum.StrEnum):
 
     QUEUE_TARGET = "queue_target"
     BATCH_SLOTS = "batch_slots"  # the batch is full: only users with nothing in it may go
+    # Users in the engine have as many jobs waiting there (sent, no first token yet) as the
+    # queue target leaves them: only users with nothing in it may go
+    REFILLS_WAITING = "refills_waiting"
     NEWCOMER_STEP = "newcomer_step"  # a newcomer's prefill step: only users with nothing in it
     REFILL_PACE = "refill_pace"  # the next refill is not due: only users with nothing in it
     TPOT_CEILING = "tpot_ceiling"
@@ -255,7 +258,9 @@ class MetricsAdmission:
         place = 1 if kept and target > 1 else 0
         targeted = int(min(target - state.queue_estimate, target - place - state.unstarted))
         served = max(0, min(room, targeted, free))
-        limit = Limit.BATCH_SLOTS if room > 0 and served == 0 else Limit.QUEUE_TARGET
+        limit = Limit.QUEUE_TARGET
+        if room > 0 and served == 0:
+            limit = Limit.BATCH_SLOTS if free <= 0 else Limit.REFILLS_WAITING
         paced = state.pace_allowed if config.pace_refills else None
         if paced is not None and served > paced:
             served = paced

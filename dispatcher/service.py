@@ -693,7 +693,7 @@ def _served_room(
 
 def _held(decision: Decision) -> Limit:
     """Why an endpoint with room took no job of a user already in the engine."""
-    if decision.limit in (Limit.NEWCOMER_STEP, Limit.REFILL_PACE):
+    if decision.limit in (Limit.NEWCOMER_STEP, Limit.REFILL_PACE, Limit.REFILLS_WAITING):
         return decision.limit
     return Limit.BATCH_SLOTS
 

@@ -9,6 +9,7 @@ import pytest
 from dispatcher.admission import (
     ADMISSION,
     AdmissionConfig,
+    Decision,
     EndpointState,
     Limit,
     MetricsAdmission,
@@ -18,6 +19,7 @@ from dispatcher.admission import (
     plan_grant,
     refusals,
 )
+from dispatcher.service import _held
 
 CONFIG = AdmissionConfig(
     targets={"interactive": 3, "default": 3, "batch": 1}, tpot_ceiling_s=0.150, inflight_cap=8
@@ -246,6 +248,14 @@ def test_a_full_batch_admits_only_users_with_nothing_in_the_engine() -> None:
     assert open_.served_room == 2 and open_.room_for_served == 2
 
 
+def test_refills_waiting_for_their_prefill_hold_back_users_in_the_engine() -> None:
+    # Slots are free, but two of the flood's jobs wait for their prefill: with one place
+    # of the target left to newcomers, users already in the engine get nothing more.
+    waiting = METRICS.decide(fresh(running=3, inflight=5, unstarted=2), "interactive", BATCH8)
+    assert waiting.room > 0 and waiting.served_room == 0
+    assert waiting.limit is Limit.REFILLS_WAITING
+
+
 def test_newcomers_are_still_bounded_by_the_engine_queue_target() -> None:
     # The batch is over-full with newcomers waiting at the head of the engine's queue.
     decision = METRICS.decide(fresh(running=8, waiting=3, inflight=11), "default", BATCH8)
@@ -367,3 +377,17 @@ def test_a_newcomer_is_held_by_the_reported_queue_only_beyond_what_fairq_put_the
     assert METRICS.decide(fresh(running=6, waiting=2, inflight=8), "default", BATCH8).room == 3
     # Twelve waiting: more than fairq's targets allow; the engine's batch is smaller.
     assert METRICS.decide(fresh(running=6, waiting=12, inflight=8), "default", BATCH8).room == 0
+
+
+@pytest.mark.parametrize(
+    ("limit", "counted"),
+    [
+        (Limit.REFILLS_WAITING, Limit.REFILLS_WAITING),
+        (Limit.REFILL_PACE, Limit.REFILL_PACE),
+        (Limit.NEWCOMER_STEP, Limit.NEWCOMER_STEP),
+        (Limit.BATCH_SLOTS, Limit.BATCH_SLOTS),
+        (Limit.QUEUE_TARGET, Limit.BATCH_SLOTS),  # room, none for users in the engine
+    ],
+)
+def test_a_round_that_held_users_in_the_engine_counts_why(limit: Limit, counted: Limit) -> None:
+    assert _held(Decision("http://a", 3, limit, served_room=0)) is counted
