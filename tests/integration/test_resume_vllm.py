@@ -99,16 +99,22 @@ def _resumed(redis_url: str, jobs: list[str]) -> list[str]:
         return [j for j in jobs if redis.hexists(keys.job(MODEL, j), "pkm")]
 
 
+# Result entries that make an answer mid-way: a job taken back before its first token and
+# sent again has its earlier attempt's opening entries, and its new attempt may still wait
+# in the engine's queue (then bob would find a free slot, and nothing is taken mid-way).
+_MID_WAY = 8
+
+
 def _wait_for_output(redis_url: str, jobs: list[str]) -> bool:
-    """Until a batch of alice's answers is running and has sent tokens: they are
-    mid-answer (each takes about a second here, so bob comes while they run). False
+    """Until a batch of alice's answers is running and each has sent several tokens: they
+    are mid-answer (each takes a second or more here, so bob comes while they run). False
     when fewer than a batch of them are left."""
     deadline = time.monotonic() + 30
     with Redis.from_url(redis_url) as redis:
         while time.monotonic() < deadline:
             states = [redis.hget(keys.job(MODEL, j), "st") for j in jobs]
             running = [j for j, st in zip(jobs, states, strict=True) if st == b"running"]
-            if sum(redis.xlen(keys.results(MODEL, j)) > 0 for j in running) >= BATCH:
+            if sum(redis.xlen(keys.results(MODEL, j)) >= _MID_WAY for j in running) >= BATCH:
                 return True
             if sum(st != b"completed" for st in states) < BATCH:
                 return False
