@@ -38,8 +38,8 @@
 --          backlog of band 1 (user, score, ...), ..., backlog of band B,
 --          join scores of the bands and the express sequence 'xs',
 --          in-flight hash (endpoint, count, ...), unstarted hash,
---          how many of the jobs dispatched the engine does not stream ('s' 0: admission counts those
---          apart: fairq cannot see when they leave the engine's queue),
+--          how many of the jobs dispatched the engine does not stream ('s' 0: admission
+--          counts those apart: fairq cannot see when they leave the engine's queue),
 --          with ARGV[10] = 1: per band, the jobs in the engine of each reported user}.
 local now = now_ms()
 local bands = tonumber(ARGV[6])

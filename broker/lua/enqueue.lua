@@ -13,7 +13,8 @@
 -- KEYS[9] user counts         fq:{m}:users
 -- KEYS[10] transit hash       fq:{m}:transit
 -- ARGV[1] job id   ARGV[2] user   ARGV[3] tenant (kept only inside ARGV[14])   ARGV[4] band
--- ARGV[5] kind (chat|completion)   ARGV[6] stream flag (0|1|2|3: broker.jobs.StreamMode)   ARGV[7] payload (JSON)
+-- ARGV[5] kind (chat|completion)   ARGV[6] stream flag (0|1|2|3: broker.jobs.StreamMode)
+-- ARGV[7] payload (JSON)
 -- ARGV[8] max queued jobs per user   ARGV[9] wake channel   ARGV[10] meta join field
 -- ARGV[11] owner (the API key's user; may differ from the fairness user of a trusted app)
 -- ARGV[12] estimated cost of the job in weighted tokens   ARGV[13] the key's fairness weight
