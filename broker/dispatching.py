@@ -100,7 +100,7 @@ class ExpressSend(NamedTuple):
     """A job enqueue.lua sent straight to an endpoint (its wake message)."""
 
     endpoint: str
-    plain: bool  # not streamed
+    plain: bool  # the engine does not stream it (StreamMode.PLAIN)
     newcomer: bool  # its user had nothing in the engine
 
 

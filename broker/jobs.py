@@ -64,6 +64,12 @@ class StreamMode(enum.StrEnum):
         """The client reads server-sent events (else one body)."""
         return self is StreamMode.STREAMED or self is StreamMode.WITH_USAGE
 
+    @property
+    def from_engine(self) -> bool:
+        """The engine streams the answer, so its first token is seen as it comes (the Lua
+        scripts read the wire value: any but '0')."""
+        return self is not StreamMode.PLAIN
+
 
 @dataclass(frozen=True)
 class Submission:

@@ -213,6 +213,8 @@ class JobRunner:
         """Streamed from the engine, the whole answer written at its end: its first token
         marks the job started at once (``first.lua``), as a streamed job's first output."""
         answer = WholeAnswer(job.kind)
+        # Not ``progress.first_ms``: that says output reached the client, after which the
+        # engine is never called again; here nothing reaches it before the end.
         first_ms: int | None = None
 
         def on_events(events: bytes) -> None:  # runs inside the HTTP client's callback

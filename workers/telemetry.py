@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from broker import Claimed, Latency, Outcome, StreamMode, add_latency, keys, telemetry
+from broker import Claimed, Latency, Outcome, add_latency, keys, telemetry
 from broker import job_fields as jf
 from broker.jobs import model_of
 
@@ -50,7 +50,7 @@ class WorkerTelemetry:
         """This worker ended the job (complete.lua said so): count it, time it later."""
         telemetry.JOBS_ENDED.labels(job.model, job.band, outcome.state.value).inc()
         if len(self._ended) < _MAX_PENDING:
-            first_seen = job.stream_flag is not StreamMode.PLAIN
+            first_seen = job.stream_flag.from_engine
             self._ended.append(_Ended(job.model, job.job_id, job.band, first_seen))
 
     async def observe(self, redis: Redis) -> int:

@@ -105,6 +105,7 @@ def test_the_stream_mode_says_whether_the_answer_streams_and_ends_with_usage() -
     assert stream_mode(chat(stream=True, stream_options=usage), VLLM) is StreamMode.WITH_USAGE
     assert StreamMode.WITH_USAGE == "2"  # the wire value in Redis ('s')
     assert [m.to_client for m in StreamMode] == [False, True, True, False]
+    assert [m.from_engine for m in StreamMode] == [False, True, True, True]
 
 
 @pytest.mark.parametrize(
