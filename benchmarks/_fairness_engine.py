@@ -25,6 +25,9 @@ WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
 GENERATED = "vllm:generation_tokens_total"
 PREEMPTIONS = "vllm:num_preemptions_total"
+# Tokens computed per engine step (decodes and prompt tokens alike): its count is the
+# engine's steps, its sum less the output tokens the prompt tokens it prefilled
+ITERATION = "vllm:iteration_tokens_total"
 # The current name first; vLLM V0 called the per-token histogram time_per_output_token.
 ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 
@@ -38,6 +41,8 @@ class Sample:
     itl_sum_s: float
     itl_count: float
     preemptions: float | None = None  # cumulative; None: the engine does not export it
+    steps: float | None = None  # cumulative engine steps; None: not exported
+    step_tokens: float | None = None  # cumulative tokens those steps computed
 
 
 def parse_sample(text: str, model: str, t_s: float) -> Sample:
@@ -56,6 +61,8 @@ def parse_sample(text: str, model: str, t_s: float) -> Sample:
         itl_sum_s=values.get(f"{itl}_sum", 0.0),
         itl_count=values.get(f"{itl}_count", 0.0),
         preemptions=values.get(PREEMPTIONS),
+        steps=values.get(f"{ITERATION}_count"),
+        step_tokens=values.get(f"{ITERATION}_sum"),
     )
 
 
@@ -118,6 +125,25 @@ def preemptions(samples: Sequence[Sample]) -> float | None:
     """Preemptions between the first and the last scrape (None: not exported)."""
     counts = [s.preemptions for s in samples if s.preemptions is not None]
     return counts[-1] - counts[0] if counts else None
+
+
+def engine_work(samples: Sequence[Sample]) -> dict[str, float] | None:
+    """What the engine computed between the first and the last scrape: its steps, and the
+    prompt tokens it prefilled (the steps' tokens less the output tokens; a prompt computed
+    twice -- a request preempted, or taken back by fairq and sent again -- counts twice).
+    None: the engine does not export its steps."""
+    counted = [
+        (s.steps, s.step_tokens, s.generated)
+        for s in samples
+        if s.steps is not None and s.step_tokens is not None
+    ]
+    if len(counted) < 2:
+        return None
+    (steps0, tokens0, generated0), (steps1, tokens1, generated1) = counted[0], counted[-1]
+    return {
+        "steps": steps1 - steps0,
+        "prefill_tokens": tokens1 - tokens0 - (generated1 - generated0),
+    }
 
 
 async def wait_idle(base_url: str, model: str, timeout_s: float) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from benchmarks import _fairness_stages as stages
 from benchmarks._fairness_checks import FAILED, OK, verdict
-from benchmarks._fairness_engine import Sample, preemptions, step_ms, tpot_ms
+from benchmarks._fairness_engine import Sample, engine_work, preemptions, step_ms, tpot_ms
 from benchmarks._fairness_load import LoadResult, RequestResult
 from benchmarks._fairness_scenarios import user_name
 from benchmarks.stats import markdown_table, median, pct
@@ -92,6 +92,7 @@ def engine_summary(
     return {
         "step_ms": step_ms(samples, 0.0, end),
         "preemptions": preemptions(samples),
+        "work": engine_work(samples),
         "peak_waiting": max((s.waiting for s in samples), default=None),
         "peak_running": max((s.running for s in samples), default=None),
         "mean_running": sum(running) / len(running) if running else None,
@@ -291,7 +292,24 @@ def _section(name: str, section: Mapping[str, Any]) -> list[str]:
         users = {user_name(i): w for i, w in enumerate(s["heavy_weights"])}
         lines += ["Heavy users' share of output tokens while all are backlogged:", "",
                   _shares_table(arms, users), ""]  # fmt: skip
-    return lines + _stage_lines(arms) + _criteria_lines(section["criteria"])
+    return lines + _work_lines(arms) + _stage_lines(arms) + _criteria_lines(section["criteria"])
+
+
+def _work_lines(arms: Mapping[str, Any]) -> list[str]:
+    """What each arm's engine computed: a smaller batch takes more steps for the same
+    tokens (each step has a fixed cost), and a prompt prefilled twice is work redone."""
+    rows = []
+    for key, arm in arms.items():
+        work, engine = arm["engine"].get("work"), arm["engine"]
+        if work:
+            rows.append([f"({key}) {arm['title']}", _cell(work["steps"], ".0f"),
+                         _cell(work["prefill_tokens"], ".0f"),
+                         _cell(engine.get("mean_running"), ".0f")])  # fmt: skip
+    if not rows:
+        return []
+    header = ["arm", "engine steps", "prompt tokens prefilled", "mean running"]
+    return ["What the engine computed (from its step histogram):", "",
+            markdown_table(header, rows), ""]  # fmt: skip
 
 
 def _stage_lines(arms: Mapping[str, Any]) -> list[str]:

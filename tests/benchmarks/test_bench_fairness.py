@@ -33,7 +33,7 @@ from benchmarks._fairness_arms import (
 )
 from benchmarks._fairness_checks import criteria
 from benchmarks._fairness_cpu import ProcessGroups, cpu_split
-from benchmarks._fairness_engine import Sample, parse_sample, preemptions, step_ms
+from benchmarks._fairness_engine import Sample, engine_work, parse_sample, preemptions, step_ms
 from benchmarks._fairness_load import LoadResult, RequestResult, Target, run_load
 from benchmarks._fairness_report import arm_summary, compare, render
 from benchmarks._fairness_resumed import Answer, problems, whole
@@ -211,6 +211,18 @@ def test_a_real_vllm_scrape_gives_its_histogram_and_preemption_counter() -> None
     text = (FIXTURES / "vllm-0.32-cpu" / "metrics_load.txt").read_text()
     sample = parse_sample(text, "tiny", 1.0)
     assert sample.preemptions == 0.0 and sample.itl_count > 0 and sample.itl_sum_s > 0
+    # Its step histogram: 38 steps computed 811 tokens, its 111 output and 700 prompt tokens
+    assert (sample.steps, sample.step_tokens, sample.generated) == (38.0, 811.0, 111.0)
+
+
+def test_engine_work_is_the_steps_and_the_prompt_tokens_between_first_and_last_scrape() -> None:
+    def at(t_s: float, steps: float | None, tokens: float | None, generated: float) -> Sample:
+        return Sample(t_s, 0.0, 0.0, generated, 0.0, 0.0, steps=steps, step_tokens=tokens)
+
+    samples = [at(0, 10, 1000, 100), at(1, None, None, 150), at(2, 60, 4000, 300)]
+    # 50 steps computed 3,000 tokens, 200 of them output: 2,800 prompt tokens prefilled
+    assert engine_work(samples) == {"steps": 50, "prefill_tokens": 2800}
+    assert engine_work([at(0, None, None, 0), at(1, None, None, 5)]) is None  # not exported
 
 
 # --- shares --------------------------------------------------------------------------------
