@@ -28,6 +28,9 @@ PREEMPTIONS = "vllm:num_preemptions_total"
 # Tokens computed per engine step (decodes and prompt tokens alike): its count is the
 # engine's steps, its sum less the output tokens the prompt tokens it prefilled
 ITERATION = "vllm:iteration_tokens_total"
+# The simulator's own: its steps' modeled time and the wall time they ran beyond it
+SIM_MODELED = "fairq_sim_step_seconds_total"
+SIM_OVERRUN = "fairq_sim_step_overrun_seconds_total"
 # The current name first; vLLM V0 called the per-token histogram time_per_output_token.
 ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 
@@ -43,6 +46,8 @@ class Sample:
     preemptions: float | None = None  # cumulative; None: the engine does not export it
     steps: float | None = None  # cumulative engine steps; None: not exported
     step_tokens: float | None = None  # cumulative tokens those steps computed
+    sim_modeled_s: float | None = None  # the simulator's: its steps' modeled time
+    sim_overrun_s: float | None = None  # and the wall time beyond it
 
 
 def parse_sample(text: str, model: str, t_s: float) -> Sample:
@@ -63,6 +68,8 @@ def parse_sample(text: str, model: str, t_s: float) -> Sample:
         preemptions=values.get(PREEMPTIONS),
         steps=values.get(f"{ITERATION}_count"),
         step_tokens=values.get(f"{ITERATION}_sum"),
+        sim_modeled_s=values.get(SIM_MODELED),
+        sim_overrun_s=values.get(SIM_OVERRUN),
     )
 
 
@@ -127,23 +134,30 @@ def preemptions(samples: Sequence[Sample]) -> float | None:
     return counts[-1] - counts[0] if counts else None
 
 
-def engine_work(samples: Sequence[Sample]) -> dict[str, float] | None:
+def engine_work(samples: Sequence[Sample]) -> dict[str, float | None] | None:
     """What the engine computed between the first and the last scrape: its steps, and the
     prompt tokens it prefilled (the steps' tokens less the output tokens; a prompt computed
-    twice -- a request preempted, or taken back by fairq and sent again -- counts twice).
+    twice -- a request preempted, or taken back by fairq and sent again -- counts twice);
+    for the simulator also its steps' modeled time and the wall time they ran beyond it.
     None: the engine does not export its steps."""
     counted = [
-        (s.steps, s.step_tokens, s.generated)
+        (s, s.steps, s.step_tokens)
         for s in samples
         if s.steps is not None and s.step_tokens is not None
     ]
     if len(counted) < 2:
         return None
-    (steps0, tokens0, generated0), (steps1, tokens1, generated1) = counted[0], counted[-1]
+    (first, steps0, tokens0), (last, steps1, tokens1) = counted[0], counted[-1]
     return {
         "steps": steps1 - steps0,
-        "prefill_tokens": tokens1 - tokens0 - (generated1 - generated0),
+        "prefill_tokens": tokens1 - tokens0 - (last.generated - first.generated),
+        "sim_modeled_s": _delta(first.sim_modeled_s, last.sim_modeled_s),
+        "sim_overrun_s": _delta(first.sim_overrun_s, last.sim_overrun_s),
     }
+
+
+def _delta(first: float | None, last: float | None) -> float | None:
+    return None if first is None or last is None else last - first
 
 
 async def wait_idle(base_url: str, model: str, timeout_s: float) -> None:

@@ -304,12 +304,21 @@ def _work_lines(arms: Mapping[str, Any]) -> list[str]:
         if work:
             rows.append([f"({key}) {arm['title']}", _cell(work["steps"], ".0f"),
                          _cell(work["prefill_tokens"], ".0f"),
-                         _cell(engine.get("mean_running"), ".0f")])  # fmt: skip
+                         _cell(engine.get("mean_running"), ".0f"), _overrun(work)])  # fmt: skip
     if not rows:
         return []
-    header = ["arm", "engine steps", "prompt tokens prefilled", "mean running"]
+    header = ["arm", "engine steps", "prompt tokens prefilled", "mean running",
+              "simulator's steps late, s of modeled s"]  # fmt: skip
     return ["What the engine computed (from its step histogram):", "",
             markdown_table(header, rows), ""]  # fmt: skip
+
+
+def _overrun(work: Mapping[str, Any]) -> str:
+    """The wall time the simulator's steps ran beyond their modeled time ('-': an engine)."""
+    late, modeled = work.get("sim_overrun_s"), work.get("sim_modeled_s")
+    if late is None or not modeled:
+        return "-"
+    return f"{late:.2f} of {modeled:.1f} ({late / modeled:.1%})"
 
 
 def _stage_lines(arms: Mapping[str, Any]) -> list[str]:

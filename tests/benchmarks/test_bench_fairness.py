@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -221,7 +222,17 @@ def test_engine_work_is_the_steps_and_the_prompt_tokens_between_first_and_last_s
 
     samples = [at(0, 10, 1000, 100), at(1, None, None, 150), at(2, 60, 4000, 300)]
     # 50 steps computed 3,000 tokens, 200 of them output: 2,800 prompt tokens prefilled
-    assert engine_work(samples) == {"steps": 50, "prefill_tokens": 2800}
+    assert engine_work(samples) == {
+        "steps": 50,
+        "prefill_tokens": 2800,
+        "sim_modeled_s": None,
+        "sim_overrun_s": None,
+    }
+    sim = [replace(samples[0], sim_modeled_s=1.0, sim_overrun_s=0.1),
+           replace(samples[2], sim_modeled_s=5.0, sim_overrun_s=0.3)]  # fmt: skip
+    work = engine_work(sim)
+    assert work is not None and work["sim_modeled_s"] == 4.0
+    assert work["sim_overrun_s"] == pytest.approx(0.2)
     assert engine_work([at(0, None, None, 0), at(1, None, None, 5)]) is None  # not exported
 
 

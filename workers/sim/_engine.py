@@ -121,9 +121,12 @@ class Engine:
         plan = self._scheduler.schedule()
         self._note_plan(plan, started)
         # Sleep to a deadline, so the loop's own CPU time is part of the step.
-        await asyncio.sleep(max(0.0, started + plan.duration_s - time.monotonic()))
-        self._emit(plan, time.monotonic())
-        self._metrics.stepped(plan.decode_seqs + plan.prefill_tokens)
+        deadline = started + plan.duration_s
+        await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+        now = time.monotonic()
+        self._emit(plan, now)
+        tokens = plan.decode_seqs + plan.prefill_tokens
+        self._metrics.stepped(tokens, plan.duration_s, now - deadline)
 
     @staticmethod
     def _note_plan(plan: StepPlan[SimSequence], now: float) -> None:
