@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -205,19 +206,17 @@ async def run_load(
     rng = random.Random(0)
     prompts = [make_prompt(f"{p.user} {i}", p.prompt_tokens, rng) for i, p in enumerate(planned)]
     results = [RequestResult(p.user, p.heavy, p.at_s, p.max_tokens) for p in planned]
-    connections = len(planned) + 8
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-    timeout = httpx.Timeout(deadline_s, connect=30.0)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(c) for c in _clients(len(planned), deadline_s)]
         window = None if heavy_window is None else asyncio.Semaphore(heavy_window)
         t0 = time.perf_counter()
         on_start(t0)
-        tasks = [
-            asyncio.create_task(
-                _at(client, target, item, result, prompt, t0=t0, bucket_s=bucket_s, window=window)
-            )
-            for item, result, prompt in zip(planned, results, prompts, strict=True)
-        ]
+        tasks = []
+        for i, (item, result, prompt) in enumerate(zip(planned, results, prompts, strict=True)):
+            client = clients[i % len(clients)]
+            send_it = _at(client, target, item, result, prompt, t0=t0, bucket_s=bucket_s,
+                          window=window)  # fmt: skip
+            tasks.append(asyncio.create_task(send_it))
         stopped = await _wait_all(tasks, t0 + deadline_s, dead)
     for result in results:
         if stopped is not None and result.end_s is None and result.error is None:
@@ -225,6 +224,21 @@ async def run_load(
     ends = [r.end_s for r in results if r.end_s is not None]
     wall_s = max(ends, default=time.perf_counter() - t0)
     return LoadResult(results, wall_s, stopped, bucket_s)
+
+
+# Requests per HTTP client: httpx's connection pool does work per request that grows with
+# the connections it holds, so one client holding a whole flood's connections open falls
+# behind the engine (its last wave of whole answers read seconds after the engine sent it).
+_REQUESTS_PER_CLIENT = 64
+
+
+def _clients(requests: int, deadline_s: float) -> list[httpx.AsyncClient]:
+    """Enough clients for ``requests`` open at once, each with a connection for each."""
+    count = max(1, math.ceil(requests / _REQUESTS_PER_CLIENT))
+    connections = math.ceil(requests / count) + 8
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    timeout = httpx.Timeout(deadline_s, connect=30.0)
+    return [httpx.AsyncClient(limits=limits, timeout=timeout) for _ in range(count)]
 
 
 async def _wait_all(

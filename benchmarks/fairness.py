@@ -68,6 +68,7 @@ from benchmarks._fairness_report import compare, render
 from benchmarks._fairness_scenarios import FAMILIES, Scenario
 from benchmarks._fairness_stack import Setup, arm_env
 from benchmarks.stats import machine
+from benchmarks.vllm_engine import interrupt_on_sigterm
 from broker import ModelConfig
 from fairq.runtime import environment
 
@@ -206,6 +207,7 @@ def finish(result: dict[str, Any], options: Options, as_json: bool) -> None:
 
 
 def main_run(options: Options, as_json: bool) -> None:
+    interrupt_on_sigterm()
     try:
         result = run(options)
     except KeyboardInterrupt:

@@ -483,8 +483,7 @@ def serve(
     cpus: str | None,
 ) -> None:
     """Serve the tiny model until Ctrl-C."""
-    # `kill` stops vLLM too, not only Ctrl-C: the same way out through running_vllm.
-    signal.signal(signal.SIGTERM, _interrupt)
+    interrupt_on_sigterm()
     with _one_line_errors():
         pinned = parse_cpus(cpus) if cpus is not None else None
         log = serve_log(resolve_home(home), policy, port)
@@ -497,6 +496,13 @@ def serve(
                 _watch(url, log)
         except KeyboardInterrupt:
             click.echo("stopped")
+
+
+def interrupt_on_sigterm() -> None:
+    """`kill` stops the engines too, not only Ctrl-C: SIGTERM raises KeyboardInterrupt, so
+    the same way out runs (``running_vllm`` stops vLLM's process group, which runs in a
+    session of its own and would outlive a process killed outright)."""
+    signal.signal(signal.SIGTERM, _interrupt)
 
 
 def _interrupt(signum: int, frame: object) -> None:
