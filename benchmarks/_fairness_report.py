@@ -300,7 +300,8 @@ def _work_lines(arms: Mapping[str, Any]) -> list[str]:
     tokens (each step has a fixed cost), and a prompt prefilled twice is work redone."""
     rows = []
     for key, arm in arms.items():
-        work, engine = arm["engine"].get("work"), arm["engine"]
+        engine = arm.get("engine") or {}
+        work = engine.get("work")
         if work:
             rows.append([f"({key}) {arm['title']}", _cell(work["steps"], ".0f"),
                          _cell(work["prefill_tokens"], ".0f"),
