@@ -7,6 +7,15 @@ duration, then applies it: requests that completed their outstanding tokens
 emit one token each. So `vllm:num_requests_waiting` grows when requests arrive
 faster than the batch, the token budget or the KV cache can take them.
 
+The steps keep to a timeline: while busy, a step begins where the last one's modeled
+time ended, not when the event loop got back to it. The loop also streams every token
+to its clients, and on a busy machine it wakes late; a GPU's steps do not wait for its
+host's event loop (vLLM streams from another process than its engine core's), so a
+late wake-up is made up by the next steps rather than added to each. Up to
+``CATCH_UP_S`` behind is made up; farther behind (the process starved for longer), the
+timeline starts again from now and the gap is lost, counted in
+``fairq_sim_step_overrun_seconds_total``.
+
 Who owns a sequence: `submit` hands it to the scheduler's waiting queue; the
 scheduler moves it to running, back to waiting when it is preempted, and to
 FINISHED; `abort` (a client went away, or the app shuts down) may take it from
@@ -32,6 +41,10 @@ from workers.sim._scheduler import SchedSeq, Scheduler, StepPlan
 
 _log = logging.getLogger(__name__)
 
+# How far behind its timeline the loop may be and still make it up (a few steps): beyond
+# that, the steps made up at once would come as a burst no engine sends.
+CATCH_UP_S = 0.1
+
 
 @dataclass(eq=False, slots=True, kw_only=True)
 class SimSequence(SchedSeq):
@@ -56,6 +69,7 @@ class Engine:
         self._total_blocks = profile.num_kv_blocks
         self._work = asyncio.Event()
         self._accepting = False
+        self._timeline: float | None = None  # where the last step's modeled time ended
 
     @property
     def accepting(self) -> bool:
@@ -107,6 +121,7 @@ class Engine:
             while True:
                 if not self._scheduler.has_work:
                     self._work.clear()  # sleep, not spin, while there is no work
+                    self._timeline = None  # idle: the next step starts when work comes
                     await self._work.wait()
                 await self._step()
         except Exception:
@@ -117,16 +132,27 @@ class Engine:
             self.abort_all()
 
     async def _step(self) -> None:
-        started = time.monotonic()
+        started, lost = self._start()
         plan = self._scheduler.schedule()
         self._note_plan(plan, started)
         # Sleep to a deadline, so the loop's own CPU time is part of the step.
         deadline = started + plan.duration_s
         await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+        self._timeline = deadline
+        self._emit(plan, time.monotonic())
+        self._metrics.stepped(plan.decode_seqs + plan.prefill_tokens, plan.duration_s, lost)
+
+    def _start(self) -> tuple[float, float]:
+        """When the step begins on the timeline, and the time lost before it: none while
+        the loop is at most ``CATCH_UP_S`` behind the last step's end (made up), else all
+        of it (the timeline starts again from now)."""
         now = time.monotonic()
-        self._emit(plan, now)
-        tokens = plan.decode_seqs + plan.prefill_tokens
-        self._metrics.stepped(tokens, plan.duration_s, now - deadline)
+        if self._timeline is None:
+            return now, 0.0
+        behind = now - self._timeline
+        if behind <= CATCH_UP_S:
+            return self._timeline, 0.0
+        return now, behind
 
     @staticmethod
     def _note_plan(plan: StepPlan[SimSequence], now: float) -> None:

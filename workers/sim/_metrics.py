@@ -199,28 +199,28 @@ class SimMetrics:
             buckets=ITERATION_BUCKETS,
             registry=reg,
         )
-        # The simulator's own: its steps' modeled time, and the wall time they ran beyond it
-        # (the process's own CPU -- streaming every token, say -- or a busy machine late to
-        # wake it). vLLM streams from another process than its engine's, so an overrun is
-        # the simulator's, not an engine's: a benchmark reports it.
+        # The simulator's own: its steps' modeled time, and the time its timeline lost while
+        # busy (its event loop, which also streams every token, fell too far behind to make
+        # it up: ``_engine``). A benchmark reports both: the loss is the simulator's, not an
+        # engine's.
         self.step_modeled = Counter(
             "fairq_sim_step_seconds", "Modeled time of the simulator's steps.", registry=reg
         )
         self.step_overrun = Counter(
             "fairq_sim_step_overrun_seconds",
-            "Wall time the simulator's steps ran beyond their modeled time.",
+            "Time the simulator's step timeline lost while busy: its loop fell behind.",
             registry=reg,
         )
         self._models = {model: ModelMetrics(self, model) for model in models}
         self._steps = [self.iteration_tokens.labels(ENGINE_INDEX, m) for m in models]
 
-    def stepped(self, tokens: int, modeled_s: float, overrun_s: float) -> None:
+    def stepped(self, tokens: int, modeled_s: float, lost_s: float) -> None:
         """One engine step computed ``tokens`` tokens (every served model shares it), in
-        ``modeled_s`` by the profile and ``overrun_s`` more of wall time."""
+        ``modeled_s`` by the profile, after ``lost_s`` the timeline lost before it."""
         for series in self._steps:
             series.observe(tokens)
         self.step_modeled.inc(modeled_s)
-        self.step_overrun.inc(max(0.0, overrun_s))
+        self.step_overrun.inc(lost_s)
 
     def model(self, name: str) -> ModelMetrics:
         return self._models[name]
