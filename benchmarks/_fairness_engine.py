@@ -28,7 +28,7 @@ PREEMPTIONS = "vllm:num_preemptions_total"
 # Tokens computed per engine step (decodes and prompt tokens alike): its count is the
 # engine's steps, its sum less the output tokens the prompt tokens it prefilled
 ITERATION = "vllm:iteration_tokens_total"
-# The simulator's own: its steps' modeled time and the wall time they ran beyond it
+# The simulator's own: its steps' modeled time and the time its timeline lost while busy
 SIM_MODELED = "fairq_sim_step_seconds_total"
 SIM_OVERRUN = "fairq_sim_step_overrun_seconds_total"
 # The current name first; vLLM V0 called the per-token histogram time_per_output_token.
@@ -47,7 +47,7 @@ class Sample:
     steps: float | None = None  # cumulative engine steps; None: not exported
     step_tokens: float | None = None  # cumulative tokens those steps computed
     sim_modeled_s: float | None = None  # the simulator's: its steps' modeled time
-    sim_overrun_s: float | None = None  # and the wall time beyond it
+    sim_overrun_s: float | None = None  # and the time its timeline lost while busy
 
 
 def parse_sample(text: str, model: str, t_s: float) -> Sample:
@@ -138,7 +138,7 @@ def engine_work(samples: Sequence[Sample]) -> dict[str, float | None] | None:
     """What the engine computed between the first and the last scrape: its steps, and the
     prompt tokens it prefilled (the steps' tokens less the output tokens; a prompt computed
     twice -- a request preempted, or taken back by fairq and sent again -- counts twice);
-    for the simulator also its steps' modeled time and the wall time they ran beyond it.
+    for the simulator also its steps' modeled time and the time its timeline lost.
     None: the engine does not export its steps."""
     counted = [
         (s, s.steps, s.step_tokens)

@@ -309,17 +309,18 @@ def _work_lines(arms: Mapping[str, Any]) -> list[str]:
     if not rows:
         return []
     header = ["arm", "engine steps", "prompt tokens prefilled", "mean running",
-              "simulator's steps late, s of modeled s"]  # fmt: skip
+              "simulator's timeline lost, s of modeled s"]  # fmt: skip
     return ["What the engine computed (from its step histogram):", "",
             markdown_table(header, rows), ""]  # fmt: skip
 
 
 def _overrun(work: Mapping[str, Any]) -> str:
-    """The wall time the simulator's steps ran beyond their modeled time ('-': an engine)."""
-    late, modeled = work.get("sim_overrun_s"), work.get("sim_modeled_s")
-    if late is None or not modeled:
+    """The time the simulator's step timeline lost while busy, against its steps' modeled
+    time ('-': an engine)."""
+    lost, modeled = work.get("sim_overrun_s"), work.get("sim_modeled_s")
+    if lost is None or not modeled:
         return "-"
-    return f"{late:.2f} of {modeled:.1f} ({late / modeled:.1%})"
+    return f"{lost:.2f} of {modeled:.1f} ({lost / modeled:.1%})"
 
 
 def _stage_lines(arms: Mapping[str, Any]) -> list[str]:
