@@ -16,9 +16,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from broker import Claimed, TokenTrail, WrittenEntry
+from broker import Claimed, StreamMode, TokenTrail, WrittenEntry
 from workers.resume import Earlier, continuation, drops_role_chunk, earlier_output
-from workers.resume_exact import COMPLETIONS_PATH, Reshaper, Seam, token_continuation
+from workers.resume_exact import (
+    COMPLETIONS_PATH,
+    Reshaper,
+    Seam,
+    owed_usage,
+    token_continuation,
+)
 from workers.token_ids import asking_token_ids, take_token_ids
 
 # Events as the engine sent them -> events as the client gets them, with their token ids.
@@ -36,9 +42,11 @@ class Attempt:
 
 @dataclass(frozen=True)
 class Whole:
-    """Nothing is left to ask: the earlier attempts sent the whole answer."""
+    """Nothing is left to ask: the earlier attempts sent the whole answer. ``usage``: the
+    usage chunk its client is still owed (``resume_exact.owed_usage``), or None."""
 
     earlier: Earlier
+    usage: bytes | None = None
 
 
 def fresh(job: Claimed) -> Attempt:
@@ -56,7 +64,7 @@ def resumed(
         return fresh(job)
     earlier = earlier_output(job.kind, [entry.chunk for entry in written])
     if earlier.finish_reason is not None:
-        return Whole(earlier)
+        return _whole(job, written, earlier)
     if seam is not None:
         try:
             body = token_continuation(job.kind, job.payload, seam, context_len)
@@ -65,13 +73,21 @@ def resumed(
         else:
             kept = Earlier(earlier.text, len(seam.kept))
             if body is None:
-                return Whole(kept)
+                return _whole(job, written, kept)
             url = job.endpoint + COMPLETIONS_PATH
             return Attempt(url, body, Reshaper(job.kind, seam), kept, exact=True)
     body = continuation(job.kind, job.payload, earlier)
     if body is None:
-        return Whole(earlier)
+        return _whole(job, written, earlier)
     return Attempt(job.endpoint + job.kind.path, body, _without_role_chunk(), earlier)
+
+
+def _whole(job: Claimed, written: Sequence[WrittenEntry], earlier: Earlier) -> Whole:
+    """The answer is whole; a client that asked for usage is owed its chunk if the answer
+    was taken back before it came."""
+    if job.stream_flag is not StreamMode.WITH_USAGE:
+        return Whole(earlier)
+    return Whole(earlier, owed_usage(written, earlier.tokens))
 
 
 def _without_role_chunk() -> Shape:

@@ -180,6 +180,31 @@ def _tokens_left(
     return int(limit) - len(seam.kept)
 
 
+def owed_usage(entries: Sequence[WrittenEntry], completion_tokens: int) -> bytes | None:
+    """The usage chunk owed to the client of an answer whose earlier attempts sent all its
+    tokens but not its usage (taken back between its last token and its usage chunk): the
+    first attempt's ``id``, ``created`` and ``model``, the prompt's tokens from the ids it
+    recorded. None when the client had the usage already, or no prompt ids were recorded
+    (an engine that ignored ``return_token_ids``: the prompt's length is unknown)."""
+    events = [e for entry in entries for e in _events(entry.chunk)]
+    if not entries or not entries[0].trail.prompt_tokens:
+        return None
+    if any(isinstance(e.get("usage"), dict) for e in events):
+        return None
+    first = next((e for e in events if "id" in e), None)
+    if first is None:
+        return None
+    prompt = len(parse_ids(entries[0].trail.prompt_tokens))
+    usage = {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion_tokens,
+        "completion_tokens": completion_tokens,
+    }
+    kept = ("id", "object", "created", "model", "system_fingerprint")
+    event = {k: first[k] for k in kept if k in first} | {"choices": [], "usage": usage}
+    return b"data: %s\n\n" % orjson.dumps(event)
+
+
 class Reshaper:
     """Turns the continuation's completion chunks into what the client's stream needs, and
     records their token ids (the first with how many earlier groups were ``redone``)."""

@@ -119,6 +119,8 @@ class JobRunner:
         progress = _Progress(on_sent=on_sent)
         plan = await self._attempt(job)
         if isinstance(plan, Whole):  # the answer had ended, or reached its limit, already
+            if plan.usage is not None:
+                self._writer.chunk(job, plan.usage)
             return _already_whole(plan.earlier)
         payload = with_priority(plan.payload, job.engine_priority)
         tries = self._settings.engine_max_tries

@@ -4,6 +4,7 @@ chunks of vLLM 0.32 with ``return_token_ids`` captured from the real engine."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -17,6 +18,7 @@ from workers.resume_exact import (
     Reshaper,
     Seam,
     needs_context_len,
+    owed_usage,
     seam_of,
     token_continuation,
 )
@@ -231,6 +233,26 @@ def test_a_resumed_attempt_goes_on_from_token_ids_when_it_can_else_from_text() -
     assert text.url == "http://e:8000/v1/chat/completions"
     ended = [WrittenEntry(HEAD + chat(" a", "stop"), TokenTrail(b"11", b"1"))]
     assert isinstance(attempt.resumed(claimed, ended, None, None), attempt.Whole)
+
+
+def test_an_answer_taken_back_after_its_last_token_owes_its_client_the_usage_chunk() -> None:
+    # Taken back between the chunk with its finish reason and its usage chunk: the client
+    # that asked for usage gets it from the next attempt (8 prompt ids recorded, 2 tokens).
+    claimed = job({"model": "tiny", "messages": [], "max_tokens": 2, "stream": True})
+    trail = TokenTrail(b"11;12", b"4,204,2847,336,2,204,5,204")
+    ended = [WrittenEntry(HEAD + chat(" a") + chat(" b", "length"), trail)]
+    whole = attempt.resumed(claimed, ended, seam_of(claimed.kind, ended), None)
+    assert isinstance(whole, attempt.Whole) and whole.usage is not None
+    assert orjson.loads(whole.usage.removeprefix(b"data: ")) == {
+        "id": "chatcmpl-9", "object": "chat.completion.chunk", "created": 17, "model": "tiny",
+        "choices": [], "usage": {"prompt_tokens": 8, "total_tokens": 10, "completion_tokens": 2},
+    }  # fmt: skip
+    assert whole.usage.endswith(b"\n\n")
+    # Not when it came already, nor without the prompt's ids, nor to a client not asking
+    assert owed_usage([*ended, WrittenEntry(usage(8, 2))], 2) is None
+    assert owed_usage([WrittenEntry(HEAD + chat(" a", "length"))], 1) is None
+    plain = replace(claimed, stream_flag=StreamMode.STREAMED)
+    assert attempt.resumed(plain, ended, None, None) == attempt.Whole(Earlier(" a b", 2, "length"))
 
 
 def test_a_job_taken_back_before_its_first_output_starts_afresh_with_its_role_chunk() -> None:

@@ -1,5 +1,5 @@
 """The worker's payload handling (pure): splicing in the engine priority as bytes; which
-attempts count as resumed."""
+attempts count as resumed; an answer that was whole when taken back."""
 
 from __future__ import annotations
 
@@ -8,7 +8,16 @@ from typing import cast
 import orjson
 from prometheus_client import REGISTRY
 
-from broker import Claimed, RequestKind, Settings, StreamMode, WrittenEntry
+from broker import (
+    Claimed,
+    JobState,
+    Outcome,
+    RequestKind,
+    Settings,
+    StreamMode,
+    TokenTrail,
+    WrittenEntry,
+)
 from workers.attempt import Attempt
 from workers.engine_http import EngineClient
 from workers.runner import JobRunner, with_priority
@@ -46,3 +55,35 @@ async def test_a_job_taken_back_before_its_first_output_is_not_counted_as_resume
 
 def _resumes(how: str) -> float:
     return REGISTRY.get_sample_value("fairq_worker_resumes_total", {"how": how}) or 0.0
+
+
+async def test_an_answer_whole_before_its_usage_chunk_gets_it_and_completes() -> None:
+    """Taken back between its last token and its usage chunk: the runner writes the usage
+    chunk its client asked for (``resume_exact.owed_usage``) and ends the job completed."""
+    head = (
+        b'data: {"id":"c-1","object":"chat.completion.chunk","created":5,"model":"m",'
+        b'"choices":[{"index":0,"delta":{"content":" a"},"finish_reason":"length"}]}\n\n'
+    )
+
+    async def whole_written(job: Claimed) -> list[WrittenEntry]:
+        return [WrittenEntry(head, TokenTrail(b"7", b"1,2,3"))]
+
+    class Chunks:
+        written: list[bytes] = []
+
+        def chunk(self, job: Claimed, data: bytes, **_: object) -> None:
+            self.written.append(data)
+
+    job = Claimed("m", b"1-0", "j", b'{"stream":true,"max_tokens":1}', RequestKind.CHAT,
+                  StreamMode.WITH_USAGE, "http://e:8000", "default", "alice", resume_gen=1,
+                  track_tokens=True)  # fmt: skip
+    writer = Chunks()
+    runner = JobRunner(cast(ResultWriter, writer), cast(EngineClient, None), Settings(),
+                       whole_written)  # fmt: skip
+    outcome = await runner.run(job)
+    assert isinstance(outcome, Outcome) and outcome.state is JobState.COMPLETED
+    assert outcome.usage == {"completion_tokens": 1}
+    [usage] = writer.written
+    assert orjson.loads(usage.removeprefix(b"data: "))["usage"] == {
+        "prompt_tokens": 3, "total_tokens": 4, "completion_tokens": 1
+    }  # fmt: skip
