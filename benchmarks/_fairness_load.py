@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import random
+import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,28 +204,153 @@ async def run_load(
     heavy_window: int | None = None,
 ) -> LoadResult:
     """Send the plan once; requests still open at the deadline fail as "stopped".
-    ``heavy_window``: at most this many heavy requests open at once (None: no bound)."""
+    ``heavy_window``: at most this many heavy requests open at once (None: no bound).
+
+    The light users' requests go from a process of their own (``_light_process``), as
+    other clients than the flood's: this process reads every heavy stream, hundreds of
+    thousands of events in a long flood, and a light user's first token waiting behind
+    them on the same event loop would be the load client's wait, not fairq's."""
     rng = random.Random(0)
     prompts = [make_prompt(f"{p.user} {i}", p.prompt_tokens, rng) for i, p in enumerate(planned)]
     results = [RequestResult(p.user, p.heavy, p.at_s, p.max_tokens) for p in planned]
-    async with contextlib.AsyncExitStack() as stack:
-        clients = [await stack.enter_async_context(c) for c in _clients(len(planned), deadline_s)]
-        window = None if heavy_window is None else asyncio.Semaphore(heavy_window)
+    light = [i for i, p in enumerate(planned) if not p.heavy]
+    heavy = [i for i, p in enumerate(planned) if p.heavy]
+    async with _light_process(bool(light)) as apart:
         t0 = time.perf_counter()
         on_start(t0)
-        tasks = []
-        for i, (item, result, prompt) in enumerate(zip(planned, results, prompts, strict=True)):
-            client = clients[i % len(clients)]
-            send_it = _at(client, target, item, result, prompt, t0=t0, bucket_s=bucket_s,
-                          window=window)  # fmt: skip
-            tasks.append(asyncio.create_task(send_it))
-        stopped = await _wait_all(tasks, t0 + deadline_s, dead)
+        also = []
+        if apart is not None:
+            job = _LightJob(target, [planned[i] for i in light], [prompts[i] for i in light],
+                            t0, deadline_s, bucket_s)  # fmt: skip
+            also.append(asyncio.ensure_future(apart.run(job)))
+        window = None if heavy_window is None else asyncio.Semaphore(heavy_window)
+        ours = [(planned[i], results[i], prompts[i]) for i in heavy]
+        stopped = await _send_all(target, ours, t0=t0, deadline_s=deadline_s, dead=dead,
+                                  bucket_s=bucket_s, window=window, also=also)  # fmt: skip
+        for task in also:
+            if task.done() and not task.cancelled() and task.exception() is None:
+                for i, result in zip(light, task.result(), strict=True):
+                    results[i] = result
     for result in results:
         if stopped is not None and result.end_s is None and result.error is None:
             result.error = f"stopped: {stopped}"
     ends = [r.end_s for r in results if r.end_s is not None]
     wall_s = max(ends, default=time.perf_counter() - t0)
     return LoadResult(results, wall_s, stopped, bucket_s)
+
+
+async def _send_all(
+    target: Target,
+    sends: Sequence[tuple[Planned, RequestResult, str]],
+    *,
+    t0: float,
+    deadline_s: float,
+    dead: Callable[[], str | None],
+    bucket_s: float | None,
+    window: asyncio.Semaphore | None,
+    also: Sequence[asyncio.Future[Any]] = (),
+) -> str | None:
+    """Send each planned request at its time, filling its result in; wait for them and
+    ``also`` until the deadline (why they were stopped, or None)."""
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(c) for c in _clients(len(sends), deadline_s)]
+        tasks: list[asyncio.Future[Any]] = [*also]
+        for i, (item, result, prompt) in enumerate(sends):
+            send_it = _at(clients[i % len(clients)], target, item, result, prompt, t0=t0,
+                          bucket_s=bucket_s, window=window)  # fmt: skip
+            tasks.append(asyncio.create_task(send_it))
+        return await _wait_all(tasks, t0 + deadline_s, dead)
+
+
+@dataclass(frozen=True)
+class _LightJob:
+    """The light users' part of a load, as their process gets it (JSON on its stdin)."""
+
+    target: Target
+    planned: list[Planned]
+    prompts: list[str]
+    t0: float  # the monotonic clock is the machine's: both processes time from it
+    deadline_s: float
+    bucket_s: float | None
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def of_json(cls, data: bytes) -> _LightJob:
+        raw = orjson.loads(data)
+        planned = [Planned(**p) for p in raw["planned"]]
+        target = Target(**raw["target"])
+        return cls(target, planned, raw["prompts"], raw["t0"], raw["deadline_s"], raw["bucket_s"])
+
+
+class _LightProcess:
+    """The light users' requests, sent from a process of their own (``python -m
+    benchmarks._fairness_load``): this one reads every heavy stream, and a light user's
+    first token waiting behind them on the same event loop would be the load client's
+    wait, not the stack's."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self._process = process
+
+    async def run(self, job: _LightJob) -> list[RequestResult]:
+        out, _ = await self._process.communicate(job.to_json())
+        if self._process.returncode != 0:
+            raise RuntimeError(f"the light users' process exited {self._process.returncode}")
+        return [_result_of(r) for r in orjson.loads(out)]
+
+    def stop(self) -> None:
+        if self._process.returncode is None:
+            self._process.kill()
+
+
+@contextlib.asynccontextmanager
+async def _light_process(wanted: bool) -> AsyncIterator[_LightProcess | None]:
+    """The light users' process, started and ready (None when there are none); killed at
+    the block's end if still running (the load was cut)."""
+    if not wanted:
+        yield None
+        return
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "benchmarks._fairness_load", stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    light = _LightProcess(process)
+    try:
+        assert process.stdout is not None
+        if await process.stdout.readline() != _READY:
+            raise RuntimeError("the light users' process did not start")
+        yield light
+    finally:
+        light.stop()
+        await process.wait()
+
+
+_READY = b"ready\n"
+
+
+def _result_of(raw: dict[str, Any]) -> RequestResult:
+    result = RequestResult(**raw)
+    result.buckets = {int(k): v for k, v in raw["buckets"].items()}
+    return result
+
+
+def _serve_light_job() -> None:
+    """In the light users' process: say it is ready, take the job, send its requests at
+    their times, write their results."""
+    sys.stdout.buffer.write(_READY)
+    sys.stdout.buffer.flush()
+    job = _LightJob.of_json(sys.stdin.buffer.read())
+    results = [RequestResult(p.user, p.heavy, p.at_s, p.max_tokens) for p in job.planned]
+    sends = list(zip(job.planned, results, job.prompts, strict=True))
+    sending = _send_all(job.target, sends, t0=job.t0, deadline_s=job.deadline_s,
+                        dead=lambda: None, bucket_s=job.bucket_s, window=None)  # fmt: skip
+    stopped = asyncio.run(sending)
+    for result in results:
+        if stopped is not None and result.end_s is None and result.error is None:
+            result.error = f"stopped: {stopped}"
+    sys.stdout.buffer.write(orjson.dumps([dataclasses.asdict(r) for r in results],
+                                         option=orjson.OPT_NON_STR_KEYS))  # fmt: skip
 
 
 # Requests per HTTP client: httpx's connection pool does work per request that grows with
@@ -242,11 +369,11 @@ def _clients(requests: int, deadline_s: float) -> list[httpx.AsyncClient]:
 
 
 async def _wait_all(
-    tasks: list[asyncio.Task[None]], deadline: float, dead: Callable[[], str | None]
+    tasks: Sequence[asyncio.Future[Any]], deadline: float, dead: Callable[[], str | None]
 ) -> str | None:
     """Wait for every task until the deadline or a dead stack process; cancel the rest
     and say why they were stopped (None when all finished)."""
-    pending: set[asyncio.Task[None]] = set(tasks)
+    pending: set[asyncio.Future[Any]] = set(tasks)
     reason = None
     while pending:
         left = deadline - time.perf_counter()
@@ -261,3 +388,7 @@ async def _wait_all(
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)
     return reason
+
+
+if __name__ == "__main__":
+    _serve_light_job()

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from click.testing import CliRunner
 
@@ -508,3 +510,46 @@ def test_arm_n_sends_the_flood_as_the_window_frees_and_arm_a_all_at_once() -> No
         assert engine.most_open == 12
     for load in (windowed, at_once):
         assert load.failed == [] and load.output_tokens == 12 * 5
+
+
+class _WhoAsks:
+    """An ASGI chat endpoint that records, per user, the processes its requests came from
+    (the owner of the client's socket, found while the request is open)."""
+
+    def __init__(self) -> None:
+        self.pids: dict[str, set[int]] = {}
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        user = json.loads(body)["messages"][0]["content"].split()[0].strip("[")
+        port = scope["client"][1]
+        owners = {c.pid for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port}
+        self.pids.setdefault(user, set()).update(p for p in owners if p)
+        answer = json.dumps({"usage": {"completion_tokens": 5}}).encode()
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": answer})
+
+
+def test_light_users_send_from_a_process_of_their_own_and_their_results_come_back() -> None:
+    # The flood's streams are read on this process's event loop; a light user's first token
+    # waiting behind them would be the load client's wait, not the stack's.
+    plan = [Planned("A", True, 0.0, 8, 5, False) for _ in range(4)]
+    plan += [Planned("B", False, 0.2, 8, 5, False), Planned("C", False, 0.3, 8, 5, False)]
+    engine = _WhoAsks()
+    with uvicorn_thread(engine, lifespan="off") as url:
+        load = asyncio.run(run_load(Target(f"{url}/v1/chat/completions", "m"), plan, 30.0))
+    assert load.failed == [] and load.output_tokens == 6 * 5
+    assert engine.pids["A"] == {os.getpid()}
+    assert len(engine.pids["B"]) == 1 and engine.pids["B"] == engine.pids["C"]
+    assert os.getpid() not in engine.pids["B"]
+    light = [r for r in load.requests if not r.heavy]
+    assert [r.user for r in light] == ["B", "C"] and all(r.end_s for r in light)
+    assert all(0.2 <= r.arrival_s < 5.0 for r in light)  # timed from the same t=0
