@@ -186,9 +186,9 @@ def owed_usage(entries: Sequence[WrittenEntry], completion_tokens: int) -> bytes
     first attempt's ``id``, ``created`` and ``model``, the prompt's tokens from the ids it
     recorded. None when the client had the usage already, or no prompt ids were recorded
     (an engine that ignored ``return_token_ids``: the prompt's length is unknown)."""
-    events = [e for entry in entries for e in _events(entry.chunk)]
     if not entries or not entries[0].trail.prompt_tokens:
         return None
+    events = [e for entry in entries for e in _events(entry.chunk)]
     if any(isinstance(e.get("usage"), dict) for e in events):
         return None
     first = next((e for e in events if "id" in e), None)
