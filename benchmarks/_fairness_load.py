@@ -228,7 +228,12 @@ async def run_load(
         stopped = await _send_all(target, ours, t0=t0, deadline_s=deadline_s, dead=dead,
                                   bucket_s=bucket_s, window=window, also=also)  # fmt: skip
         for task in also:
-            if task.done() and not task.cancelled() and task.exception() is None:
+            if not task.done() or task.cancelled():
+                continue  # cut: its requests fail as stopped, below
+            if (problem := task.exception()) is not None:
+                for i in light:
+                    results[i].error = str(problem)
+            else:
                 for i, result in zip(light, task.result(), strict=True):
                     results[i] = result
     for result in results:
