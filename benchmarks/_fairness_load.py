@@ -227,21 +227,32 @@ async def run_load(
         ours = [(planned[i], results[i], prompts[i]) for i in heavy]
         stopped = await _send_all(target, ours, t0=t0, deadline_s=deadline_s, dead=dead,
                                   bucket_s=bucket_s, window=window, also=also)  # fmt: skip
-        for task in also:
-            if not task.done() or task.cancelled():
-                continue  # cut: its requests fail as stopped, below
-            if (problem := task.exception()) is not None:
-                for i in light:
-                    results[i].error = str(problem)
-            else:
-                for i, result in zip(light, task.result(), strict=True):
-                    results[i] = result
-    for result in results:
-        if stopped is not None and result.end_s is None and result.error is None:
-            result.error = f"stopped: {stopped}"
+    for task in also:  # the light users' results; cut, they fail as stopped below
+        if task.done() and not task.cancelled():
+            _take_light(task, light, results)
+    _mark_stopped(results, stopped)
     ends = [r.end_s for r in results if r.end_s is not None]
     wall_s = max(ends, default=time.perf_counter() - t0)
     return LoadResult(results, wall_s, stopped, bucket_s)
+
+
+def _take_light(
+    task: asyncio.Future[list[RequestResult]], light: Sequence[int], results: list[RequestResult]
+) -> None:
+    """The light users' process returned their results, or failed: then each fails."""
+    if (problem := task.exception()) is not None:
+        for i in light:
+            results[i].error = str(problem)
+        return
+    for i, result in zip(light, task.result(), strict=True):
+        results[i] = result
+
+
+def _mark_stopped(results: Sequence[RequestResult], stopped: str | None) -> None:
+    """Requests still open when the load was stopped fail, saying why."""
+    for result in results:
+        if stopped is not None and result.end_s is None and result.error is None:
+            result.error = f"stopped: {stopped}"
 
 
 async def _send_all(
@@ -350,10 +361,7 @@ def _serve_light_job() -> None:
     sends = list(zip(job.planned, results, job.prompts, strict=True))
     sending = _send_all(job.target, sends, t0=job.t0, deadline_s=job.deadline_s,
                         dead=lambda: None, bucket_s=job.bucket_s, window=None)  # fmt: skip
-    stopped = asyncio.run(sending)
-    for result in results:
-        if stopped is not None and result.end_s is None and result.error is None:
-            result.error = f"stopped: {stopped}"
+    _mark_stopped(results, asyncio.run(sending))
     sys.stdout.buffer.write(orjson.dumps([dataclasses.asdict(r) for r in results],
                                          option=orjson.OPT_NON_STR_KEYS))  # fmt: skip
 

@@ -298,7 +298,7 @@ def _section(name: str, section: Mapping[str, Any]) -> list[str]:
 def _work_lines(arms: Mapping[str, Any]) -> list[str]:
     """What each arm's engine computed: a smaller batch takes more steps for the same
     tokens (each step has a fixed cost), and a prompt prefilled twice is work redone."""
-    rows = []
+    rows: list[list[object]] = []
     for key, arm in arms.items():
         engine = arm.get("engine") or {}
         work = engine.get("work")
@@ -306,12 +306,9 @@ def _work_lines(arms: Mapping[str, Any]) -> list[str]:
             rows.append([f"({key}) {arm['title']}", _cell(work["steps"], ".0f"),
                          _cell(work["prefill_tokens"], ".0f"),
                          _cell(engine.get("mean_running"), ".0f"), _overrun(work)])  # fmt: skip
-    if not rows:
-        return []
     header = ["arm", "engine steps", "prompt tokens prefilled", "mean running",
               "simulator's timeline lost, s of modeled s"]  # fmt: skip
-    return ["What the engine computed (from its step histogram):", "",
-            markdown_table(header, rows), ""]  # fmt: skip
+    return _titled_table("What the engine computed (from its step histogram):", header, rows)
 
 
 def _overrun(work: Mapping[str, Any]) -> str:
@@ -325,7 +322,7 @@ def _overrun(work: Mapping[str, Any]) -> str:
 
 def _stage_lines(arms: Mapping[str, Any]) -> list[str]:
     """Where fairq arms' light requests spent their TTFT (``_fairness_stages``)."""
-    rows = []
+    rows: list[list[object]] = []
     for key, arm in arms.items():
         found = arm.get("light_stages") if arm["status"] == OK else None
         if found:
@@ -333,12 +330,14 @@ def _stage_lines(arms: Mapping[str, Any]) -> list[str]:
                      for s in stages.STAGES]  # fmt: skip
             rows.append([f"({key}) {arm['title']}", *cells,
                          _cell(found["gateway"]["p50"], ".1f")])  # fmt: skip
-    if not rows:
-        return []
     header = ["arm", "in fairq's queue p50 / max ms", "to a worker", "at the engine",
               "gateway and client (p50)"]  # fmt: skip
-    return ["Where a light request's TTFT goes (fairq arms):", "",
-            markdown_table(header, rows), ""]  # fmt: skip
+    return _titled_table("Where a light request's TTFT goes (fairq arms):", header, rows)
+
+
+def _titled_table(title: str, header: list[str], rows: list[list[object]]) -> list[str]:
+    """A title, a blank line, the table and a blank line; nothing without rows."""
+    return [title, "", markdown_table(header, rows), ""] if rows else []
 
 
 def _criteria_lines(checks: Mapping[str, Any]) -> list[str]:
