@@ -2,7 +2,9 @@
 
 Every planned request (``_fairness_scenarios.plan``) is sent at its time to one
 ``Target``: the engine itself (direct arms) or fairq's gateway, where each user
-has an API key of their own. Streamed answers are read by ``StreamTally``.
+has an API key of their own, over a lean HTTP client (``_fairness_http``: the load
+client shares the cores with what it measures). Streamed answers are read by
+``StreamTally``.
 
 Measured per request: when it was sent, its first token (streams), its end, its
 output tokens (from ``usage``) and, when asked, its tokens over time. A request
@@ -17,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import math
 import random
 import sys
 import time
@@ -25,9 +26,9 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import orjson
 
+from benchmarks._fairness_http import HttpFailure, post
 from benchmarks._fairness_scenarios import Planned
 from benchmarks._fairness_sse import StreamTally
 
@@ -134,33 +135,30 @@ def _done(result: RequestResult, tokens: int | None, t0: float) -> None:
         result.output_tokens = tokens
 
 
-async def _whole(client: httpx.AsyncClient, target: Target, result: RequestResult, prompt: str,
-                 t0: float) -> None:  # fmt: skip
+async def _whole(target: Target, result: RequestResult, prompt: str, t0: float) -> None:
     body = target.body(prompt, result.max_tokens, stream=False, heavy=result.heavy)
-    response = await client.post(target.url, json=body, headers=target.headers(result.user))
-    if response.status_code != 200:
-        result.error = f"HTTP {response.status_code}: {response.text[:200]}"
+    answer = await post(target.url, orjson.dumps(body), target.headers(result.user))
+    if answer.status != 200:
+        result.error = f"HTTP {answer.status}: {answer.body.decode(errors='replace')}"
         return
     try:
-        usage = orjson.loads(response.content).get("usage") or {}
+        usage = orjson.loads(answer.body).get("usage") or {}
         tokens: int | None = int(usage["completion_tokens"])
     except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError):
         tokens = None
     _done(result, tokens, t0)
 
 
-async def _streamed(client: httpx.AsyncClient, target: Target, result: RequestResult,
-                    prompt: str, *, t0: float, bucket_s: float | None) -> None:  # fmt: skip
+async def _streamed(target: Target, result: RequestResult, prompt: str, *, t0: float,
+                    bucket_s: float | None) -> None:  # fmt: skip
     body = target.body(prompt, result.max_tokens, stream=True, heavy=result.heavy)
     tally = StreamTally(t0, bucket_s)
-    headers = target.headers(result.user)
-    async with client.stream("POST", target.url, json=body, headers=headers) as response:
-        if response.status_code != 200:
-            text = (await response.aread()).decode(errors="replace")[:200]
-            result.error = f"HTTP {response.status_code}: {text}"
-            return
-        async for data in response.aiter_bytes():
-            tally.feed(data, time.perf_counter())
+    clock = time.perf_counter
+    answer = await post(target.url, orjson.dumps(body), target.headers(result.user),
+                        on_body=lambda data: tally.feed(data, clock()))  # fmt: skip
+    if answer.status != 200:
+        result.error = f"HTTP {answer.status}: {answer.body.decode(errors='replace')}"
+        return
     result.first_token_s, result.buckets = tally.first_token_s, tally.buckets
     if tally.first_token_s is not None:
         result.ttft_s = tally.first_token_s - result.arrival_s
@@ -170,27 +168,26 @@ async def _streamed(client: httpx.AsyncClient, target: Target, result: RequestRe
     _done(result, tally.usage_tokens(), t0)
 
 
-async def send(client: httpx.AsyncClient, target: Target, result: RequestResult, prompt: str,
-               *, stream: bool, t0: float, bucket_s: float | None = None) -> None:  # fmt: skip
+async def send(target: Target, result: RequestResult, prompt: str, *, stream: bool, t0: float,
+               bucket_s: float | None = None) -> None:  # fmt: skip
     """Send one request now and fill ``result`` in; transport errors become its error."""
     result.arrival_s = time.perf_counter() - t0
     try:
         if stream:
-            await _streamed(client, target, result, prompt, t0=t0, bucket_s=bucket_s)
+            await _streamed(target, result, prompt, t0=t0, bucket_s=bucket_s)
         else:
-            await _whole(client, target, result, prompt, t0)
-    except httpx.HTTPError as exc:
+            await _whole(target, result, prompt, t0)
+    except (HttpFailure, OSError, TimeoutError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
 
 
-async def _at(client: httpx.AsyncClient, target: Target, item: Planned, result: RequestResult,
-              prompt: str, *, t0: float, bucket_s: float | None,
-              window: asyncio.Semaphore | None) -> None:  # fmt: skip
+async def _at(target: Target, item: Planned, result: RequestResult, prompt: str, *, t0: float,
+              bucket_s: float | None, window: asyncio.Semaphore | None) -> None:  # fmt: skip
     await asyncio.sleep(max(0.0, t0 + item.at_s - time.perf_counter()))
     # A heavy request in a window goes once one of the open ones has ended.
     gate = window if window is not None and item.heavy else contextlib.nullcontext()
     async with gate:
-        await send(client, target, result, prompt, stream=item.stream, t0=t0, bucket_s=bucket_s)
+        await send(target, result, prompt, stream=item.stream, t0=t0, bucket_s=bucket_s)
 
 
 async def run_load(
@@ -268,14 +265,11 @@ async def _send_all(
 ) -> str | None:
     """Send each planned request at its time, filling its result in; wait for them and
     ``also`` until the deadline (why they were stopped, or None)."""
-    async with contextlib.AsyncExitStack() as stack:
-        clients = [await stack.enter_async_context(c) for c in _clients(len(sends), deadline_s)]
-        tasks: list[asyncio.Future[Any]] = [*also]
-        for i, (item, result, prompt) in enumerate(sends):
-            send_it = _at(clients[i % len(clients)], target, item, result, prompt, t0=t0,
-                          bucket_s=bucket_s, window=window)  # fmt: skip
-            tasks.append(asyncio.create_task(send_it))
-        return await _wait_all(tasks, t0 + deadline_s, dead)
+    tasks: list[asyncio.Future[Any]] = [*also]
+    for item, result, prompt in sends:
+        send_it = _at(target, item, result, prompt, t0=t0, bucket_s=bucket_s, window=window)
+        tasks.append(asyncio.create_task(send_it))
+    return await _wait_all(tasks, t0 + deadline_s, dead)
 
 
 @dataclass(frozen=True)
@@ -364,21 +358,6 @@ def _serve_light_job() -> None:
     _mark_stopped(results, asyncio.run(sending))
     sys.stdout.buffer.write(orjson.dumps([dataclasses.asdict(r) for r in results],
                                          option=orjson.OPT_NON_STR_KEYS))  # fmt: skip
-
-
-# Requests per HTTP client: httpx's connection pool does work per request that grows with
-# the connections it holds, so one client holding a whole flood's connections open falls
-# behind the engine (its last wave of whole answers read seconds after the engine sent it).
-_REQUESTS_PER_CLIENT = 64
-
-
-def _clients(requests: int, deadline_s: float) -> list[httpx.AsyncClient]:
-    """Enough clients for ``requests`` open at once, each with a connection for each."""
-    count = max(1, math.ceil(requests / _REQUESTS_PER_CLIENT))
-    connections = math.ceil(requests / count) + 8
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-    timeout = httpx.Timeout(deadline_s, connect=30.0)
-    return [httpx.AsyncClient(limits=limits, timeout=timeout) for _ in range(count)]
 
 
 async def _wait_all(

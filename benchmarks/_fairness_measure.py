@@ -34,6 +34,7 @@ from benchmarks.vllm_engine import resolve_home
 
 IDLE_REQUESTS = 5
 PATH_IDLE_REQUESTS = 3
+IDLE_TIMEOUT_S = 60.0
 WATCH_MARGIN_S = 0.5
 BUCKET_S = 0.05  # the time resolution of the heavy users' token counts (mixed)
 
@@ -42,15 +43,18 @@ async def idle_ttft_s(target: Target, requests: int, tokens: int) -> float | Non
     """Median TTFT of light requests sent one at a time, after one unmeasured warm-up."""
     ttfts: list[float] = []
     rng = random.Random(f"idle {target.url}")
-    async with httpx.AsyncClient(timeout=httpx.Timeout(60.0)) as client:
-        for i in range(requests + 1):
-            prompt = make_prompt(f"idle {i} {rng.random()}", LIGHT_PROMPT_TOKENS, rng)
-            result = RequestResult(IDLE_USER, False, 0.0, tokens)
-            await send(client, target, result, prompt, stream=True, t0=time.perf_counter())
-            if result.error is not None:
-                raise RuntimeError(f"a request on the idle engine failed: {result.error}")
-            if i > 0 and result.ttft_s is not None:
-                ttfts.append(result.ttft_s)
+    for i in range(requests + 1):
+        prompt = make_prompt(f"idle {i} {rng.random()}", LIGHT_PROMPT_TOKENS, rng)
+        result = RequestResult(IDLE_USER, False, 0.0, tokens)
+        try:
+            async with asyncio.timeout(IDLE_TIMEOUT_S):
+                await send(target, result, prompt, stream=True, t0=time.perf_counter())
+        except TimeoutError:
+            result.error = f"no answer within {IDLE_TIMEOUT_S:.0f} s"
+        if result.error is not None:
+            raise RuntimeError(f"a request on the idle engine failed: {result.error}")
+        if i > 0 and result.ttft_s is not None:
+            ttfts.append(result.ttft_s)
     return median(ttfts) if ttfts else None
 
 
