@@ -90,9 +90,12 @@ class _Reader(asyncio.Protocol):
         self.status = self._parser.get_status_code()
 
     def on_body(self, body: bytes) -> None:
-        if self.status == 200 and self._on_body is not None:
+        if self.status != 200:
+            if len(self._kept) < ERROR_BODY_BYTES:
+                self._kept += body
+        elif self._on_body is not None:
             self._on_body(body)
-        elif len(self._kept) < ERROR_BODY_BYTES or self.status == 200:
+        else:
             self._kept += body
 
     def on_message_complete(self) -> None:
