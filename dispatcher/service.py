@@ -150,6 +150,7 @@ class Dispatcher:
         self.dispatched = 0  # jobs moved to ready streams by this process
         self.name = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.owned: frozenset[str] = frozenset()  # models this replica holds the lease of
+        self._loops: dict[str, asyncio.Task[None]] = {}  # engine (its first model) -> its loop
 
     async def run(self, stop: asyncio.Event) -> None:
         """Dispatch the models this replica owns (``dispatcher.ownership``) until ``stop``."""
@@ -163,7 +164,7 @@ class Dispatcher:
         self._wake = wake
         async with asyncio.TaskGroup() as tasks:
             self._scraper = self._make_scraper(wake)
-            loops: dict[str, asyncio.Task[None]] = {}
+            loops = self._loops
 
             def own(owned: frozenset[str]) -> None:
                 self._own(owned, loops, wake, stop, tasks)
@@ -314,7 +315,7 @@ class Dispatcher:
         backoff = Backoff()
         event = wake.event(group[0].name)  # the group's models share it
         names = [m.name for m in group]
-        while not stop.is_set():
+        while not stop.is_set() and self._current(group):
             if not any(wake.urgent(n) for n in names) and all(self._idle(n) for n in names):
                 # Nothing is queued and no job arrived: the round only refreshes room and
                 # the express grant. Let the request that caused this wake-up (an express
@@ -333,11 +334,20 @@ class Dispatcher:
                     wake.mark_stale(name)
                 await backoff.wait()
                 continue
-            try:
-                await asyncio.wait_for(event.wait(), self._settings.dispatcher_idle_tick_s)
+            try:  # asyncio.timeout, not wait_for: Python 3.11's swallows a cancel that
+                # comes as the event is set
+                async with asyncio.timeout(self._settings.dispatcher_idle_tick_s):
+                    await event.wait()
             except TimeoutError:
                 for name in names:
                     wake.mark_stale(name)  # the idle tick always reads afresh
+
+    def _current(self, group: Sequence[ModelConfig]) -> bool:
+        """Whether the running task is the engine's loop. A loop cancelled when its lease
+        was lost may have had the cancel swallowed (by a library awaited at that moment); it
+        must end rather than dispatch beside the loop that replaced it, whose views it
+        shares."""
+        return self._loops.get(group[0].name) is asyncio.current_task()
 
     def _idle(self, model: str) -> bool:
         """No backlog in the model's last known state."""
@@ -373,6 +383,8 @@ class Dispatcher:
         chunk = 0  # what this cycle's first turn sent: each other turn's bound
         total = 0
         while True:
+            if any(name not in self._views for name in order):
+                return total  # the engine's lease was lost during the round (``_own``)
             tops = {
                 name: bands.index(view.backlogs[0].band)
                 for name in order
@@ -395,9 +407,11 @@ class Dispatcher:
             else:
                 done.add(turn)
         for model in group:  # revokes, once, a grant written before they shared the engine
+            if (kept := self._views.get(model.name)) is None:
+                return total  # the engine's lease was lost during the round
             admission = ADMISSION[model.admission_policy]
             config = _admission_config(model, bands)
-            await self._refresh_grant(model, self._views[model.name], admission, config)
+            await self._refresh_grant(model, kept, admission, config)
         return total
 
     async def _view(

@@ -14,6 +14,7 @@ from dispatcher.admission import ADMISSION, AdmissionConfig
 from dispatcher.endpoints import SentLog, endpoint_states
 from dispatcher.service import Dispatcher
 from dispatcher.sharing import next_turn
+from dispatcher.wake import WakeListener
 from tests.support.contract import submission
 from tests.support.eventually import aeventually
 from tests.support.settings import make_settings
@@ -92,6 +93,42 @@ async def test_replicas_own_the_models_of_one_engine_together(redis_url: str) ->
         finally:
             stop.set()
             await asyncio.gather(*tasks)
+
+
+async def test_a_loop_that_is_no_longer_its_engines_ends_instead_of_dispatching(
+    aredis: Redis, redis_url: str
+) -> None:
+    # A loop cancelled when its lease was lost may have had the cancel swallowed (by a
+    # library awaited at that moment, or Python 3.11's wait_for as its event fires); it
+    # must not go on beside the loop that replaced it: they share the models' views.
+    engine = "http://127.0.0.1:9"
+    names = ["base", "lora"]
+    models = [{"name": n, "endpoints": [engine], "admission": "static"} for n in names]
+    settings = make_settings(redis_url, models=models, express_grant_ttl_s=0)
+    dispatcher = Dispatcher(settings, aredis)
+    for name in names:
+        await DispatchStore(aredis, settings).ensure_ready_group(name)
+    queue = JobQueue(aredis, settings)
+    await queue.submit(dataclasses.replace(submission("u"), model="base"))
+    group = settings.models
+    wake = WakeListener(aredis, names, together=[names])
+    async with asyncio.timeout(5):  # the engine has no loop registered: this is not it
+        await dispatcher._model_loop(group, wake, asyncio.Event())
+    assert dispatcher.dispatched == 0
+    # Registered, the same loop dispatches the job, then ends when it is replaced.
+    stop = asyncio.Event()
+    loop = asyncio.create_task(dispatcher._model_loop(group, wake, stop))
+    dispatcher._loops["base"] = loop
+    try:
+        await aeventually(lambda: dispatcher.dispatched == 1, "the job dispatched", 5)
+        dispatcher._loops["base"] = asyncio.create_task(asyncio.sleep(0))  # its successor
+        wake.event("base").set()
+        async with asyncio.timeout(5):
+            await loop
+    finally:
+        stop.set()
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
 
 
 async def test_models_sharing_an_engine_hold_no_express_grant(aredis: Redis) -> None:
