@@ -67,8 +67,10 @@ class Client:
         self.outcome = "not accepted"
 
     def body(self) -> dict[str, Any]:
+        # 80 tokens: the load must outlast the three kills (about 2 s apart from the first);
+        # with 40 it once ended before the gateway's on a fast run.
         return {"model": DEMO_MODELS[(self.i // 2) % 2], "stream": self.stream,
-                "max_tokens": 40,
+                "max_tokens": 80,
                 "messages": [{"role": "user", "content": f"request {self.i}"}]}  # fmt: skip
 
     async def run(self) -> None:
