@@ -2,8 +2,9 @@
 
 Every planned request (``_fairness_scenarios.plan``) is sent at its time to one
 ``Target``: the engine itself (direct arms) or fairq's gateway, where each user
-has an API key of their own, over a lean HTTP client (``_fairness_http``: the load
-client shares the cores with what it measures). Streamed answers are read by
+has an API key of their own, over the worker's engine client
+(``workers.engine_http``: httptools inside the protocol, a piece of body per callback;
+the load client shares the cores with what it measures). Streamed answers are read by
 ``StreamTally``.
 
 Measured per request: when it was sent, its first token (streams), its end, its
@@ -28,9 +29,9 @@ from typing import Any
 
 import orjson
 
-from benchmarks._fairness_http import HttpFailure, post
 from benchmarks._fairness_scenarios import Planned
 from benchmarks._fairness_sse import StreamTally
+from workers.engine_http import EngineClient, HttpClientError, Reply
 
 CHARS_PER_TOKEN = 4  # the simulator's estimate; a real tokenizer is in the same range
 CHAT_OVERHEAD_TOKENS = 4  # role markers a chat template adds around one message
@@ -135,29 +136,44 @@ def _done(result: RequestResult, tokens: int | None, t0: float) -> None:
         result.output_tokens = tokens
 
 
-async def _whole(target: Target, result: RequestResult, prompt: str, t0: float) -> None:
-    body = target.body(prompt, result.max_tokens, stream=False, heavy=result.heavy)
-    answer = await post(target.url, orjson.dumps(body), target.headers(result.user))
-    if answer.status != 200:
-        result.error = f"HTTP {answer.status}: {answer.body.decode(errors='replace')}"
+CONNECT_TIMEOUT_S = 30.0
+# No silence bound of its own: a FIFO engine leaves a flood's last requests silent for most of
+# the flood, and the load's deadline bounds every request.
+IDLE_TIMEOUT_S = 3600.0
+
+
+async def _post(client: EngineClient, target: Target, result: RequestResult, prompt: str, *,
+                stream: bool, on_body: Callable[[bytes], None]) -> Reply | None:  # fmt: skip
+    """POST the request; a 200's body goes to ``on_body``. None (and ``result.error``) for
+    another status."""
+    body = orjson.dumps(target.body(prompt, result.max_tokens, stream=stream, heavy=result.heavy))
+    reply = await client.post(target.url, body, idle_timeout_s=IDLE_TIMEOUT_S, on_body=on_body,
+                              headers=target.headers(result.user))  # fmt: skip
+    if reply.status == 200:
+        return reply
+    result.error = f"HTTP {reply.status}: {reply.body[:200].decode(errors='replace')}"
+    return None
+
+
+async def _whole(client: EngineClient, target: Target, result: RequestResult, prompt: str,
+                 t0: float) -> None:  # fmt: skip
+    content = bytearray()
+    if await _post(client, target, result, prompt, stream=False, on_body=content.extend) is None:
         return
     try:
-        usage = orjson.loads(answer.body).get("usage") or {}
+        usage = orjson.loads(content).get("usage") or {}
         tokens: int | None = int(usage["completion_tokens"])
     except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError):
         tokens = None
     _done(result, tokens, t0)
 
 
-async def _streamed(target: Target, result: RequestResult, prompt: str, *, t0: float,
-                    bucket_s: float | None) -> None:  # fmt: skip
-    body = target.body(prompt, result.max_tokens, stream=True, heavy=result.heavy)
+async def _streamed(client: EngineClient, target: Target, result: RequestResult, prompt: str,
+                    *, t0: float, bucket_s: float | None) -> None:  # fmt: skip
     tally = StreamTally(t0, bucket_s)
     clock = time.perf_counter
-    answer = await post(target.url, orjson.dumps(body), target.headers(result.user),
-                        on_body=lambda data: tally.feed(data, clock()))  # fmt: skip
-    if answer.status != 200:
-        result.error = f"HTTP {answer.status}: {answer.body.decode(errors='replace')}"
+    on_body = lambda data: tally.feed(data, clock())  # noqa: E731
+    if await _post(client, target, result, prompt, stream=True, on_body=on_body) is None:
         return
     result.first_token_s, result.buckets = tally.first_token_s, tally.buckets
     if tally.first_token_s is not None:
@@ -168,26 +184,27 @@ async def _streamed(target: Target, result: RequestResult, prompt: str, *, t0: f
     _done(result, tally.usage_tokens(), t0)
 
 
-async def send(target: Target, result: RequestResult, prompt: str, *, stream: bool, t0: float,
-               bucket_s: float | None = None) -> None:  # fmt: skip
+async def send(client: EngineClient, target: Target, result: RequestResult, prompt: str, *,
+               stream: bool, t0: float, bucket_s: float | None = None) -> None:  # fmt: skip
     """Send one request now and fill ``result`` in; transport errors become its error."""
     result.arrival_s = time.perf_counter() - t0
     try:
         if stream:
-            await _streamed(target, result, prompt, t0=t0, bucket_s=bucket_s)
+            await _streamed(client, target, result, prompt, t0=t0, bucket_s=bucket_s)
         else:
-            await _whole(target, result, prompt, t0)
-    except (HttpFailure, OSError, TimeoutError) as exc:
+            await _whole(client, target, result, prompt, t0)
+    except HttpClientError as exc:
         result.error = f"{type(exc).__name__}: {exc}"
 
 
-async def _at(target: Target, item: Planned, result: RequestResult, prompt: str, *, t0: float,
-              bucket_s: float | None, window: asyncio.Semaphore | None) -> None:  # fmt: skip
+async def _at(client: EngineClient, target: Target, item: Planned, result: RequestResult,
+              prompt: str, *, t0: float, bucket_s: float | None,
+              window: asyncio.Semaphore | None) -> None:  # fmt: skip
     await asyncio.sleep(max(0.0, t0 + item.at_s - time.perf_counter()))
     # A heavy request in a window goes once one of the open ones has ended.
     gate = window if window is not None and item.heavy else contextlib.nullcontext()
     async with gate:
-        await send(target, result, prompt, stream=item.stream, t0=t0, bucket_s=bucket_s)
+        await send(client, target, result, prompt, stream=item.stream, t0=t0, bucket_s=bucket_s)
 
 
 async def run_load(
@@ -265,11 +282,13 @@ async def _send_all(
 ) -> str | None:
     """Send each planned request at its time, filling its result in; wait for them and
     ``also`` until the deadline (why they were stopped, or None)."""
-    tasks: list[asyncio.Future[Any]] = [*also]
-    for item, result, prompt in sends:
-        send_it = _at(target, item, result, prompt, t0=t0, bucket_s=bucket_s, window=window)
-        tasks.append(asyncio.create_task(send_it))
-    return await _wait_all(tasks, t0 + deadline_s, dead)
+    async with EngineClient(CONNECT_TIMEOUT_S) as client:
+        tasks: list[asyncio.Future[Any]] = [*also]
+        for item, result, prompt in sends:
+            send_it = _at(client, target, item, result, prompt, t0=t0, bucket_s=bucket_s,
+                          window=window)  # fmt: skip
+            tasks.append(asyncio.create_task(send_it))
+        return await _wait_all(tasks, t0 + deadline_s, dead)
 
 
 @dataclass(frozen=True)

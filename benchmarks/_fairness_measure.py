@@ -22,7 +22,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks._fairness_cpu import CpuMeter
 from benchmarks._fairness_engine import EngineWatch, served_models
-from benchmarks._fairness_load import LoadResult, RequestResult, Target, make_prompt, run_load, send
+from benchmarks._fairness_load import (
+    CONNECT_TIMEOUT_S,
+    LoadResult,
+    RequestResult,
+    Target,
+    make_prompt,
+    run_load,
+    send,
+)
 from benchmarks._fairness_report import arm_summary, engine_summary
 from benchmarks._fairness_resumed import fairq_preemptions, tokenizer_decode
 from benchmarks._fairness_scenarios import LIGHT_PROMPT_TOKENS, context_problem, plan
@@ -31,10 +39,11 @@ from benchmarks._fairness_stack import IDLE_USER, ArmEnv, Setup
 from benchmarks._fairness_stages import light_stages
 from benchmarks.stats import median
 from benchmarks.vllm_engine import resolve_home
+from workers.engine_http import EngineClient
 
 IDLE_REQUESTS = 5
 PATH_IDLE_REQUESTS = 3
-IDLE_TIMEOUT_S = 60.0
+IDLE_TIMEOUT_S = 60.0  # a light request on an idle engine
 WATCH_MARGIN_S = 0.5
 BUCKET_S = 0.05  # the time resolution of the heavy users' token counts (mixed)
 
@@ -43,18 +52,19 @@ async def idle_ttft_s(target: Target, requests: int, tokens: int) -> float | Non
     """Median TTFT of light requests sent one at a time, after one unmeasured warm-up."""
     ttfts: list[float] = []
     rng = random.Random(f"idle {target.url}")
-    for i in range(requests + 1):
-        prompt = make_prompt(f"idle {i} {rng.random()}", LIGHT_PROMPT_TOKENS, rng)
-        result = RequestResult(IDLE_USER, False, 0.0, tokens)
-        try:
-            async with asyncio.timeout(IDLE_TIMEOUT_S):
-                await send(target, result, prompt, stream=True, t0=time.perf_counter())
-        except TimeoutError:
-            result.error = f"no answer within {IDLE_TIMEOUT_S:.0f} s"
-        if result.error is not None:
-            raise RuntimeError(f"a request on the idle engine failed: {result.error}")
-        if i > 0 and result.ttft_s is not None:
-            ttfts.append(result.ttft_s)
+    async with EngineClient(CONNECT_TIMEOUT_S) as client:
+        for i in range(requests + 1):
+            prompt = make_prompt(f"idle {i} {rng.random()}", LIGHT_PROMPT_TOKENS, rng)
+            result = RequestResult(IDLE_USER, False, 0.0, tokens)
+            try:
+                async with asyncio.timeout(IDLE_TIMEOUT_S):
+                    await send(client, target, result, prompt, stream=True, t0=time.perf_counter())
+            except TimeoutError:
+                result.error = f"no answer within {IDLE_TIMEOUT_S:.0f} s"
+            if result.error is not None:
+                raise RuntimeError(f"a request on the idle engine failed: {result.error}")
+            if i > 0 and result.ttft_s is not None:
+                ttfts.append(result.ttft_s)
     return median(ttfts) if ttfts else None
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlsplit
@@ -257,18 +257,23 @@ class EngineClient:
         on_body: Callable[[bytes], None],
         on_headers: Callable[[int], None] | None = None,
         on_written: Callable[[], None] | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Reply:
         """POST ``body`` (JSON) to ``url``; the body of a 200 goes to ``on_body`` piece by piece.
 
         ``on_body`` runs inside the protocol's callback: it must not block, and an
         exception it raises ends the call (the connection is closed) and is raised
         here. ``on_headers`` is called with the status when the response's headers arrived,
-        ``on_written`` once the request is handed to the socket. A cancelled call
-        closes its connection, which tells the engine to stop.
+        ``on_written`` once the request is handed to the socket. ``headers`` go out
+        beside the client's own (an API key, for callers other than the worker). A
+        cancelled call closes its connection, which tells the engine to stop.
         """
         target = target_of(url)
         conn = await self._connection(target)
         head = _REQUEST_HEAD % (target.path, target.host_header, len(body))
+        if headers:
+            extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+            head = head[:-2] + extra.encode() + b"\r\n"
         done = conn.request(head + body, idle_timeout_s, on_body, on_headers)
         if on_written is not None:
             on_written()

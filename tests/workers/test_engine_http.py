@@ -158,6 +158,19 @@ async def test_a_chunked_stream_arrives_whole_and_the_connection_is_kept_for_the
 
 
 @on_both_loops
+async def test_headers_given_go_out_with_the_clients_own() -> None:
+    script = [CHUNKED_HEAD, chunk(b"data: 1\n\n"), END]
+    async with scripted_server(script) as server, EngineClient(5.0) as client:
+        reply = await client.post(server.url, b'{"a":1}', idle_timeout_s=DEADLINE_S,
+                                  on_body=lambda _: None,
+                                  headers={"Authorization": "Bearer k"})  # fmt: skip
+    assert reply.status == 200
+    head, _, body = server.requests[0].partition(b"\r\n\r\n")
+    assert b"\r\nAuthorization: Bearer k" in head and b"Content-Length: 7" in head
+    assert body == b'{"a":1}'
+
+
+@on_both_loops
 async def test_an_error_status_returns_its_body_and_never_calls_on_body() -> None:
     error = b'{"error":{"message":"overloaded"}}'
     server_script = [fixed("503 Service Unavailable", error)]
