@@ -126,11 +126,17 @@ def chaos(stack: Stack, r: redis.Redis) -> dict[str, int]:
     how many jobs were unfinished at each kill (the kills must land under load)."""
     load = {}
 
+    def unfinished() -> int:
+        return sum(state not in TERMINAL for state in job_states(r).values())
+
     def kill(name: str, down_s: float) -> None:
-        load[name] = sum(state not in TERMINAL for state in job_states(r).values())
+        load[name] = unfinished()
         stack.kill_and_restart(name, down_s=down_s)
 
-    time.sleep(0.5)
+    # The first kill waits for the load to be under way: on a slow machine no job was in
+    # yet half a second after the clients started.
+    eventually(unfinished, "jobs in flight before the first kill", 30, interval_s=0.05)
+    time.sleep(0.3)
     kill("worker-0", 0.2)
     time.sleep(0.5)
     owner = (r.get(keys.owner(DEMO_MODELS[0])) or b"").decode()
