@@ -39,7 +39,7 @@ from broker.lua.reclaim import Reclaim
 from broker.lua.reroute import Reroute
 from broker.lua.unseen import Unseen
 from broker.ownership import OwnershipStore
-from broker.process.tasks import stop_task
+from broker.process.tasks import stop_task, wait_event
 from broker.process.uvicorn_server import QuietSignalServer, quiet_config
 from broker.queue import JobQueue
 from broker.redis.connect import connect, connect_blocking, lean_link
@@ -132,4 +132,5 @@ __all__ = [
     "read_status",
     "stop_task",
     "telemetry",
+    "wait_event",
 ]

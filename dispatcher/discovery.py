@@ -39,7 +39,6 @@ One read ends one of three ways:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import logging
 from collections.abc import Callable, Iterable, Sequence
@@ -51,7 +50,7 @@ import dns.nameserver
 import dns.rdatatype
 import dns.resolver
 
-from broker import DiscoveryConfig, ModelConfig, nameserver_address
+from broker import DiscoveryConfig, ModelConfig, nameserver_address, wait_event
 
 log = logging.getLogger(__name__)
 
@@ -226,9 +225,7 @@ class DnsDiscovery:
         hurry.clear()
         self._slow.add(model)
         try:
-            with contextlib.suppress(TimeoutError):
-                left_s = time_left(began_s, now_s, read_delay(found, waking=False))
-                await asyncio.wait_for(hurry.wait(), left_s)
+            await wait_event(hurry, time_left(began_s, now_s, read_delay(found, waking=False)))
         finally:
             self._slow.discard(model)
 

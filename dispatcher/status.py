@@ -29,7 +29,6 @@ no job of its own in the engine (``broker.position``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import statistics
 import time
@@ -54,6 +53,7 @@ from broker import (
     read_queues,
     stop_task,
     telemetry,
+    wait_event,
 )
 from broker.demand import read_oldest_ms
 from dispatcher.admission import ADMISSION, AdmissionConfig, EndpointState
@@ -185,8 +185,7 @@ class StatusPublisher:
                     await self._publish_each(
                         [m for m in self._dispatcher.models if m.name in due and m.name in owned]
                     )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(poke.wait(), max(0.0, next_round - time.monotonic()))
+                await wait_event(poke, next_round - time.monotonic())
         finally:
             self._poke = None
             await stop_task(stopping)

@@ -40,6 +40,7 @@ from broker import (
     lean_link,
     stop_task,
     telemetry,
+    wait_event,
 )
 from broker.execution import Reclaimed
 from broker.process.backoff import Backoff
@@ -160,7 +161,7 @@ class Worker:
             free = min(share, self._concurrency - len(self._running) - self._reserved)
             if free <= 0:
                 self._slot_freed.clear()
-                await _wait(self._slot_freed, 1.0)
+                await wait_event(self._slot_freed, 1.0)
                 continue
             self._reserved += free
             try:
@@ -295,8 +296,9 @@ class Worker:
         run.add_done_callback(lambda _: mark_sent(False))
         try:
             accepted = False
-            with contextlib.suppress(TimeoutError):
-                accepted = await asyncio.wait_for(sent, _START_AFTER_SENT_S)
+            with contextlib.suppress(TimeoutError):  # not wait_for: ``broker.process.tasks``
+                async with asyncio.timeout(_START_AFTER_SENT_S):
+                    accepted = await sent
             attempt = await self._start(job, accepted)
         except BaseException:  # the job was cancelled meanwhile (or the worker stops)
             run.cancel()  # either way the entry stays pending or is acked: nothing is lost
@@ -435,11 +437,6 @@ class _Lane:
     async def reset(self) -> None:
         if self.connections is not None:
             await self.connections.reset(self.models)
-
-
-async def _wait(event: asyncio.Event, timeout_s: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(event.wait(), timeout_s)
 
 
 _SHUTDOWN_ERROR: dict[str, object] = {
