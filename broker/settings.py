@@ -327,8 +327,9 @@ class Settings(BaseSettings):
     express_grant_ttl_s: float = Field(default=2.0, ge=0)
     scrape_interval_s: float = Field(default=0.2, gt=0)
     # The share of an engine's time its /metrics page may take for fairq's scrapes: an
-    # endpoint is read again no sooner than its last read's time over this (dispatcher/
-    # scraper.py; a vLLM API server renders its page on the process that streams tokens).
+    # endpoint is read again no sooner than its last read's time over this, and never less
+    # often than every half of metrics_stale_s (dispatcher/scraper.py; a vLLM API server
+    # renders its page on the process that streams tokens).
     scrape_budget: float = Field(default=0.02, gt=0, le=1)
     scrape_timeout_s: float = Field(default=1.0, gt=0)
     metrics_stale_s: float = Field(default=2.0, gt=0)  # older metrics: fall back to the cap

@@ -68,6 +68,7 @@ from broker import (
     engine_groups,
     stop_task,
     telemetry,
+    wait_event,
 )
 from broker.process.backoff import Backoff
 from dispatcher.admission import (
@@ -276,7 +277,8 @@ class Dispatcher:
         scrape wakes the endpoint's models, since their room may have changed. An idle
         engine is read every half of ``metrics_stale_s``, so its metrics never go stale and
         the first job after idle is admitted on them without waiting for a scrape; a job
-        sent to it (``_sent``) brings it back to ``scrape_interval_s`` at once."""
+        sent to it (``_sent``) brings it back to ``scrape_interval_s`` at once. A busy one
+        is read at least as often (the scrape budget's bound)."""
         scraped = {m.name for m in self._models if m.admission_policy == "metrics"}
         if not scraped:
             return None
@@ -334,11 +336,7 @@ class Dispatcher:
                     wake.mark_stale(name)
                 await backoff.wait()
                 continue
-            try:  # asyncio.timeout, not wait_for: Python 3.11's swallows a cancel that
-                # comes as the event is set
-                async with asyncio.timeout(self._settings.dispatcher_idle_tick_s):
-                    await event.wait()
-            except TimeoutError:
+            if not await wait_event(event, self._settings.dispatcher_idle_tick_s):
                 for name in names:
                     wake.mark_stale(name)  # the idle tick always reads afresh
 

@@ -702,3 +702,18 @@ def test_without_a_step_counter_output_tokens_tell_the_steps() -> None:
 def test_the_load_capture_counts_engine_steps_and_output_tokens() -> None:
     sample = parse_metrics(LOAD, "tiny")
     assert (sample.steps, sample.generated) == (38.0, 111.0)
+
+
+async def test_the_budget_never_spaces_reads_so_wide_that_metrics_go_stale(
+    engine: tuple[FakeEngine, str], make_scraper: Callable[..., Scraper]
+) -> None:
+    """A page that takes 50 ms (an engine, or a machine, under load) at a budget of 2%
+    would be read every 2.5 s; reads stay within the quiet interval (0.3 s here), which
+    the dispatcher keeps at half the age at which metrics go stale."""
+    fake, url = engine
+    fake.delay_s = 0.05
+    scraper = make_scraper([url], interval_s=0.05, idle_interval_s=0.3, budget=0.02)
+    async with running(scraper):
+        await aeventually(lambda: len(fake.arrivals) >= 4, "four scrapes", DEADLINE_S)
+    gaps = [b - a for a, b in zip(fake.arrivals, fake.arrivals[1:], strict=False)]
+    assert all(0.25 <= gap < 0.6 for gap in gaps), gaps  # 0.3 s, plus a grid tick of jitter
