@@ -1,0 +1,205 @@
+"""The seed flood's fill bound, on paper: how fast a FIFO engine's batch must be refilled
+to reach a share of FIFO's tokens/s, and what that rate costs a newcomer's first token,
+in the engine's mean steps (pure arithmetic over a simulator profile: an estimate).
+
+``fairq bench fairness --scenario seed`` measures fairq against straight FIFO; this
+model says what any admission in front of a FIFO engine can reach at best, so a miss can
+be told apart from a limit of the engine itself. It steps the profile's cost model
+(``workers/sim/_profile.py``: ``step_base_ms`` + ``step_per_seq_ms`` per decoding
+request + ``prefill_ms_per_token`` per prompt token in the step) through two schedules:
+
+* **FIFO**: every request sent at t = 0; each step prefills waiting prompts in order
+  within ``max_num_batched_tokens`` (less one token per decoding request) and
+  ``max_num_seqs``, as vLLM's scheduler does.
+* **Paced** at ``rate`` refills per step, exactly (a perfect pacer: no dispatch jitter,
+  no lag), into ``slots`` (the batch less the slots kept for newcomers).
+
+A request's first token comes with the step that ends its prefill; it then decodes one
+token a step. A newcomer arriving at a uniformly drawn moment waits out the step in
+progress, reaches the engine ``hop_ms`` after it arrived (fairq's queue and hand-over),
+and is prefilled in the next step it is there for, which holds no refill
+(``clear_newcomer_step``). Its TTFT over the paced schedule's mean step is the figure
+the fairness criterion reads.
+
+Run with ``python -m benchmarks.fill_bound`` (defaults: the seed flood on ``h100-8b``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import click
+
+from workers.sim._profile import SimProfile, load_profile
+
+
+@dataclass(frozen=True)
+class Flood:
+    requests: int
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Each step's modeled cost (ms) and the requests decoding after it."""
+
+    costs: list[float]
+    running: list[int]
+
+    @property
+    def total_ms(self) -> float:
+        return sum(self.costs)
+
+    @property
+    def mean_step_ms(self) -> float:
+        return self.total_ms / len(self.costs)
+
+
+def _step(p: SimProfile, decoding: list[int], prefill_tokens: int) -> tuple[float, list[int]]:
+    """One step's cost, and the decoding requests' tokens left after it (ended ones out)."""
+    cost = p.step_base_ms + p.step_per_seq_ms * len(decoding)
+    cost += p.prefill_ms_per_token * prefill_tokens
+    return cost, [left - 1 for left in decoding if left > 1]
+
+
+def _started(flood: Flood, count: int) -> list[int]:
+    """The tokens left of ``count`` requests whose prefill step gave their first token."""
+    return [flood.output_tokens - 1] * count if flood.output_tokens > 1 else []
+
+
+def fifo(p: SimProfile, flood: Flood) -> Schedule:
+    """Every request sent at t = 0 to a FIFO engine."""
+    waiting = flood.requests
+    prefilling: list[int] = []  # prompt tokens left, each
+    decoding: list[int] = []  # answer tokens left, each
+    costs: list[float] = []
+    running: list[int] = []
+    while waiting or prefilling or decoding:
+        budget = p.max_num_batched_tokens - len(decoding)
+        while waiting and len(decoding) + len(prefilling) < p.max_num_seqs:
+            prefilling.append(flood.prompt_tokens)
+            waiting -= 1
+        done, left, spent = 0, [], 0
+        for tokens in prefilling:  # in order, within the step's token budget
+            take = min(tokens, max(0, budget - spent))
+            spent += take
+            if take == tokens:
+                done += 1
+            else:
+                left.append(tokens - take)
+        cost, decoding = _step(p, decoding, spent)
+        prefilling = left
+        decoding += _started(flood, done)
+        costs.append(cost)
+        running.append(len(decoding))
+    return Schedule(costs, running)
+
+
+def paced(p: SimProfile, flood: Flood, rate: float, slots: int) -> Schedule:
+    """Refills at exactly ``rate`` per step into ``slots``; one not sent for want of a
+    free slot is dropped from the schedule, not made up later in a burst."""
+    unsent, credit = flood.requests, 0.0
+    decoding: list[int] = []  # answer tokens left, each
+    costs: list[float] = []
+    running: list[int] = []
+    while unsent or decoding:
+        credit += rate
+        sent = min(int(credit), unsent, max(0, slots - len(decoding)))
+        credit -= int(credit)
+        unsent -= sent
+        cost, decoding = _step(p, decoding, sent * flood.prompt_tokens)
+        decoding += _started(flood, sent)
+        costs.append(cost)
+        running.append(len(decoding))
+    return Schedule(costs, running)
+
+
+def newcomer_ttft_steps(
+    p: SimProfile,
+    schedule: Schedule,
+    light_prompt_tokens: int,
+    hop_ms: float,
+    *,
+    samples: int = 4000,
+    seed: int = 0,
+) -> list[float]:
+    """Newcomers' TTFT over the schedule's mean step, one per arrival drawn uniformly over
+    the first 90% of the schedule (its busy part), sorted."""
+    ends, t = [], 0.0
+    for cost in schedule.costs:
+        t += cost
+        ends.append(t)
+    rng = random.Random(seed)
+    out = []
+    for _ in range(samples):
+        arrived = rng.uniform(0.0, 0.9 * t)
+        # The step in progress when it reaches the engine, then its own.
+        k = min(bisect.bisect_right(ends, arrived + hop_ms), len(ends) - 1)
+        own = p.step_base_ms + p.step_per_seq_ms * schedule.running[k]
+        own += p.prefill_ms_per_token * light_prompt_tokens
+        out.append((ends[k] - arrived + own) / schedule.mean_step_ms)
+    return sorted(out)
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def table(
+    p: SimProfile, flood: Flood, rates: Sequence[float], *, slots: int, light: int, hop_ms: float
+) -> str:
+    base = fifo(p, flood)
+    lines = [
+        f"FIFO: {base.total_ms / 1000:.1f} s modeled, {len(base.costs)} steps.",
+        "",
+        "| refills per step | tok/s vs FIFO | engine steps | mean step ms | "
+        "newcomer TTFT p50 / p95 steps |",
+        "|---|---|---|---|---|",
+    ]
+    for rate in rates:
+        s = paced(p, flood, rate, slots)
+        ttft = newcomer_ttft_steps(p, s, light, hop_ms)
+        lines.append(
+            f"| {rate:g} | {base.total_ms / s.total_ms:.1%} | {len(s.costs)} | "
+            f"{s.mean_step_ms:.0f} | {statistics.median(ttft):.2f} / "
+            f"{percentile(ttft, 0.95):.2f} |"
+        )
+    return "\n".join(lines)
+
+
+@click.command()
+@click.option("--profile", default="h100-8b", show_default=True, help="simulator profile")
+@click.option("--requests", default=500, show_default=True, help="the flood's requests")
+@click.option("--prompt-tokens", default=1000, show_default=True)
+@click.option("--output-tokens", default=200, show_default=True)
+@click.option("--kept-slots", default=8, show_default=True, help="batch slots kept for newcomers")
+@click.option("--light-prompt-tokens", default=32, show_default=True)
+@click.option("--hop-ms", default=6.5, show_default=True,
+              help="fairq's queue and hand-over (the seed flood's measured p50s)")  # fmt: skip
+@click.option("--rates", default="0.75,0.9,1,1.1,1.25,1.5", show_default=True)
+def main(  # noqa: PLR0917 (click passes the options by position)
+    profile: str,
+    requests: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    kept_slots: int,
+    light_prompt_tokens: int,
+    hop_ms: float,
+    rates: str,
+) -> None:
+    p = load_profile(profile)
+    flood = Flood(requests, prompt_tokens, output_tokens)
+    slots = p.max_num_seqs - kept_slots
+    click.echo(f"Profile {profile} (estimates); {requests} x {prompt_tokens}-token prompts, "
+               f"{output_tokens}-token answers; {slots} slots for the flood.\n")  # fmt: skip
+    rates_ = [float(r) for r in rates.split(",")]
+    click.echo(table(p, flood, rates_, slots=slots, light=light_prompt_tokens, hop_ms=hop_ms))
+
+
+if __name__ == "__main__":
+    main()
