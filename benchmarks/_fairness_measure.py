@@ -36,7 +36,7 @@ from benchmarks._fairness_resumed import fairq_preemptions, tokenizer_decode
 from benchmarks._fairness_scenarios import LIGHT_PROMPT_TOKENS, context_problem, plan
 from benchmarks._fairness_shares import shares
 from benchmarks._fairness_stack import IDLE_USER, ArmEnv, Setup
-from benchmarks._fairness_stages import light_stages
+from benchmarks._fairness_stages import job_stages
 from benchmarks.stats import median
 from benchmarks.vllm_engine import resolve_home
 from workers.engine_http import EngineClient
@@ -89,9 +89,10 @@ async def measure_arm(
     until = load.heavy_done_s if load.heavy_done_s is not None else load.wall_s
     engine = engine_summary(samples, until, tpot_ceiling_ms, failures)
     taken = await asyncio.to_thread(_fairq_preemptions, env, setup)
-    stages = await asyncio.to_thread(_light_stages, env, setup)
+    light, flood = await asyncio.to_thread(_stages, env, setup)
     summary = arm_summary(load, path_idle_s, engine, cpu, _shares(load, setup),
-                          fairq_preemptions=taken, light_stages=stages)  # fmt: skip
+                          fairq_preemptions=taken, light_stages=light,
+                          flood_stages=flood)  # fmt: skip
     summary["admission_refusals"] = await _refusals(env, setup)
     return summary, idle_s
 
@@ -115,12 +116,16 @@ async def _refusals(env: ArmEnv, setup: Setup) -> dict[str, float] | None:
     return found
 
 
-def _light_stages(env: ArmEnv, setup: Setup) -> list[dict[str, Any]] | None:
-    """Each light job's stages inside fairq (None: the arm does not run fairq)."""
+def _stages(
+    env: ArmEnv, setup: Setup
+) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]] | None]:
+    """Each light job's and each flood job's stages inside fairq (None, None: the arm does
+    not run fairq)."""
     if not env.stacks or env.stacks[0].redis_url is None:
-        return None
-    users = setup.scenario.light_user_names()
-    return light_stages(env.stacks[0].redis_url, setup.model, users)
+        return None, None
+    light = setup.scenario.light_user_names()
+    jobs = job_stages(env.stacks[0].redis_url, setup.model, [*light, *setup.scenario.heavy_users()])
+    return [j for j in jobs if j["user"] in light], [j for j in jobs if j["user"] not in light]
 
 
 def _fairq_preemptions(env: ArmEnv, setup: Setup) -> dict[str, Any] | None:

@@ -132,10 +132,12 @@ def arm_summary(
     *,
     fairq_preemptions: Mapping[str, Any] | None = None,
     light_stages: Sequence[dict[str, Any]] | None = None,
+    flood_stages: Sequence[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """``fairq_preemptions``: ``_fairness_resumed.fairq_preemptions`` (fairq arms); an
-    answer it resumed that did not come out whole fails the arm. ``light_stages``: each
-    light job's stages inside fairq (``_fairness_stages``; fairq arms)."""
+    answer it resumed that did not come out whole fails the arm. ``light_stages``,
+    ``flood_stages``: each light and each flood job's stages inside fairq
+    (``_fairness_stages``; fairq arms)."""
     step = engine["step_ms"]
     light = light_summary(load)
     fairq_s = cpu.get("fairq_s")
@@ -161,6 +163,7 @@ def arm_summary(
             stages.summary(light_stages, _ttfts_ms(load.light)) if light_stages else None
         ),
         "light_stages_by_job": list(light_stages) if light_stages else None,
+        "flood_stages": stages.flood_summary(flood_stages) if flood_stages else None,
         "cpu": dict(cpu),
         "fairq_cpu_ms_per_1k_tokens": (
             fairq_s * 1e6 / load.output_tokens if fairq_s and load.output_tokens else None
@@ -292,7 +295,10 @@ def _section(name: str, section: Mapping[str, Any]) -> list[str]:
         users = {user_name(i): w for i, w in enumerate(s["heavy_weights"])}
         lines += ["Heavy users' share of output tokens while all are backlogged:", "",
                   _shares_table(arms, users), ""]  # fmt: skip
-    return lines + _work_lines(arms) + _stage_lines(arms) + _criteria_lines(section["criteria"])
+    return (
+        lines + _work_lines(arms) + _stage_lines(arms) + _flood_stage_lines(arms)
+        + _criteria_lines(section["criteria"])
+    )  # fmt: skip
 
 
 def _work_lines(arms: Mapping[str, Any]) -> list[str]:
@@ -333,6 +339,30 @@ def _stage_lines(arms: Mapping[str, Any]) -> list[str]:
     header = ["arm", "in fairq's queue p50 / max ms", "to a worker", "at the engine",
               "gateway and client (p50)"]  # fmt: skip
     return _titled_table("Where a light request's TTFT goes (fairq arms):", header, rows)
+
+
+def _flood_stage_lines(arms: Mapping[str, Any]) -> list[str]:
+    """How fast fairq arms sent the flood's requests and how long each took to start."""
+    rows: list[list[object]] = []
+    for key, arm in arms.items():
+        found = arm.get("flood_stages") if arm["status"] == OK else None
+        if found:
+            engine = found["engine"]["p50"]
+            step = arm["step_ms"]
+            rows.append([f"({key}) {arm['title']}", _cell(found["sent_per_s"], ".1f"),
+                         _cell(found["sent_per_s"] * step / 1000 if step and found["sent_per_s"]
+                               else None, ".2f"),
+                         f"{_cell(found['hand_over']['p50'], '.1f')} / "
+                         f"{_cell(found['hand_over']['max'], '.1f')}",
+                         f"{_cell(engine, '.1f')} / {_cell(found['engine']['max'], '.1f')}",
+                         _cell(engine / step if step else None, ".1f")])  # fmt: skip
+    header = ["arm", "sent a second", "per engine step", "to a worker p50 / max ms",
+              "at the engine p50 / max ms", "at the engine p50, steps"]  # fmt: skip
+    return _titled_table(
+        "The flood's requests once sent (fairq arms; most are refills of a freed slot):",
+        header,
+        rows,
+    )
 
 
 def _titled_table(title: str, header: list[str], rows: list[list[object]]) -> list[str]:

@@ -13,6 +13,10 @@ first token). So a light request's TTFT splits into:
 - the rest of the client's TTFT (``gateway``): the gateway's enqueue and the first
   token's way back to the client, the client's HTTP connection included.
 
+The flood's requests (``flood_summary``) wait in fairq's queue by design; once sent (most
+of them refills of a freed slot), their hand-over and engine stages say how long a refill
+takes to start, and their send times how fast the dispatcher refilled.
+
 Times come from Redis's clock and the worker's (one host here); medians and maxima in ms.
 """
 
@@ -52,9 +56,26 @@ def summary(jobs: Iterable[dict[str, Any]], ttfts_ms: Sequence[float]) -> dict[s
     return out
 
 
-def light_stages(redis_url: str, model: str, users: Sequence[str]) -> list[dict[str, Any]]:
+def flood_summary(jobs: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Median and maximum of the hand-over and engine stages of the flood's ``jobs``, and
+    how many the dispatcher sent a second from its first send to its last."""
+    jobs = list(jobs)
+    if len(jobs) < 2:
+        return {}
+    out: dict[str, Any] = {
+        stage: {"p50": median([j[stage] for j in jobs]), "max": max(j[stage] for j in jobs)}
+        for stage in STAGES[1:]
+    }
+    sent = [j["dispatched_ms"] for j in jobs]
+    span_s = (max(sent) - min(sent)) / 1000
+    out["sent_per_s"] = (len(jobs) - 1) / span_s if span_s > 0 else None
+    out["jobs"] = len(jobs)
+    return out
+
+
+def job_stages(redis_url: str, model: str, users: Sequence[str]) -> list[dict[str, Any]]:
     """The stages of every ended job of ``users`` at ``model`` in that Redis, each with
-    its ``user``."""
+    its ``user`` and when it was dispatched (``dispatched_ms``, Redis's clock)."""
     redis = Redis.from_url(redis_url)
     wanted = {user.encode() for user in users}
     found = []
@@ -63,7 +84,7 @@ def light_stages(redis_url: str, model: str, users: Sequence[str]) -> list[dict[
             user, *times = redis.hmget(key, [job_fields.USER, *_TIMES])
             ms = [int(t) for t in times if t is not None]
             if user in wanted and len(ms) == len(_TIMES):
-                found.append({"user": user.decode(), **stages_of(ms)})
+                found.append({"user": user.decode(), "dispatched_ms": ms[1], **stages_of(ms)})
     finally:
         redis.close()
     return found
