@@ -48,9 +48,9 @@ engine that answers in 7 ms is read at most every 350 ms, one that answers in 1 
 grid says. (Against the real vLLM at one
 scrape every ~60 ms under a flood, the scrapes cost the engine about 7% of its tokens/s.)
 The budget never spaces reads wider than a quiet endpoint's (``idle_interval_s``), which
-the caller keeps within the age at which metrics go stale: the wall time is the engine's
-rendering plus every wait on a loaded machine (40 ms under the simulator's long flood on
-two cores, a 2 s gap at 2%), and metrics gone stale would stop admission, newcomers too.
+the caller keeps within the age at which metrics go stale: a read's wall time is the
+engine's rendering plus every wait on a loaded machine (at 2%, a 40 ms read would hold
+the next for 2 s), and metrics gone stale stop admission, newcomers' included.
 """
 
 from __future__ import annotations
