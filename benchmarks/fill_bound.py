@@ -1,25 +1,25 @@
 """The seed flood's fill bound, on paper: how fast a FIFO engine's batch must be refilled
 to reach a share of FIFO's tokens/s, and what that rate costs a newcomer's first token,
-in the engine's mean steps (pure arithmetic over a simulator profile: an estimate).
+in the engine's mean steps (the simulator's scheduler stepped without a clock: an estimate).
 
 ``fairq bench fairness --scenario seed`` measures fairq against straight FIFO; this
 model says what any admission in front of a FIFO engine can reach at best, so a miss can
-be told apart from a limit of the engine itself. It steps the profile's cost model
-(``workers/sim/_profile.py``: ``step_base_ms`` + ``step_per_seq_ms`` per decoding
-request + ``prefill_ms_per_token`` per prompt token in the step) through two schedules:
+be told apart from a limit of the engine itself. It steps the simulator's own scheduler
+and cost model (``workers/sim/_scheduler.py``: vLLM's continuous batching reduced to
+token counts; a step costs ``step_base_ms`` + ``step_per_seq_ms`` per decoding request +
+``prefill_ms_per_token`` per prompt token in it), without its clock, through two
+schedules:
 
-* **FIFO**: every request sent at t = 0; each step prefills waiting prompts in order
-  within ``max_num_batched_tokens`` (less one token per decoding request) and
-  ``max_num_seqs``, as vLLM's scheduler does.
+* **FIFO**: every request sent at t = 0.
 * **Paced** at ``rate`` refills per step, exactly (a perfect pacer: no dispatch jitter,
   no lag), into ``slots`` (the batch less the slots kept for newcomers).
 
 A request's first token comes with the step that ends its prefill; it then decodes one
-token a step. A newcomer arriving at a uniformly drawn moment waits out the step in
-progress, reaches the engine ``hop_ms`` after it arrived (fairq's queue and hand-over),
-and is prefilled in the next step it is there for, which holds no refill
-(``clear_newcomer_step``). Its TTFT over the paced schedule's mean step is the figure
-the fairness criterion reads.
+token a step (the scheduler's rules). A newcomer arriving at a uniformly drawn moment
+waits out the step in progress, reaches the engine ``hop_ms`` after it arrived (fairq's
+queue and hand-over), and is prefilled in the next step it is there for, which holds no
+refill (``clear_newcomer_step``). Its TTFT over the paced schedule's mean step is the
+figure the fairness criterion reads.
 
 Run with ``python -m benchmarks.fill_bound`` (defaults: the seed flood on ``h100-8b``).
 """
@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import click
 
 from workers.sim._profile import SimProfile, load_profile
+from workers.sim._scheduler import SchedSeq, Scheduler
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class Flood:
 
 @dataclass(frozen=True)
 class Schedule:
-    """Each step's modeled cost (ms) and the requests decoding after it."""
+    """Each step's modeled cost (ms) and the requests running (in the batch) after it."""
 
     costs: list[float]
     running: list[int]
@@ -60,62 +61,46 @@ class Schedule:
         return self.total_ms / len(self.costs)
 
 
-def _step(p: SimProfile, decoding: list[int], prefill_tokens: int) -> tuple[float, list[int]]:
-    """One step's cost, and the decoding requests' tokens left after it (ended ones out)."""
-    cost = p.step_base_ms + p.step_per_seq_ms * len(decoding)
-    cost += p.prefill_ms_per_token * prefill_tokens
-    return cost, [left - 1 for left in decoding if left > 1]
+def _step(engine: Scheduler[SchedSeq], costs: list[float], running: list[int]) -> None:
+    """One step of the simulator's own scheduler (vLLM's, reduced to token counts): its
+    modeled cost and the requests running after it."""
+    plan = engine.schedule()
+    engine.complete(plan)
+    costs.append(plan.duration_s * 1000)
+    running.append(len(engine.running))
 
 
-def _started(flood: Flood, count: int) -> list[int]:
-    """The tokens left of ``count`` requests whose prefill step gave their first token."""
-    return [flood.output_tokens - 1] * count if flood.output_tokens > 1 else []
+def _send(engine: Scheduler[SchedSeq], flood: Flood, count: int) -> None:
+    for _ in range(count):
+        engine.add(SchedSeq(prompt_tokens=flood.prompt_tokens, max_tokens=flood.output_tokens))
 
 
 def fifo(p: SimProfile, flood: Flood) -> Schedule:
     """Every request sent at t = 0 to a FIFO engine."""
-    waiting = flood.requests
-    prefilling: list[int] = []  # prompt tokens left, each
-    decoding: list[int] = []  # answer tokens left, each
+    engine: Scheduler[SchedSeq] = Scheduler(p)
+    _send(engine, flood, flood.requests)
     costs: list[float] = []
     running: list[int] = []
-    while waiting or prefilling or decoding:
-        budget = p.max_num_batched_tokens - len(decoding)
-        while waiting and len(decoding) + len(prefilling) < p.max_num_seqs:
-            prefilling.append(flood.prompt_tokens)
-            waiting -= 1
-        done, left, spent = 0, [], 0
-        for tokens in prefilling:  # in order, within the step's token budget
-            take = min(tokens, max(0, budget - spent))
-            spent += take
-            if take == tokens:
-                done += 1
-            else:
-                left.append(tokens - take)
-        cost, decoding = _step(p, decoding, spent)
-        prefilling = left
-        decoding += _started(flood, done)
-        costs.append(cost)
-        running.append(len(decoding))
+    while engine.has_work:
+        _step(engine, costs, running)
     return Schedule(costs, running)
 
 
 def paced(p: SimProfile, flood: Flood, rate: float, slots: int) -> Schedule:
     """Refills at exactly ``rate`` per step into ``slots``; one not sent for want of a
     free slot is dropped from the schedule, not made up later in a burst."""
+    engine: Scheduler[SchedSeq] = Scheduler(p)
     unsent, credit = flood.requests, 0.0
-    decoding: list[int] = []  # answer tokens left, each
     costs: list[float] = []
     running: list[int] = []
-    while unsent or decoding:
+    while unsent or engine.has_work:
         credit += rate
-        sent = min(int(credit), unsent, max(0, slots - len(decoding)))
+        free = slots - len(engine.running) - len(engine.waiting)
+        sent = min(int(credit), unsent, max(0, free))
         credit -= int(credit)
         unsent -= sent
-        cost, decoding = _step(p, decoding, sent * flood.prompt_tokens)
-        decoding += _started(flood, sent)
-        costs.append(cost)
-        running.append(len(decoding))
+        _send(engine, flood, sent)
+        _step(engine, costs, running)
     return Schedule(costs, running)
 
 

@@ -1,5 +1,5 @@
-"""The fill bound's arithmetic (benchmarks/fill_bound.py) on hand-made profiles and
-schedules, each worked out step by step in the comments."""
+"""The fill bound (benchmarks/fill_bound.py), which steps the simulator's scheduler, on
+hand-made profiles and schedules, each worked out step by step in the comments."""
 
 from __future__ import annotations
 
@@ -29,10 +29,11 @@ def test_fifo_prefills_what_fits_and_waits_for_a_free_slot() -> None:
 def test_fifo_splits_a_prompt_over_steps_within_the_token_budget() -> None:
     # 150-token prompts, 100 tokens a step. 1: the first gets 100 (20 ms). 2: its last 50
     # and the second's first 50 (20). 3: the first decodes, so the second gets 99 (10 + 1
-    # + 9.9). 4: its last token (10.1). 5: it decodes (11).
+    # + 9.9). 4: its last prompt token, which costs what a decode costs (11). 5: it
+    # decodes (11). A request still prefilling is running (in the batch) already.
     s = fifo(TINY, Flood(requests=2, prompt_tokens=150, output_tokens=2))
-    assert s.costs == pytest.approx([20, 20, 20.9, 10.1, 11])
-    assert s.running == [0, 1, 0, 1, 0]
+    assert s.costs == pytest.approx([20, 20, 20.9, 11, 11])
+    assert s.running == [1, 2, 1, 1, 0]
 
 
 def test_paced_refills_drop_what_a_full_batch_refuses_instead_of_bursting() -> None:
