@@ -46,10 +46,7 @@ def summary(jobs: Iterable[dict[str, Any]], ttfts_ms: Sequence[float]) -> dict[s
     jobs = list(jobs)
     if not jobs:
         return {}
-    out: dict[str, Any] = {
-        stage: {"p50": median([j[stage] for j in jobs]), "max": max(j[stage] for j in jobs)}
-        for stage in STAGES
-    }
+    out = _spread(jobs, STAGES)
     inside = median([sum(j[stage] for stage in STAGES) for j in jobs])
     out["gateway"] = {"p50": median(ttfts_ms) - inside if ttfts_ms else None}
     out["jobs"] = len(jobs)
@@ -62,15 +59,20 @@ def flood_summary(jobs: Iterable[dict[str, Any]]) -> dict[str, Any]:
     jobs = list(jobs)
     if len(jobs) < 2:
         return {}
-    out: dict[str, Any] = {
-        stage: {"p50": median([j[stage] for j in jobs]), "max": max(j[stage] for j in jobs)}
-        for stage in STAGES[1:]
-    }
+    out = _spread(jobs, STAGES[1:])
     sent = [j["dispatched_ms"] for j in jobs]
     span_s = (max(sent) - min(sent)) / 1000
     out["sent_per_s"] = (len(jobs) - 1) / span_s if span_s > 0 else None
     out["jobs"] = len(jobs)
     return out
+
+
+def _spread(jobs: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
+    """Median and maximum of each of the stages ``names`` over ``jobs``."""
+    return {
+        stage: {"p50": median([j[stage] for j in jobs]), "max": max(j[stage] for j in jobs)}
+        for stage in names
+    }
 
 
 def job_stages(redis_url: str, model: str, users: Sequence[str]) -> list[dict[str, Any]]:
