@@ -181,14 +181,14 @@ async def test_replicas_come_and_go_through_dns_under_load_and_every_job_ends_on
         # Two replicas appear while a has a queue: both get jobs.
         replicas.publish(a, b, c)
         await load(alice, 20)
+        # a leaves the Service while it serves jobs (a pod terminating), read in the same
+        # look as b's and c's (a second look may find a's short jobs ended): no new job
+        # goes there, the ones it has end there, then its process stops.
         await aeventually(
             lambda: inflight(redis, settings),
-            "jobs running on b and c",
-            until=lambda counts: counts.get(replicas.url(b), 0) and counts.get(replicas.url(c)),
+            "jobs running on a, b and c at once",
+            until=lambda counts: all(counts.get(replicas.url(h)) for h in (a, b, c)),
         )
-        # a leaves the Service while it serves jobs (a pod terminating): no new job goes
-        # there, the ones it has end there, then its process stops.
-        on_a = (await inflight(redis, settings)).get(replicas.url(a), 0)
         replicas.publish(b, c)
         await aeventually(
             lambda: status_endpoints(redis),
@@ -211,7 +211,6 @@ async def test_replicas_come_and_go_through_dns_under_load_and_every_job_ends_on
             await check_exactly_once(redis, client, [job_id])
             record = await client.status(job_id)
             served.setdefault(record.endpoint or "", set()).add(job_id)
-        assert on_a > 0  # a left with jobs running: they ended there, completed
         assert len(owners) == 110
         assert set(served) == {replicas.url(h) for h in (a, b, c)}
         assert served[replicas.url(a)] <= before_a_left  # nothing sent to a after it left
