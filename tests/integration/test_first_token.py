@@ -179,7 +179,10 @@ def test_preemption_clears_the_engine_queue_of_a_learned_batch(
         redis_url, tmp_path, overrides, running=BATCH, stream=False
     )
     assert gauges["vllm:num_requests_waiting"] > 0  # what the engine had to be seen doing
-    assert ttft < 1.0, f"bob's first token took {ttft:.2f} s"
+    # Three of alice's requests are taken back from the engine's queue, then one running
+    # (each at a step's end, after the scrape that shows them): 0.65-1.34 s over 18 runs on
+    # a 2-core machine, where waiting for one of her answers to end takes 3.2 s.
+    assert ttft < LONG_TOKENS * STEP_MS / 1000 / 2, f"bob's first token took {ttft:.2f} s"
 
 
 def test_preemption_takes_a_streamed_answer_back_and_it_goes_on_with_no_token_twice(
