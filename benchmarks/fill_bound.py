@@ -17,9 +17,18 @@ schedules:
 A request's first token comes with the step that ends its prefill; it then decodes one
 token a step (the scheduler's rules). A newcomer arriving at a uniformly drawn moment
 waits out the step in progress, reaches the engine ``hop_ms`` after it arrived (fairq's
-queue and hand-over), and is prefilled in the next step it is there for, which holds no
-refill (``clear_newcomer_step``). Its TTFT over the paced schedule's mean step is the
-figure the fairness criterion reads.
+queue and hand-over), and is prefilled in the next step it is there for. No refill sent
+after it joins that step (``clear_newcomer_step``); the refills that reached the engine
+before it do, and where they reach it decides how often:
+
+* **aligned**: every refill reaches the engine just as a step begins, so none waits for
+  the next and the newcomer's step holds none (a pacer that knows the engine's step
+  boundaries: the best case);
+* **unaligned**: a step's refills reached the engine at uniformly drawn moments of the
+  step before, as fairq's pacer sends them (it knows the engine's mean step, not where a
+  step begins), so those that came before the newcomer are prefilled with it.
+
+Its TTFT over the paced schedule's mean step is the figure the fairness criterion reads.
 
 Run with ``python -m benchmarks.fill_bound`` (defaults: the seed flood on ``h100-8b``).
 """
@@ -47,10 +56,12 @@ class Flood:
 
 @dataclass(frozen=True)
 class Schedule:
-    """Each step's modeled cost (ms) and the requests running (in the batch) after it."""
+    """Each step's modeled cost (ms), the requests running (in the batch) after it, and the
+    requests sent just before it (prefilled in it as far as its token budget goes)."""
 
     costs: list[float]
     running: list[int]
+    sent: list[int]
 
     @property
     def total_ms(self) -> float:
@@ -61,13 +72,13 @@ class Schedule:
         return self.total_ms / len(self.costs)
 
 
-def _step(engine: Scheduler[SchedSeq], costs: list[float], running: list[int]) -> None:
+def _step(engine: Scheduler[SchedSeq], s: Schedule) -> None:
     """One step of the simulator's own scheduler (vLLM's, reduced to token counts): its
     modeled cost and the requests running after it."""
     plan = engine.schedule()
     engine.complete(plan)
-    costs.append(plan.duration_s * 1000)
-    running.append(len(engine.running))
+    s.costs.append(plan.duration_s * 1000)
+    s.running.append(len(engine.running))
 
 
 def _send(engine: Scheduler[SchedSeq], flood: Flood, count: int) -> None:
@@ -79,11 +90,11 @@ def fifo(p: SimProfile, flood: Flood) -> Schedule:
     """Every request sent at t = 0 to a FIFO engine."""
     engine: Scheduler[SchedSeq] = Scheduler(p)
     _send(engine, flood, flood.requests)
-    costs: list[float] = []
-    running: list[int] = []
+    s = Schedule([], [], [])
     while engine.has_work:
-        _step(engine, costs, running)
-    return Schedule(costs, running)
+        s.sent.append(0 if s.costs else flood.requests)
+        _step(engine, s)
+    return s
 
 
 def paced(p: SimProfile, flood: Flood, rate: float, slots: int) -> Schedule:
@@ -91,8 +102,7 @@ def paced(p: SimProfile, flood: Flood, rate: float, slots: int) -> Schedule:
     free slot is dropped from the schedule, not made up later in a burst."""
     engine: Scheduler[SchedSeq] = Scheduler(p)
     unsent, credit = flood.requests, 0.0
-    costs: list[float] = []
-    running: list[int] = []
+    s = Schedule([], [], [])
     while unsent or engine.has_work:
         credit += rate
         free = slots - len(engine.running) - len(engine.waiting)
@@ -100,8 +110,9 @@ def paced(p: SimProfile, flood: Flood, rate: float, slots: int) -> Schedule:
         credit -= int(credit)
         unsent -= sent
         _send(engine, flood, sent)
-        _step(engine, costs, running)
-    return Schedule(costs, running)
+        s.sent.append(sent)
+        _step(engine, s)
+    return s
 
 
 def newcomer_ttft_steps(
@@ -110,11 +121,15 @@ def newcomer_ttft_steps(
     light_prompt_tokens: int,
     hop_ms: float,
     *,
+    aligned: bool = True,
+    prompt_tokens: int = 0,
     samples: int = 4000,
     seed: int = 0,
 ) -> list[float]:
     """Newcomers' TTFT over the schedule's mean step, one per arrival drawn uniformly over
-    the first 90% of the schedule (its busy part), sorted."""
+    the first 90% of the schedule (its busy part), sorted. Unless ``aligned``, the refills
+    of the newcomer's step that reached the engine before it (``prompt_tokens`` each) are
+    prefilled with it."""
     ends, t = [], 0.0
     for cost in schedule.costs:
         t += cost
@@ -126,9 +141,23 @@ def newcomer_ttft_steps(
         # The step in progress when it reaches the engine, then its own.
         k = min(bisect.bisect_right(ends, arrived + hop_ms), len(ends) - 1)
         own = p.step_base_ms + p.step_per_seq_ms * schedule.running[k]
-        own += p.prefill_ms_per_token * light_prompt_tokens
+        ahead = 0 if aligned else _refills_ahead(schedule, k, ends, arrived + hop_ms, rng)
+        own += p.prefill_ms_per_token * (light_prompt_tokens + ahead * prompt_tokens)
         out.append((ends[k] - arrived + own) / schedule.mean_step_ms)
     return sorted(out)
+
+
+def _refills_ahead(
+    schedule: Schedule, k: int, ends: Sequence[float], at_engine: float, rng: random.Random
+) -> int:
+    """Of the refills prefilled in the step after ``k`` (they reached the engine during
+    step ``k``, each at a uniformly drawn moment of it), those that came before a newcomer
+    reaching it at ``at_engine``."""
+    if k + 1 >= len(schedule.sent):
+        return 0
+    start = ends[k] - schedule.costs[k]
+    share = min(1.0, max(0.0, (at_engine - start) / schedule.costs[k]))
+    return sum(rng.random() < share for _ in range(schedule.sent[k + 1]))
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -143,16 +172,20 @@ def table(
         f"FIFO: {base.total_ms / 1000:.1f} s modeled, {len(base.costs)} steps.",
         "",
         "| refills per step | tok/s vs FIFO | engine steps | mean step ms | "
-        "newcomer TTFT p50 / p95 steps |",
-        "|---|---|---|---|---|",
+        "newcomer TTFT p50 / p95 steps, aligned | unaligned |",
+        "|---|---|---|---|---|---|",
     ]
     for rate in rates:
         s = paced(p, flood, rate, slots)
-        ttft = newcomer_ttft_steps(p, s, light, hop_ms)
+        cells = []
+        for aligned in (True, False):
+            ttft = newcomer_ttft_steps(
+                p, s, light, hop_ms, aligned=aligned, prompt_tokens=flood.prompt_tokens
+            )
+            cells.append(f"{statistics.median(ttft):.2f} / {percentile(ttft, 0.95):.2f}")
         lines.append(
             f"| {rate:g} | {base.total_ms / s.total_ms:.1%} | {len(s.costs)} | "
-            f"{s.mean_step_ms:.0f} | {statistics.median(ttft):.2f} / "
-            f"{percentile(ttft, 0.95):.2f} |"
+            f"{s.mean_step_ms:.0f} | {cells[0]} | {cells[1]} |"
         )
     return "\n".join(lines)
 

@@ -15,7 +15,12 @@ its first token. Not jobs the engine does not stream: they show no output until 
 end, so nothing tells whether their prefill is done, and taking one back wastes it.)
 
 Costs: a freed slot stays empty for up to ``HOLD_STEPS`` steps per newcomer, and a refill
-taken back that had already started its prefill does it again. So that newcomers coming
+taken back that had already started its prefill does it again. That is why only refills
+handed over within the last step are taken back: one handed over earlier has most likely
+begun its prefill in the step in progress, which the newcomer waits out anyway, so taking
+it back would clear nothing and waste the prefill (with a newcomer a second in the
+simulator's seed flood, two steps took back twice as many refills and cost 3 points of
+the flood's tokens/s for the same newcomer p95; docs/performance.md). So that newcomers coming
 one after another never hold the users in the engine back for good, an endpoint is held
 at most half the time: after a hold ends, the next starts only once as long has passed.
 """
@@ -24,10 +29,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# An engine step is the engine's recent mean time per output token; a step with prefill in
-# it is longer than the mean, so both bounds are two of them.
+# An engine step is the engine's recent mean time per output token. A step with prefill in
+# it is longer than the mean, so the hold lasts two of them; a refill is young (may still
+# wait for the newcomer's step) for one.
 HOLD_STEPS = 2.0
-YOUNG_STEPS = 2.0
+YOUNG_STEPS = 1.0
 
 
 @dataclass

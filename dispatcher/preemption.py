@@ -6,7 +6,8 @@ heaviest user's newest without output, else their oldest that can be resumed mid
 a user's only job never), so the newcomer is first in the engine's queue and, when one of
 those was running, gets its slot at the next step. Where a newcomer's prefill step is
 kept clear (``dispatcher.newcomer_step``), the streamed jobs handed over within the last
-steps without output are taken back too: they would share that step. On an engine shared
+step without output are taken back too: they may still wait for that step, and would
+share it. On an engine shared
 by several models a job is taken from the model with the most jobs there that has one to
 give, so a newcomer of one model is not held back by another's flood. At most
 ``MAX_PARKS`` jobs per endpoint and kind per round.
@@ -62,7 +63,7 @@ class Preemption:
             # queued now; a newcomer sent beyond it needs one running job out of its way.
             parked |= await self._park(model, snap, state.endpoint, state.inflight - batch)
             if sent and state.newcomer_step and state.tpot_s:
-                # Refills handed over within the last steps may share the newcomer's.
+                # Refills handed over within the last step may share the newcomer's.
                 young_ms = max(1, round(state.tpot_s * YOUNG_STEPS * 1000))
                 parked |= await self._park(model, snap, state.endpoint, MAX_PARKS, young_ms)
         return parked

@@ -50,7 +50,7 @@ def test_half_a_refill_a_step_sends_every_other_step() -> None:
 
 
 def test_a_newcomer_waits_out_the_step_in_progress_then_its_own() -> None:
-    even = Schedule(costs=[10.0] * 40, running=[0] * 40)  # 10 ms steps; its own takes 10
+    even = Schedule(costs=[10.0] * 40, running=[0] * 40, sent=[0] * 40)  # its own takes 10
     flat = SimProfile(step_base_ms=10.0, step_per_seq_ms=0.0, prefill_ms_per_token=0.0)
     at_once = newcomer_ttft_steps(flat, even, light_prompt_tokens=0, hop_ms=0.0)
     assert at_once[0] >= 1.0 and at_once[-1] <= 2.0  # the rest of a step, then one
@@ -58,3 +58,21 @@ def test_a_newcomer_waits_out_the_step_in_progress_then_its_own() -> None:
     # Reaching the engine a whole step later costs a whole step more.
     late = newcomer_ttft_steps(flat, even, light_prompt_tokens=0, hop_ms=10.0)
     assert statistics.median(late) == pytest.approx(2.5, abs=0.05)
+
+
+def test_refills_that_reached_the_engine_first_share_an_unaligned_newcomers_step() -> None:
+    # 10 ms steps, one 10-token refill sent for each (10 ms of prefill at 1 ms a token).
+    # Aligned, each reaches the engine as its step begins: the newcomer's step holds none.
+    # Unaligned, the one of the newcomer's step came at a uniformly drawn moment of the step
+    # in progress, before the newcomer with the share of that step already gone: the rest
+    # of a step (0.5 on average), its own (1) and, that often, the refill's prefill (0.5).
+    paced_even = Schedule(costs=[10.0] * 40, running=[0] * 40, sent=[1] * 40)
+    flat = SimProfile(step_base_ms=10.0, step_per_seq_ms=0.0, prefill_ms_per_token=1.0)
+    aligned, unaligned = (
+        newcomer_ttft_steps(flat, paced_even, 0, 0.0, aligned=a, prompt_tokens=10)
+        for a in (True, False)
+    )
+    assert aligned[-1] <= 2.0
+    assert statistics.mean(aligned) == pytest.approx(1.5, abs=0.05)
+    assert statistics.mean(unaligned) == pytest.approx(2.0, abs=0.05)
+    assert unaligned[-1] > 2.5  # late in a step and behind its refill
