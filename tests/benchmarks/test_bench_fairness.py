@@ -34,7 +34,7 @@ from benchmarks._fairness_arms import (
     parse_arms,
     policy_problem,
 )
-from benchmarks._fairness_checks import criteria
+from benchmarks._fairness_checks import criteria, verdict
 from benchmarks._fairness_cpu import ProcessGroups, cpu_split
 from benchmarks._fairness_engine import Sample, engine_work, parse_sample, preemptions, step_ms
 from benchmarks._fairness_load import LoadResult, RequestResult, Target, run_load
@@ -319,6 +319,18 @@ def test_an_arm_with_one_failed_request_is_failed_and_fails_every_check_it_is_in
     text = render(result)
     assert "FAILED: 1 of 3 requests failed; first: HTTP 400: too long" in text
     assert "does not hold: arm (a) FAILED" in text
+
+
+def test_a_p95_check_says_over_how_few_requests_it_was_read() -> None:
+    arms = {"a": _arm([None, None]), "c": _arm([None, None])}
+    compare(arms)
+    checks = criteria("seed", arms)
+    assert checks["c_light_p95_steps"]["samples"] == 2
+    few = verdict(checks["c_light_p95_steps"])
+    assert few == "MISSED; over 2 requests, between the two largest"
+    assert "samples" not in checks["c_tok_s_vs_a"]
+    many = {**checks["c_light_p95_steps"], "holds": True, "samples": 21}
+    assert verdict(many) == "holds"  # from 21 on a p95 lies below the second largest
 
 
 def test_checks_of_arms_not_run_or_not_available_are_not_evaluated() -> None:
