@@ -533,7 +533,10 @@ async def test_higher_priority_request_takes_the_next_free_slot_without_preempti
 async def test_under_fcfs_a_priority_is_taken_and_ignored_as_vllm_0_32_does() -> None:
     # vLLM's V0 engine refused it ("Priority scheduling is not enabled"); 0.32 serves it,
     # in arrival order: whether an engine runs the priority policy shows in no error.
-    profile = SimProfile(max_num_seqs=1, step_base_ms=10.0)
+    # 100 ms steps: each answer runs 0.5 s, so that on a loaded machine the later request
+    # is still seen waiting, and the urgent one comes while it waits (with 10 ms steps the
+    # first answer once ended before the later one was seen waiting).
+    profile = SimProfile(max_num_seqs=1, step_base_ms=100.0)
     finished: list[str] = []
 
     async def complete(client: httpx.AsyncClient, name: str, priority: int) -> None:
