@@ -20,9 +20,10 @@ handed over within the last step are taken back: one handed over earlier has mos
 begun its prefill in the step in progress, which the newcomer waits out anyway, so taking
 it back would clear nothing and waste the prefill (with a newcomer a second in the
 simulator's seed flood, two steps took back twice as many refills and cost 3 points of
-the flood's tokens/s for the same newcomer p95; docs/performance.md). So that newcomers coming
-one after another never hold the users in the engine back for good, an endpoint is held
-at most half the time: after a hold ends, the next starts only once as long has passed.
+the flood's tokens/s for the same newcomer p95; docs/performance.md). So that newcomers
+coming one after another never hold the users in the engine back for good, an endpoint
+is held at most half the time: after a hold ends, the next starts only once as long has
+passed.
 """
 
 from __future__ import annotations

@@ -7,10 +7,9 @@ a user's only job never), so the newcomer is first in the engine's queue and, wh
 those was running, gets its slot at the next step. Where a newcomer's prefill step is
 kept clear (``dispatcher.newcomer_step``), the streamed jobs handed over within the last
 step without output are taken back too: they may still wait for that step, and would
-share it. On an engine shared
-by several models a job is taken from the model with the most jobs there that has one to
-give, so a newcomer of one model is not held back by another's flood. At most
-``MAX_PARKS`` jobs per endpoint and kind per round.
+share it. On an engine shared by several models a job is taken from the model with the
+most jobs there that has one to give, so a newcomer of one model is not held back by
+another's flood. At most ``MAX_PARKS`` jobs per endpoint and kind per round.
 """
 
 from __future__ import annotations

@@ -63,9 +63,10 @@ def test_a_newcomer_waits_out_the_step_in_progress_then_its_own() -> None:
 def test_refills_that_reached_the_engine_first_share_an_unaligned_newcomers_step() -> None:
     # 10 ms steps, one 10-token refill sent for each (10 ms of prefill at 1 ms a token).
     # Aligned, each reaches the engine as its step begins: the newcomer's step holds none.
-    # Unaligned, the one of the newcomer's step came at a uniformly drawn moment of the step
-    # in progress, before the newcomer with the share of that step already gone: the rest
-    # of a step (0.5 on average), its own (1) and, that often, the refill's prefill (0.5).
+    # Unaligned, the refill of the newcomer's step reached the engine at a uniformly drawn
+    # moment of the step in progress: before the newcomer as often as the share of that
+    # step gone when the newcomer came. So the rest of a step (0.5 on average), its own (1)
+    # and, that often, the refill's prefill (0.5 on average).
     paced_even = Schedule(costs=[10.0] * 40, running=[0] * 40, sent=[1] * 40)
     flat = SimProfile(step_base_ms=10.0, step_per_seq_ms=0.0, prefill_ms_per_token=1.0)
     aligned, unaligned = (
