@@ -343,19 +343,11 @@ def _stage_lines(arms: Mapping[str, Any]) -> list[str]:
 
 def _flood_stage_lines(arms: Mapping[str, Any]) -> list[str]:
     """How fast fairq arms sent the flood's requests and how long each took to start."""
-    rows: list[list[object]] = []
-    for key, arm in arms.items():
-        found = arm.get("flood_stages") if arm["status"] == OK else None
-        if found:
-            engine = found["engine"]["p50"]
-            step = arm["step_ms"]
-            rows.append([f"({key}) {arm['title']}", _cell(found["sent_per_s"], ".1f"),
-                         _cell(found["sent_per_s"] * step / 1000 if step and found["sent_per_s"]
-                               else None, ".2f"),
-                         f"{_cell(found['hand_over']['p50'], '.1f')} / "
-                         f"{_cell(found['hand_over']['max'], '.1f')}",
-                         f"{_cell(engine, '.1f')} / {_cell(found['engine']['max'], '.1f')}",
-                         _cell(engine / step if step else None, ".1f")])  # fmt: skip
+    rows = [
+        _flood_row(key, arm, arm["flood_stages"])
+        for key, arm in arms.items()
+        if arm["status"] == OK and arm.get("flood_stages")
+    ]
     header = ["arm", "sent a second", "per engine step", "to a worker p50 / max ms",
               "at the engine p50 / max ms", "at the engine p50, steps"]  # fmt: skip
     return _titled_table(
@@ -363,6 +355,19 @@ def _flood_stage_lines(arms: Mapping[str, Any]) -> list[str]:
         header,
         rows,
     )
+
+
+def _flood_row(key: str, arm: Mapping[str, Any], found: Mapping[str, Any]) -> list[object]:
+    step, per_s, engine = arm["step_ms"], found["sent_per_s"], found["engine"]
+    per_step = per_s * step / 1000 if step and per_s else None
+    return [
+        f"({key}) {arm['title']}",
+        _cell(per_s, ".1f"),
+        _cell(per_step, ".2f"),
+        f"{_cell(found['hand_over']['p50'], '.1f')} / {_cell(found['hand_over']['max'], '.1f')}",
+        f"{_cell(engine['p50'], '.1f')} / {_cell(engine['max'], '.1f')}",
+        _cell(engine["p50"] / step if step else None, ".1f"),
+    ]
 
 
 def _titled_table(title: str, header: list[str], rows: list[list[object]]) -> list[str]:

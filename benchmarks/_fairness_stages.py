@@ -33,6 +33,7 @@ from broker import job_fields, keys
 _TIMES = (job_fields.QUEUED_MS, job_fields.DISPATCHED_MS, job_fields.STARTED_MS,
           job_fields.FIRST_TOKEN_MS)  # fmt: skip
 STAGES = ("queue", "hand_over", "engine")
+SENT_STAGES = STAGES[1:]  # once the dispatcher sent it
 
 
 def stages_of(times: Sequence[int]) -> dict[str, int]:
@@ -59,7 +60,7 @@ def flood_summary(jobs: Iterable[dict[str, Any]]) -> dict[str, Any]:
     jobs = list(jobs)
     if len(jobs) < 2:
         return {}
-    out = _spread(jobs, STAGES[1:])
+    out = _spread(jobs, SENT_STAGES)
     sent = [j["dispatched_ms"] for j in jobs]
     span_s = (max(sent) - min(sent)) / 1000
     out["sent_per_s"] = (len(jobs) - 1) / span_s if span_s > 0 else None

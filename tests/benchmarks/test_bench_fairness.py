@@ -52,6 +52,7 @@ from benchmarks._fairness_scenarios import (
 )
 from benchmarks._fairness_shares import backlog_window, shares
 from benchmarks._fairness_sse import StreamTally
+from benchmarks._fairness_stages import stages_of
 from benchmarks.fairness import failed_arms
 from fairq.cli import main
 from tests.support.paths import FIXTURES
@@ -331,6 +332,17 @@ def test_a_p95_check_says_over_how_few_requests_it_was_read() -> None:
     assert "samples" not in checks["c_tok_s_vs_a"]
     many = {**checks["c_light_p95_steps"], "holds": True, "samples": 21}
     assert verdict(many) == "holds"  # from 21 on a p95 lies below the second largest
+
+
+def test_the_report_gives_the_floods_send_rate_per_engine_step_and_its_stages() -> None:
+    # Sent at 0, 50 and 100 ms: two gaps in 0.1 s, 20 a second; 5 ms steps: 0.1 a step.
+    times = [[0, 0, 2, 100], [0, 50, 54, 160], [0, 100, 101, 190]]
+    flood = [{"user": "A", "dispatched_ms": t[1], **stages_of(t)} for t in times]
+    arm = {"title": "t", **arm_summary(_load([None]), 0.01, _ENGINE, _CPU, flood_stages=flood)}
+    arms = {"c": arm}
+    text = render(_result({"seed": {"arms": arms, "criteria": criteria("seed", arms)}}))
+    # hand-over 2, 4, 1 ms; at the engine 98, 106, 89 ms (19.6 steps at p50)
+    assert "| (c) t | 20.0 | 0.10 | 2.0 / 4.0 | 98.0 / 106.0 | 19.6 |" in text
 
 
 def test_checks_of_arms_not_run_or_not_available_are_not_evaluated() -> None:
