@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -19,6 +18,7 @@ from benchmarks._fairness_provision import SIM_MODEL
 from fairq.cli import main
 from fairq.localredis import free_port
 from fairq.stack import Stack
+from tests.support import local_http
 from workers.sim import load_profile
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -59,7 +59,7 @@ def test_a_fifo_engine_that_ignores_priority_is_labelled_unknown_and_gets_no_pri
     engine: str, tmp_path: Path
 ) -> None:
     body = {"model": SIM_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    assert httpx.post(f"{engine}/v1/chat/completions", json={**body, "priority": 1}).is_success
+    assert local_http.post(f"{engine}/v1/chat/completions", json={**body, "priority": 1}).is_success
 
     code, figures, output = bench(engine, tmp_path, "--arms", "a,e,f")
     assert code == 0, output

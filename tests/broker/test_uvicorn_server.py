@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import signal
 
-import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from broker.process import uvicorn_server
+from tests.support import local_http
 from tests.support.servers import START_STOP_S, free_socket, running
 
 
@@ -31,7 +31,7 @@ def test_a_stop_signal_ends_the_server_without_waiting_for_its_tick(
         uvicorn_server.quiet_config(app, "127.0.0.1", port, 1.0)
     )
     with running(server, sock) as thread:
-        reply = httpx.get(f"http://127.0.0.1:{port}/", timeout=START_STOP_S)
+        reply = local_http.get(f"http://127.0.0.1:{port}/", timeout=START_STOP_S)
         assert reply.text == "hello" and "date" in reply.headers
         server.handle_exit(signal.SIGTERM, None)  # what the signal handler calls
         thread.join(START_STOP_S)

@@ -10,12 +10,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from broker import JobQueue, RequestKind, StreamMode, Submission
+from tests.support import local_http
 from tests.support.dispatcher_process import dispatcher_process
 from tests.support.eventually import eventually
 from tests.support.settings import ENDPOINT, MODEL, make_config, make_settings
@@ -34,7 +34,7 @@ def submission(model: str, user: str, band: str) -> Submission:
 
 def metric(url: str, name: str, **labels: str) -> float | None:
     """The sample's value on ``url``/metrics; None when the dispatcher does not export it."""
-    text = httpx.get(f"{url}/metrics", timeout=5).text
+    text = local_http.get(f"{url}/metrics", timeout=5).text
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == name and sample.labels == labels:

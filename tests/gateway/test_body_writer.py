@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from gateway.body_writer import body_writer
+from tests.support import local_http
 from tests.support.servers import uvicorn_thread
 
 _START = {"type": "http.response.start", "status": 200,
@@ -41,7 +42,7 @@ def test_chunks_written_at_once_and_through_send_arrive_whole_and_in_order() -> 
         await send(_body(b"", more=False))
 
     with uvicorn_thread(app, lifespan="off") as url:
-        reply = httpx.get(url, timeout=10)
+        reply = local_http.get(url, timeout=10)
     assert reply.status_code == 200
     assert reply.headers["transfer-encoding"] == "chunked"
     assert reply.content == b"one,two,three,four"

@@ -22,6 +22,7 @@ from openai._constants import DEFAULT_CONNECTION_LIMITS
 
 from broker.settings import HttpSettings
 from gateway import create_app, gateway_config
+from tests.support import local_http
 from tests.support.eventually import eventually
 from tests.support.settings import ALICE, ALICE_KEY, MODEL, make_settings
 from tests.support.stack import gateway
@@ -55,6 +56,27 @@ def read_to_close(sock: socket.socket) -> tuple[bytes, float]:
     while chunk := sock.recv(65536):
         data += chunk
     return data, time.monotonic() - start
+
+
+def read_one_response(sock: socket.socket) -> bytes:
+    """One whole response (its headers, then Content-Length bytes of body): the server may
+    send them in separate segments, which one ``recv`` would split."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += _more(sock, data)
+    head, _, body = data.partition(b"\r\n\r\n")
+    fields = (line.partition(b":") for line in head.split(b"\r\n")[1:])
+    length = int({name.strip().lower(): value for name, _, value in fields}[b"content-length"])
+    while len(body) < length:
+        body += _more(sock, head + body)
+    return head + b"\r\n\r\n" + body
+
+
+def _more(sock: socket.socket, so_far: bytes) -> bytes:
+    chunk = sock.recv(65536)
+    if not chunk:
+        pytest.fail(f"the server closed the connection mid-response: {so_far!r}")
+    return chunk
 
 
 def response(data: bytes) -> tuple[int, dict[str, str], dict[str, object]]:
@@ -101,7 +123,7 @@ def test_headers_sent_slowly_get_408_at_the_header_timeout_however_they_trickle(
 def test_a_keep_alive_request_gets_its_own_header_deadline(url: str) -> None:
     with connect(url) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
-        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        assert read_one_response(sock).startswith(b"HTTP/1.1 200")
         sock.sendall(b"GET /healthz HTTP/1.1\r\n")  # and no more
         data, waited = read_to_close(sock)
     assert response(data)[0] == 408 and waited < SHORT_S + 2
@@ -119,7 +141,7 @@ def test_a_body_that_stops_arriving_gets_408(url: str) -> None:
 def test_an_idle_keep_alive_connection_is_closed_after_keep_alive_s(url: str) -> None:
     with connect(url) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
-        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        assert read_one_response(sock).startswith(b"HTTP/1.1 200")
         data, waited = read_to_close(sock)
     assert data == b"" and SHORT_S * 0.9 <= waited < SHORT_S + 2
 
@@ -139,7 +161,7 @@ def test_hundreds_of_idle_and_half_sent_connections_are_all_closed(url: str) -> 
     socks = [connect(url) for _ in range(300)]
     for sock in socks[::2]:
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n")
-    assert httpx.get(f"{url}/healthz", timeout=5).status_code == 200
+    assert local_http.get(f"{url}/healthz", timeout=5).status_code == 200
     try:
         for sock in socks:
             assert read_to_close(sock)[1] < SHORT_S + 5
@@ -160,7 +182,7 @@ def test_a_connection_beyond_the_cap_gets_503_and_others_are_served(redis_url: s
         assert body["error"]["code"] == "too_many_connections"  # type: ignore[index]
         held.close()  # three connections fewer: the next is served
         eventually(
-            lambda: httpx.get(f"{url}/healthz", timeout=5).status_code == 200,
+            lambda: local_http.get(f"{url}/healthz", timeout=5).status_code == 200,
             "a connection under the cap served",
             ignoring=(httpx.TransportError,),
         )
@@ -170,10 +192,10 @@ def test_a_10_mb_body_sent_whole_gets_its_413_and_the_connection_stays_usable(ur
     with connect(url) as sock:
         sock.sendall(CHAT_HEAD.format(key=ALICE_KEY, length=TEN_MB).encode())
         sock.sendall(chat_body(TEN_MB))  # all of it before reading: no broken pipe
-        answer = sock.recv(65536)
+        answer = read_one_response(sock)
         assert answer.startswith(b"HTTP/1.1 413") and b"connection: close" not in answer
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
-        assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+        assert read_one_response(sock).startswith(b"HTTP/1.1 200")
 
 
 def test_a_body_past_the_discard_bound_is_cut_off(redis_url: str) -> None:

@@ -11,12 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from redis.asyncio import Redis
 
 from broker import JobQueue, Latency, RequestKind, Settings, StreamMode, Submission, keys
 from broker.status import add_latency
+from tests.support import local_http
 from tests.support.dispatcher_process import dispatcher_process
 from tests.support.eventually import eventually
 from tests.support.settings import ALICE, ENDPOINT, MODEL, make_config, make_settings
@@ -71,7 +71,7 @@ async def _known_drain(redis_url: str, model: str) -> None:
 
 
 def _job(url: str, job_id: str) -> dict[str, Any]:
-    answer = httpx.get(f"{url}/v1/jobs/{job_id}", headers=ALICE, timeout=5)
+    answer = local_http.get(f"{url}/v1/jobs/{job_id}", headers=ALICE, timeout=5)
     assert answer.status_code == 200, answer.text
     body: dict[str, Any] = answer.json()
     return body
@@ -119,7 +119,7 @@ def test_the_schema_documents_the_model_state_a_client_acts_on(
     stack: tuple[Settings, str, str],
 ) -> None:
     _, url, _ = stack
-    schema = httpx.get(f"{url}/openapi.json", timeout=5).json()
+    schema = local_http.get(f"{url}/openapi.json", timeout=5).json()
     ok = schema["paths"]["/v1/jobs/{job_id}"]["get"]["responses"]["200"]
     ref = ok["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
     state = schema["components"]["schemas"][ref]["properties"]["model_state"]

@@ -9,13 +9,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker import Client, JobState
 from fairq.stack import DEMO_MODELS
+from tests.support import local_http
 from tests.support.settings import make_settings
 from tests.support.stack import demo_stack, sim_port
 
@@ -25,7 +25,7 @@ SMALL_ENGINE = {"max_num_seqs": 2, "step_base_ms": 5.0, "default_output_tokens":
 
 
 def engine_waiting(port: int) -> float:
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+    text = local_http.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "vllm:num_requests_waiting":

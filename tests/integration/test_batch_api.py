@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator
 
-import httpx
 import openai
 import orjson
 import pytest
@@ -15,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fairq.localredis import LocalRedis
 from fairq.stack import DEMO_MODELS, Stack
+from tests.support import local_http
 from tests.support.eventually import eventually
 from tests.support.settings import api_key, make_settings
 from tests.support.stack import demo_stack, gateway
@@ -104,7 +104,7 @@ def test_the_batch_worker_counts_ended_lines_and_batches_on_its_metrics(stack: S
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(
-            httpx.get(stack.metrics_url("batch-worker-0"), timeout=5).text
+            local_http.get(stack.metrics_url("batch-worker-0"), timeout=5).text
         )
         for s in family.samples
     }
@@ -215,7 +215,7 @@ def test_an_upload_over_the_size_limit_is_refused_with_413(redis_url: str, chunk
                 b'--fq\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n'
                 b"\r\n" + data * 4 + b"\r\n--fq--\r\n"
             )
-            response = httpx.post(
+            response = local_http.post(
                 f"{url}/v1/files",
                 content=iter([body[i : i + 8192] for i in range(0, len(body), 8192)]),
                 headers={

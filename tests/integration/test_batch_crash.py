@@ -11,7 +11,6 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 import redis
@@ -20,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from broker import keys
 from fairq.stack import DEMO_MODELS, Stack
+from tests.support import local_http
 from tests.support.eventually import eventually
 from tests.support.processes import ProcessGroups
 from tests.support.stack import demo_stack, sim_port
@@ -52,7 +52,7 @@ def kill(process: subprocess.Popen[bytes]) -> None:
 
 
 def engine_requests(stack: Stack) -> float:
-    text = httpx.get(f"http://127.0.0.1:{sim_port(stack, MODEL)}/metrics").text
+    text = local_http.get(f"http://127.0.0.1:{sim_port(stack, MODEL)}/metrics").text
     return sum(
         s.value
         for f in text_string_to_metric_families(text)

@@ -28,6 +28,7 @@ from fairq.localcluster import LocalCluster
 from fairq.localredis import free_port
 from fairq.stack import Stack, demo_config
 from gateway.restarts import RestartWatch, restarted
+from tests.support import local_http
 from tests.support.eventually import eventually
 from tests.support.settings import make_settings
 from tests.support.stack import metric, sim_port
@@ -226,7 +227,7 @@ def test_the_operator_status_reads_every_model_over_the_cluster(stack: Stack) ->
 def test_the_batch_api_says_it_needs_a_single_redis(stack: Stack) -> None:
     auth = {"Authorization": "Bearer fq-demo-alice"}
     files = {"file": ("in.jsonl", b"{}\n", "application/jsonl")}
-    response = httpx.post(f"{stack.gateway_url}/v1/files", headers=auth, files=files,
+    response = local_http.post(f"{stack.gateway_url}/v1/files", headers=auth, files=files,
                           data={"purpose": "batch"}, timeout=10)  # fmt: skip
     assert response.status_code == 501
     error = response.json()["error"]

@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fairq.localredis import LocalRedis
 from fairq.stack import DEMO_MODELS, Stack
+from tests.support import local_http
 from tests.support.eventually import eventually
 from tests.support.stack import demo_stack, sim_port
 
@@ -26,7 +27,7 @@ def stack(redis_server: LocalRedis) -> Iterator[Stack]:
 
 
 def aborted_at_engine(sim_port: int) -> float:
-    text = httpx.get(f"http://127.0.0.1:{sim_port}/metrics").text
+    text = local_http.get(f"http://127.0.0.1:{sim_port}/metrics").text
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if (

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,6 +15,7 @@ from redis import Redis
 
 from broker import Client, keys
 from fairq.stack import DEMO_MODELS
+from tests.support import local_http
 from tests.support.eventually import eventually
 from tests.support.settings import make_settings
 from tests.support.stack import demo_stack, sim_port
@@ -31,7 +31,7 @@ ENGINE = {"max_num_seqs": BATCH, "step_base_ms": STEP_MS, "step_per_seq_ms": 0.0
 
 
 def engine_gauges(port: int) -> dict[str, float]:
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+    text = local_http.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
     wanted = {"vllm:num_requests_running", "vllm:num_requests_waiting"}
     return {
         s.name: s.value

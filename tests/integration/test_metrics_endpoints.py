@@ -21,6 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fairq.stack import DEMO_MODELS, Stack
+from tests.support import local_http
 from tests.support.eventually import eventually
 from tests.support.stack import demo_stack
 
@@ -35,7 +36,7 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def scrape(url: str) -> Samples:
-    text = httpx.get(url, timeout=5.0).text
+    text = local_http.get(url, timeout=5.0).text
     return {
         (s.name, frozenset(s.labels.items())): s.value
         for family in text_string_to_metric_families(text)

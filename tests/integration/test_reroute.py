@@ -45,6 +45,7 @@ from broker import (
     read_queues,
 )
 from fairq.localredis import free_port
+from tests.support import local_http
 from tests.support.eventually import WAIT_S, aeventually
 from tests.support.processes import ProcessGroups, kill_group
 from tests.support.servers import uvicorn_thread
@@ -182,7 +183,7 @@ def reroutes(outcome: str) -> float:
 
 def engine_answer(there: str, payload: bytes) -> Answer:
     """What the replica answers the job's own request, asked directly."""
-    response = httpx.post(
+    response = local_http.post(
         f"{there}/v1/chat/completions",
         content=payload,
         headers={"Content-Type": "application/json"},

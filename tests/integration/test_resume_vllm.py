@@ -15,7 +15,6 @@ import os
 import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
 from redis import Redis
 
@@ -24,6 +23,7 @@ from benchmarks.vllm_engine import has_model, is_installed, resolve_home, runnin
 from broker import Client, keys
 from fairq.localredis import free_port
 from fairq.stack import Stack, demo_config
+from tests.support import local_http
 from tests.support.settings import make_settings
 
 pytestmark = pytest.mark.integration
@@ -135,7 +135,7 @@ def test_a_whole_answer_rebuilt_from_the_stream_is_vllms_own_whole_answer(
     # The same greedy request, straight to vLLM and through fairq, which streams it from
     # the engine and rebuilds the whole answer (workers/whole.py).
     request = {"model": MODEL, "max_tokens": 24, "temperature": 0.0, **body}
-    direct = httpx.post(vllm_url + path, json=request, timeout=60).json()
+    direct = local_http.post(vllm_url + path, json=request, timeout=60).json()
     config = demo_config([1, 2])
     config["models"] = [{"name": MODEL, "engine": "vllm", "endpoints": [vllm_url]}]
     with Stack(config, gateway_port=0, redis_url=redis_url, gateway=False) as stack:

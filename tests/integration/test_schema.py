@@ -26,6 +26,7 @@ from schemathesis.checks import not_a_server_error
 
 from fairq.localredis import LocalRedis
 from fairq.stack import DEMO_MODELS, Stack
+from tests.support import local_http
 from tests.support.stack import demo_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -52,7 +53,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 def test_the_schema_describes_the_request_bodies(stack: Stack) -> None:
-    schema = httpx.get(f"{stack.gateway_url}/openapi.json").json()
+    schema = local_http.get(f"{stack.gateway_url}/openapi.json").json()
     chat = schema["paths"]["/v1/chat/completions"]["post"]
     ref = chat["requestBody"]["content"]["application/json"]["schema"]["$ref"]
     body = schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
@@ -90,4 +91,4 @@ def test_generated_requests_get_no_server_error(stack: Stack, tmp_path: Path) ->
     run()
     print("\nstatus codes of", EXAMPLES, "generated requests:", dict(sorted(statuses.items())))
     assert stack.dead() is None
-    assert httpx.get(f"{stack.gateway_url}/readyz").status_code == 200
+    assert local_http.get(f"{stack.gateway_url}/readyz").status_code == 200

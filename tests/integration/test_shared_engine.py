@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import redis
 import yaml
@@ -20,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from broker import Client, JobState, keys
 from fairq.localredis import LocalRedis, free_port
 from fairq.stack import Stack
+from tests.support import local_http
 from tests.support.eventually import eventually
 from tests.support.settings import ALICE_KEY, API_KEYS, BOB_KEY, make_settings
 
@@ -33,7 +33,7 @@ FLOOD = 40  # jobs per model
 
 def engine_waiting(url: str) -> float:
     """The engine's queue: its waiting gauge summed over every model name's series."""
-    text = httpx.get(f"{url}/metrics", timeout=2).text
+    text = local_http.get(f"{url}/metrics", timeout=2).text
     return sum(
         sample.value
         for family in text_string_to_metric_families(text)

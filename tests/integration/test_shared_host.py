@@ -21,6 +21,7 @@ import yaml
 
 from broker.telemetry import METRICS_PORTS
 from fairq.localredis import free_port
+from tests.support import local_http
 from tests.support.eventually import eventually
 from tests.support.processes import ProcessGroups
 from tests.support.settings import make_config
@@ -90,7 +91,7 @@ def test_components_with_default_settings_on_one_host_each_serve_metrics_on_loop
     ports = [port for _, port, _ in served]
     assert len(set(ports)) == len(ports)
     for kind, port, process in served:
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0).text
+        text = local_http.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0).text
         assert _SERIES[kind] in text, kind
         assert _listening(process.pid, port) == "127.0.0.1", kind
     for _, process in started:
@@ -108,7 +109,7 @@ def test_metrics_host_and_port_when_set_are_where_a_component_listens(
         return _listening(worker.pid, port)
 
     assert eventually(listening, "the worker listens on its metrics port", 30.0) == "0.0.0.0"
-    assert "fairq_worker_concurrency" in httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    assert "fairq_worker_concurrency" in local_http.get(f"http://127.0.0.1:{port}/metrics").text
     _stop(worker)
 
 
@@ -136,7 +137,7 @@ def test_at_warning_no_process_prints_a_line_below_it(
 
 def _answers(url: str) -> None:
     def status() -> int:
-        return httpx.get(url, timeout=1.0).status_code
+        return local_http.get(url, timeout=1.0).status_code
 
     eventually(status, f"{url} answers 200", 30.0, until=lambda code: code == 200,
                interval_s=0.1, ignoring=(httpx.HTTPError,))  # fmt: skip

@@ -20,7 +20,6 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import openai
 import psutil
 import pytest
@@ -29,6 +28,7 @@ import yaml
 from fairq.console import QUIET_S, rows
 from fairq.localredis import free_port
 from fairq.stack import Stack
+from tests.support import local_http
 from tests.support.eventually import eventually
 from tests.support.processes import ProcessGroups
 from tests.support.settings import ALICE_KEY, MODEL, make_config
@@ -310,4 +310,4 @@ def test_a_child_restarted_from_a_short_lived_thread_outlives_the_thread() -> No
         stack._wait_http(f"http://127.0.0.1:{port}/health", 30)
         time.sleep(2.0)  # a SIGTERM from the thread's end stops the simulator within this
         assert stack.dead() is None
-        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+        assert local_http.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200

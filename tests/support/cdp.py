@@ -21,9 +21,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 from websockets.asyncio.client import ClientConnection, connect
 
+from tests.support import local_http
 from tests.support.eventually import eventually
 
 _BROWSERS = ("chromium", "chromium-browser", "google-chrome")
@@ -96,7 +96,7 @@ async def browser_page(browser: str, url: str) -> AsyncIterator[Page]:
         )  # fmt: skip
         try:
             port = _devtools_port(Path(profile), process)
-            targets = httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=5.0).json()
+            targets = local_http.get(f"http://127.0.0.1:{port}/json/list", timeout=5.0).json()
             page = next(t for t in targets if t["type"] == "page")
             async with connect(page["webSocketDebuggerUrl"], max_size=None) as ws:
                 yield Page(ws)

@@ -31,6 +31,7 @@ from dispatcher.service import Dispatcher
 from fairq.localredis import free_port
 from fairq.stack import DEMO_MODELS, Stack, demo_config
 from gateway import create_app, gateway_config
+from tests.support import local_http
 from tests.support.eventually import WAIT_S, eventually
 from tests.support.processes import ProcessGroups
 from tests.support.servers import free_socket, running, uvicorn_thread
@@ -126,7 +127,7 @@ def contents(raw: bytes) -> list[str]:
 
 def metric(url: str, name: str, **labels: str) -> float:
     """A sample's value from a Prometheus endpoint (0 when it is not there)."""
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=5).text):
+    for family in text_string_to_metric_families(local_http.get(f"{url}/metrics", timeout=5).text):
         for sample in family.samples:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return float(sample.value)
@@ -177,7 +178,7 @@ def wait_healthy(
 
     def healthy() -> bool:
         assert process.poll() is None, f"{name} exited before it was ready"
-        return httpx.get(url, timeout=1).status_code == 200
+        return local_http.get(url, timeout=1).status_code == 200
 
     what = f"{name} to answer {url}"
     eventually(healthy, what, timeout_s, interval_s=0.05, ignoring=(httpx.TransportError,))

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from fairq.localredis import free_port
+from tests.support import local_http
 from tests.support.eventually import eventually
 from tests.support.processes import ProcessGroups
 from workers.sim import SimProfile, create_app
@@ -33,7 +34,7 @@ def test_a_pod_refuses_every_route_while_it_starts_then_serves(
 
     def listening() -> bool:
         assert proc.poll() is None, "the simulator exited"
-        return httpx.get(f"{url}/health", timeout=1).status_code == 503
+        return local_http.get(f"{url}/health", timeout=1).status_code == 503
 
     eventually(listening, "the simulator to listen", 10.0, ignoring=(httpx.TransportError,))
     with httpx.Client(base_url=url, timeout=2) as client:
