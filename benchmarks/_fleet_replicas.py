@@ -27,6 +27,7 @@ from typing import Any, Literal
 import httpx
 
 from benchmarks._fleet_dns import Zone
+from fairq.answering import wait_answering
 from fairq.children import start_child
 from fairq.engine_drain import drain
 from fairq.localredis import free_port
@@ -100,16 +101,10 @@ def replica_hosts(count: int, profile: str) -> Iterator[dict[str, int]]:
 
 
 def _wait_control(url: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + HOST_START_TIMEOUT_S
-    # One client for the whole wait: each new one loads the CA bundle (~50 ms of CPU).
-    with httpx.Client(timeout=1.0) as http:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise ReplicaError(f"the replica host for {url} exited with {proc.returncode}")
-            with contextlib.suppress(httpx.HTTPError):
-                if http.get(f"{url}/replicas").status_code == 200:
-                    return
-            time.sleep(0.05)
+    if wait_answering(f"{url}/replicas", HOST_START_TIMEOUT_S, alive=lambda: proc.poll() is None):
+        return
+    if proc.poll() is not None:
+        raise ReplicaError(f"the replica host for {url} exited with {proc.returncode}")
     raise ReplicaError(f"the replica host at {url} did not answer in {HOST_START_TIMEOUT_S} s")
 
 

@@ -20,7 +20,6 @@ Run with ``python -m benchmarks.flood`` (not part of ``make test``: minutes of l
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
 import subprocess
@@ -32,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import click
-import httpx
 import openai
 import yaml
 
 from benchmarks.stats import machine, markdown_table, pct, save
 from broker import hash_key
+from fairq.answering import wait_answering
 from fairq.localredis import free_port
 from fairq.stack import DEMO_MODELS, Stack, demo_config
 
@@ -109,13 +108,8 @@ async def _flood(urls: list[str], total: int, users: int, options: dict[str, flo
 
 
 def _wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and process.poll() is None:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"the second gateway at {url} did not become ready")
+    if not wait_answering(f"{url}/readyz", timeout_s, alive=lambda: process.poll() is None):
+        raise RuntimeError(f"the second gateway at {url} did not become ready")
 
 
 def _logged_errors(log_dir: Path) -> dict[str, int]:

@@ -45,6 +45,7 @@ import httpx
 import psutil
 
 from benchmarks.stats import machine, markdown_table, median, pct, save
+from fairq.answering import wait_answering
 from fairq.localredis import LocalRedis, free_port
 
 ARMS = ("httpx+full", "httpx+filtered", "lean", "lean+redis")
@@ -349,14 +350,8 @@ def _check(rows: list[dict[str, Any]]) -> None:
 
 
 def _wait_up(port: int) -> None:
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/e0/metrics", timeout=1).raise_for_status()
-            return
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise click.ClickException("the engines' /metrics server did not start")
+    if not wait_answering(f"http://127.0.0.1:{port}/e0/metrics", 15):
+        raise click.ClickException("the engines' /metrics server did not start")
 
 
 if __name__ == "__main__":

@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-import httpx
 import yaml
 
 from broker import hash_key
+from fairq.answering import wait_answering
 from fairq.children import start_child
 from fairq.localredis import LocalRedis, free_port
 
@@ -219,20 +219,11 @@ class Stack:
         return self._spawner
 
     def _wait_http(self, url: str, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        # One client for the whole wait: each new one loads the CA bundle (~50 ms of CPU),
-        # which a poll every 0.1 s would spend beside the children it waits for.
-        with httpx.Client(timeout=1.0) as http:
-            while time.monotonic() < deadline:
-                dead = self.dead()
-                if dead:
-                    raise RuntimeError(f"{dead} exited while the stack was starting")
-                try:
-                    if http.get(url).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.1)
+        if wait_answering(url, timeout_s, alive=lambda: self.dead() is None):
+            return
+        dead = self.dead()
+        if dead:
+            raise RuntimeError(f"{dead} exited while the stack was starting")
         raise TimeoutError(f"{url} did not become ready in {timeout_s}s")
 
     def dead(self) -> str | None:
