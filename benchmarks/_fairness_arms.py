@@ -8,7 +8,8 @@ the engine schedules by priority:
 (b) fairq round-robin without backpressure: static admission with a cap no
     burst reaches, so fairq passes everything on at once and the engine's FIFO
     decides;
-(c) fairq with its defaults (backpressure from the engine's metrics): the main arm;
+(c) fairq with its defaults (backpressure from the engine's metrics; its capacity
+    learned from them, never told): the main arm;
 (d) as (c) with the ``token_fair`` policy;
 (e) the engine alone with priority scheduling, light users at priority 0;
 (f) as (c) with ``engine_priority``: fairq passes a priority to the engine;
@@ -26,7 +27,9 @@ the engine schedules by priority:
     its batch + 1 open at once, as fairq hands them over): what the engine's throughput
     is when a flood arrives over time rather than at t=0, with no fairq process running;
 (o) as (c) with answers not streamed to their clients not streamed from the engine either
-    (``stream_from_engine`` off): fairq sees their first token only with the whole answer.
+    (``stream_from_engine`` off): fairq sees their first token only with the whole answer;
+(t) as (c), told the engine's batch as an operator who knows it would (``batch_slots``):
+    the hand-tuned stack the defaults are measured against.
 
 An arm whose fairq feature is missing (fairq rejects its model setting) or whose
 engine runs the other scheduling policy is reported "not available: <reason>",
@@ -60,6 +63,7 @@ class ArmSpec:
     # direct: the heavy users' requests go only as the engine's batch frees, at most its
     # batch + 1 open at once (as fairq hands them over), with no fairq process running
     heavy_window: bool = False
+    told_batch: bool = False  # fairq is told the engine's batch (``batch_slots``)
 
     @property
     def client_priorities(self) -> bool:
@@ -136,6 +140,7 @@ ARMS: dict[str, ArmSpec] = {
             via_fairq=True,
             model_overrides={"stream_from_engine": False},
         ),
+        ArmSpec("t", "fairq told the engine's batch", via_fairq=True, told_batch=True),
     )
 }
 ENGINE_POLICIES = ("fcfs", "priority")
@@ -153,10 +158,10 @@ def model_config(
     spec: ArmSpec, model: str, engine_url: str, requests: int, batch_slots: int | None = None
 ) -> dict[str, Any]:
     """fairq's settings for the arm's model; ``requests``: the most the scenario sends;
-    ``batch_slots``: the engine's batch, as its operator would configure it (the arm's own
-    settings win)."""
+    ``batch_slots``: the engine's batch, which an arm that is ``told_batch`` configures as
+    an operator who knows it would (the arm's own settings win)."""
     config: dict[str, Any] = {"name": model, "engine": "vllm", "endpoints": [engine_url]}
-    if batch_slots is not None:
+    if spec.told_batch and batch_slots is not None:
         config["batch_slots"] = batch_slots
     config.update(spec.model_overrides)
     if not spec.backpressure:

@@ -66,6 +66,8 @@ class EngineFlags:
     model: str | None
     pinning: bool | None
     vllm_home: str | None
+    batch: int | None = None  # --engine-batch
+    kv_tokens: int | None = None  # --engine-kv-tokens
 
 
 def engine_choice(flags: EngineFlags) -> EngineChoice:
@@ -74,6 +76,8 @@ def engine_choice(flags: EngineFlags) -> EngineChoice:
         raise click.UsageError("--engine-policy and --model go with --engine-url")
     if flags.url is not None and flags.kind != "sim":
         raise click.UsageError("--engine-url runs the user's engine: leave out --engine vllm")
+    if flags.kv_tokens is not None and (flags.url is not None or flags.kind != "sim"):
+        raise click.UsageError("--engine-kv-tokens sizes the simulator's KV cache: only with sim")
     pinning = flags.kind == "vllm" if flags.pinning is None else flags.pinning
     problem = pinning_problem(ENGINE_CPUS | FAIRQ_CPUS) if pinning else None
     if problem is not None:
@@ -82,9 +86,11 @@ def engine_choice(flags: EngineFlags) -> EngineChoice:
         return _url_choice(flags, pinning)
     if flags.kind == "vllm":
         home = vllm_home(flags.vllm_home)
-        return EngineChoice("vllm", VLLM_MODEL, VLLM_CONTEXT, pinning=pinning, vllm_home=home)
+        return EngineChoice("vllm", VLLM_MODEL, VLLM_CONTEXT, pinning=pinning, vllm_home=home,
+                            batch=flags.batch)  # fmt: skip
     context = _sim_context(flags.profile)
-    return EngineChoice("sim", SIM_MODEL, context, profile=flags.profile, pinning=pinning)
+    return EngineChoice("sim", SIM_MODEL, context, profile=flags.profile, pinning=pinning,
+                        batch=flags.batch, kv_tokens=flags.kv_tokens)  # fmt: skip
 
 
 def _sim_context(profile: str) -> int:
@@ -106,7 +112,8 @@ def _url_choice(flags: EngineFlags, pinning: bool) -> EngineChoice:
     if model not in models:
         raise click.UsageError(f"the engine at {url} serves {sorted(models)}, not {model!r}")
     policy = _known_policy(url, flags.policy)
-    return EngineChoice("url", model, models[model], url=url, policy=policy, pinning=pinning)
+    return EngineChoice("url", model, models[model], url=url, policy=policy, pinning=pinning,
+                        batch=flags.batch)  # fmt: skip
 
 
 def _known_policy(url: str, stated: str | None) -> KnownPolicy:

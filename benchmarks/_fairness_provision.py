@@ -46,20 +46,22 @@ class EngineChoice:
     policy: KnownPolicy = UNKNOWN  # kind "url": stated, or said by the engine
     pinning: bool = False  # the engine on ENGINE_CPUS, everything else on FAIRQ_CPUS
     vllm_home: Path | None = None
+    batch: int | None = None  # its max_num_seqs, if not the profile's or VLLM_SLOTS
+    kv_tokens: int | None = None  # the simulator's KV cache, if not the profile's
 
     @property
     def label(self) -> str:
-        told = (
-            f"; fairq's arms are told its batch (batch_slots {self.batch_slots})"
-            if self.batch_slots is not None
-            else "; fairq's arms learn its batch from its metrics"
-        )
+        told = "; fairq's arms learn its capacity from its metrics"
+        if self.batch_slots is not None:
+            told += f", but for arm (t), told its batch (batch_slots {self.batch_slots})"
         if self.kind == "sim":
-            return f"engine simulator, profile {self.profile}{told}"
+            sized = f", max_num_seqs {self.batch}" if self.batch else ""
+            sized += f", KV cache {self.kv_tokens} tokens" if self.kv_tokens else ""
+            return f"engine simulator, profile {self.profile}{sized}{told}"
         if self.kind == "vllm":
             return (
-                f"real vLLM per arm ({self.model}: {VLLM_SLOTS} slots, context {VLLM_CONTEXT})"
-                f"{told}"
+                f"real vLLM per arm ({self.model}: {self.vllm_slots} slots, context "
+                f"{VLLM_CONTEXT}){told}"
             )
         return f"engine at {self.url} (model {self.model}){told}"
 
@@ -88,14 +90,18 @@ class EngineChoice:
         )
 
     @property
+    def vllm_slots(self) -> int:
+        return self.batch or VLLM_SLOTS
+
+    @property
     def batch_slots(self) -> int | None:
-        """The engine's batch (its max_num_seqs), told to fairq as an operator would, or
-        None for the user's own engine (fairq then learns it from the metrics)."""
+        """The engine's batch (its max_num_seqs), as an operator who knows it would tell
+        fairq (arm t), or None for the user's own engine when not given (--engine-batch)."""
         if self.kind == "sim":
             from workers.sim import load_profile
 
-            return load_profile(self.profile).max_num_seqs
-        return VLLM_SLOTS if self.kind == "vllm" else None
+            return self.batch or load_profile(self.profile).max_num_seqs
+        return self.vllm_slots if self.kind == "vllm" else self.batch
 
     def ran(self, needs: str) -> KnownPolicy:
         """The policy the arm's engine runs: the one it was started with (a fresh engine
@@ -159,7 +165,8 @@ def _vllm(choice: EngineChoice, policy: str) -> Iterator[Engine]:
     cpus = set(ENGINE_CPUS) if choice.pinning else None
     running = module.running_vllm(
         choice.vllm_home or vllm_home(None), port=free_port(), policy=policy,
-        max_num_seqs=VLLM_SLOTS, max_model_len=VLLM_CONTEXT, served_name=VLLM_MODEL, cpus=cpus,
+        max_num_seqs=choice.vllm_slots, max_model_len=VLLM_CONTEXT, served_name=VLLM_MODEL,
+        cpus=cpus,
     )  # fmt: skip
     with contextlib.ExitStack() as on_exit:
         try:
@@ -172,7 +179,7 @@ def _vllm(choice: EngineChoice, policy: str) -> Iterator[Engine]:
 @contextlib.contextmanager
 def _simulator(choice: EngineChoice, policy: str, folder: Path) -> Iterator[Engine]:
     port = free_port()
-    profile = str(write_profile(choice.profile, policy, folder))
+    profile = str(write_profile(choice, policy, folder))
     stack = Stack({}, gateway_port=0, sims={port: choice.model}, sim_profiles={port: profile},
                   workers=0, dispatchers=0, gateway=False)  # fmt: skip
     stack.start(START_TIMEOUT_S)  # stops what it started if it fails
@@ -182,11 +189,17 @@ def _simulator(choice: EngineChoice, policy: str, folder: Path) -> Iterator[Engi
         stack.stop()
 
 
-def write_profile(base: str, policy: str, folder: Path) -> Path:
-    """The chosen profile with the arm's scheduling policy, as a YAML file."""
+def write_profile(choice: EngineChoice, policy: str, folder: Path) -> Path:
+    """The chosen profile with the arm's scheduling policy and the sizes chosen, as a YAML
+    file."""
     from workers.sim import load_profile
 
-    profile = load_profile(base).model_copy(update={"scheduling_policy": policy})
+    update: dict[str, Any] = {"scheduling_policy": policy}
+    if choice.batch is not None:
+        update["max_num_seqs"] = choice.batch
+    if choice.kv_tokens is not None:
+        update["kv_cache_tokens"] = choice.kv_tokens
+    profile = load_profile(choice.profile).model_copy(update=update)
     path = folder / f"profile-{policy}.yaml"
     path.write_text(yaml.safe_dump(profile.model_dump()))
     return path

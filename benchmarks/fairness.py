@@ -41,7 +41,7 @@ import importlib.util
 import json
 import math
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +60,14 @@ from benchmarks._fairness_arms import (
 )
 from benchmarks._fairness_checks import FAILED, NOT_AVAILABLE, criteria
 from benchmarks._fairness_engine import wait_idle
+from benchmarks._fairness_matrix import MATRIX_ARMS, parse_cells, sizes, verdict
+from benchmarks._fairness_matrix import render as render_matrix
 from benchmarks._fairness_measure import measure_arm
 from benchmarks._fairness_options import Options
 from benchmarks._fairness_plot import plot
 from benchmarks._fairness_provision import EngineChoice, prepare_vllm
 from benchmarks._fairness_report import compare, render
-from benchmarks._fairness_scenarios import FAMILIES, Scenario
+from benchmarks._fairness_scenarios import FAMILIES, Scenario, parse_names
 from benchmarks._fairness_stack import Setup, arm_env
 from benchmarks.stats import machine
 from benchmarks.vllm_engine import interrupt_on_sigterm
@@ -73,6 +75,7 @@ from broker import ModelConfig
 from fairq.runtime import environment
 
 IDLE_WAIT_S = 600.0
+DEFAULT_ARMS = "a,b,c,d,e,f,g,h,i,j,k,l,t"
 PINNING = "engine on core 0; fairq's processes and the load client on core 1"
 _ARM_ERRORS = (RuntimeError, TimeoutError, OSError, ValueError, httpx.HTTPError, psutil.Error)
 
@@ -175,6 +178,8 @@ def _run_arm(spec: ArmSpec, title: str, setup: Setup, options: Options, *, probl
 def _problem(spec: ArmSpec, engine: EngineChoice) -> str | None:
     """Why the arm cannot run here: fairq lacks its feature, or the engine its policy."""
     problem = config_problem(spec, engine.model, engine.url or "http://127.0.0.1:1")
+    if problem is None and spec.told_batch and engine.batch_slots is None:
+        problem = "the engine's batch is not known: give it with --engine-batch"
     if problem is None:
         problem = policy_problem(spec, engine.url, engine.ran(policy(spec)))
     return problem
@@ -224,9 +229,7 @@ def main_run(options: Options, as_json: bool) -> None:
     "--scenario",
     "scenario_names",
     multiple=True,
-    default=("seed",),
-    show_default=True,
-    help="seed, long, mixed: repeat the flag or give a comma list",
+    help="seed, long, mixed: repeat the flag or give a comma list [seed]",
 )
 @click.option(
     "--sizes",
@@ -248,7 +251,7 @@ def main_run(options: Options, as_json: bool) -> None:
     "--light-interval-s", type=float, help="between later light users (mixed: the mean Poisson gap)"
 )
 @click.option("--seed", type=int, help="of the answers' lengths and the Poisson arrivals")
-@click.option("--arms", "arm_keys", default="a,b,c,d,e,f,g,h,i,j,k,l", show_default=True)
+@click.option("--arms", "arm_keys", default=None, help=f"[{DEFAULT_ARMS}; --matrix: {MATRIX_ARMS}]")
 @click.option(
     "--engine",
     "engine_kind",
@@ -270,6 +273,20 @@ def main_run(options: Options, as_json: bool) -> None:
 )
 @click.option("--model", default=None, help="with --engine-url [the engine's first model]")
 @click.option(
+    "--engine-batch",
+    type=click.IntRange(min=1),
+    default=None,
+    help="the engine's batch (max_num_seqs): the simulator's or vLLM's; with --engine-url, "
+    "what that engine runs [sim: the profile's; vllm: 8]. Only arm (t) is told it",
+)
+@click.option(
+    "--engine-kv-tokens",
+    type=click.IntRange(min=16),
+    default=None,
+    help="sim: the KV cache in tokens [the profile's]: a small one bounds the running set "
+    "before the batch does",
+)
+@click.option(
     "--cpu-pinning/--no-cpu-pinning",
     default=None,
     help="engine on core 0, the rest on core 1 [on with vllm]",
@@ -280,25 +297,85 @@ def main_run(options: Options, as_json: bool) -> None:
     default=None,
     help="vLLM's venv and model [.vllm at the repository root]",
 )
+@click.option(
+    "--matrix",
+    "matrix_cells",
+    default=None,
+    help="the scenario matrix on the simulator: engines of batch 4, 16, 64, 256 and a "
+    "KV-bound one (all, or e.g. 4,16,kv), each flood sized to it, arms a,e,c,t "
+    "[--scenario default: seed,long,mixed]",
+)
 @click.option("--out", default="bench-out/fairness", show_default=True, type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="print the figures as JSON")
 @click.option("--arm-timeout-s", default=900.0, show_default=True, help="per arm's flood")
 def main(*, scenario_names: tuple[str, ...], sizes: str | None, arm_keys: str, engine_kind: str,
          profile: str, engine_url: str | None, engine_policy: str | None, model: str | None,
-         cpu_pinning: bool | None, vllm_home: str | None, out: str, as_json: bool,
+         engine_batch: int | None, engine_kv_tokens: int | None, cpu_pinning: bool | None,
+         vllm_home: str | None, matrix_cells: str | None, out: str, as_json: bool,
          arm_timeout_s: float, **size_flags: Any) -> None:  # fmt: skip
     """Fairness under a flood: light users' TTFT in engine steps while heavy users flood."""
-    arms = options.arms(arm_keys)
+    arms = options.arms(arm_keys or (MATRIX_ARMS if matrix_cells else DEFAULT_ARMS))
     if importlib.util.find_spec("matplotlib") is None:  # found now, not after the run
         raise click.UsageError("the plot needs matplotlib: pip install 'fairq[bench]'")
     flags = options.EngineFlags(
-        engine_kind, profile, engine_url, engine_policy, model, cpu_pinning, vllm_home
-    )
+        engine_kind, profile, engine_url, engine_policy, model, cpu_pinning, vllm_home,
+        engine_batch, engine_kv_tokens,
+    )  # fmt: skip
+    if matrix_cells is not None:
+        matrix_main(matrix_cells, scenario_names=scenario_names, arms=arms, flags=flags,
+                    size_flags=size_flags, out=Path(out), arm_timeout_s=arm_timeout_s)  # fmt: skip
+        return
     engine = options.engine_choice(flags)
-    chosen = options.scenarios(scenario_names, sizes, engine, size_flags)
+    chosen = options.scenarios(scenario_names or ("seed",), sizes, engine, size_flags)
     if engine.kind == "vllm":
         _prepare_vllm(engine)
     main_run(options.Options(chosen, arms, engine, Path(out), arm_timeout_s), as_json)
+
+
+def matrix_main(cells_text: str, *, scenario_names: tuple[str, ...], arms: list[ArmSpec],
+                flags: options.EngineFlags, size_flags: dict[str, Any], out: Path,
+                arm_timeout_s: float) -> None:  # fmt: skip
+    """``--matrix``: every cell, every flood, the arms side by side in each; one table."""
+    if flags.kind != "sim" or flags.url is not None or flags.batch or flags.kv_tokens:
+        raise click.UsageError(
+            "--matrix runs the simulator, sized per cell: leave out --engine, --engine-url, "
+            "--engine-batch and --engine-kv-tokens"
+        )
+    try:
+        cells = parse_cells(cells_text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--matrix") from exc
+    names = scenario_names or ("seed", "long", "mixed")
+    given = {k: v for k, v in size_flags.items() if v is not None}
+    result: dict[str, Any] = {"cells": {}}
+    interrupt_on_sigterm()
+    for cell in cells:
+        engine = options.engine_choice(replace(flags, batch=cell.batch, kv_tokens=cell.kv_tokens))
+        folder = out / cell.name.split(" (")[0].replace(" ", "-")
+        for name in parse_names(names):
+            chosen = options.scenarios((name,), "h100", engine, sizes(name, cell) | given)
+            ran = run(options.Options(chosen, arms, engine, folder / name, arm_timeout_s))
+            write(ran, folder / name)
+            section = ran["scenarios"][name]
+            section["matrix"] = verdict(section["arms"])
+            result["cells"].setdefault(cell.name, {})[name] = section
+            result |= {k: ran[k] for k in ("machine", "engine_note", "date")}
+            _write_matrix(result, out)
+    say(f"wrote {out}/matrix.md and matrix.json")
+    failed = [
+        f"{cell} {name}"
+        for cell, sections in result["cells"].items()
+        for name, section in sections.items()
+        if section["matrix"]["holds"] is False
+    ]
+    if failed:
+        say(f"the defaults missed in: {', '.join(failed)}")
+
+
+def _write_matrix(result: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "matrix.json").write_text(json.dumps(_finite(result), indent=1))
+    (out / "matrix.md").write_text(render_matrix(result) + "\n")
 
 
 def _prepare_vllm(engine: EngineChoice) -> None:

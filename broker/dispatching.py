@@ -182,7 +182,7 @@ class DispatchStore:
             for call in calls:
                 call.queue(pipe)
             counts = [c.decode(reply) for c, reply in zip(calls, await pipe.execute(), strict=True)]
-        return Unseen(sum(c.held for c in counts), sum(c.streamed for c in counts))
+        return Unseen(*(sum(column) for column in zip(*counts, strict=True)))
 
     async def dispatch(
         self,

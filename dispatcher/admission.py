@@ -2,18 +2,20 @@
 
 An engine like vLLM has one FIFO queue; fairq's fair order only matters if that
 queue stays short. So an endpoint has room for ``target(band) - estimate`` more
-jobs, where the estimate of its queue is the larger of
+jobs, where the estimate of its queue is what it last reported waiting beyond fairq's
+own jobs without a first token at that scrape (``EndpointState.waiting_beyond``: other
+clients' requests, and fairq's jobs the engine does not stream; fairq's own it counts
+without lag, so a scrape a second old never holds refills back for jobs that have
+started since, or were taken back), plus the larger of
 
-* what it last reported waiting, plus fairq's jobs that scrape could not show
-  (on their way to it, or handed over within the engine's metrics lag), plus
-  what fairq sent it since that may still wait: none of these is in the sample,
-  so they add up. A streamed job (to its client, or from the engine for a whole
-  answer: ``StreamMode.WHOLE``) waits in the engine only until its first token,
-  which fairq sees at once; so of the streamed jobs handed over just before the
-  scrape and those sent since, the ones that still may wait are at most the
-  lag-free count below. A job on its way at the scrape, or one the engine does not
-  stream (whose first token is invisible until its whole answer), may wait unseen
-  until the next scrape; and
+* fairq's jobs that scrape could not show (on their way to it, or handed over within
+  the engine's metrics lag), plus what fairq sent it since that may still wait. A
+  streamed job (to its client, or from the engine for a whole answer:
+  ``StreamMode.WHOLE``) waits in the engine only until its first token, which fairq
+  sees at once; so of the streamed jobs handed over just before the scrape and those
+  sent since, the ones that still may wait are at most the lag-free count below. A job
+  on its way at the scrape, or one the engine does not stream (whose first token is
+  invisible until its whole answer), may wait unseen until the next scrape; and
 * fairq's own count of jobs sent to it that have not started yet: lag-free. A
   streamed job has started at its first token (so prefill counts too); one the
   engine does not stream once the worker has handed the request to the engine.
@@ -22,8 +24,8 @@ The terms read at the scrape stay until the next one, and a newer sample may sho
 that their jobs have left the engine's queue: ``held_by_unseen`` says when only they
 hold a band back, so the dispatcher scrapes again soon rather than on the next tick.
 
-The engine's batch (``batch_slots``: configured, or learned as the most requests the
-engine ran while others waited) bounds users who already have a job in the engine: they
+The engine's batch (learned from its metrics, ``dispatcher.capacity``; ``batch_slots``
+overrides it) bounds users who already have a job in the engine: they
 are admitted only into free batch slots, less the slots kept for users with none
 (``reserved_slots``); where slots are kept they also leave one place of the queue target
 to newcomers, counted lag-free (their refills wait a step for prefill, and would hold a
@@ -97,9 +99,13 @@ class EndpointState:
     tpot_s: float | None = None  # recent mean time per output token
     unseen_at_scrape: int = 0  # fairq: jobs the last scrape could not show, but for:
     unseen_streamed: int = 0  # those handed over streamed, without a first token then
+    unstarted_at_scrape: int = 0  # fairq: jobs without a first token when it was read
     admitted_since_scrape: int = 0  # fairq sent these after the last scrape began
     plain_since_scrape: int = 0  # of them not streamed
     batch_seen: int = 0  # the most requests the engine ran while others waited (its batch)
+    # The running set at which the last two scrapes found requests waiting (None: not full
+    # now; ``dispatcher.capacity``): below ``batch_seen``, its KV cache bounds it
+    full_at: int | None = None
     kv_usage: float | None = None  # the engine's KV-cache use at the last scrape, 0..1
     # A newcomer was sent within the last two engine steps: its prefill step is kept clear of
     # refills (``ModelConfig.clear_newcomer_step``)
@@ -111,7 +117,15 @@ class EndpointState:
 
     @property
     def queue_estimate(self) -> float:
-        return max(self.waiting + self.unseen_now, float(self.unstarted))
+        return self.waiting_beyond + max(self.unseen_now, float(self.unstarted))
+
+    @property
+    def waiting_beyond(self) -> float:
+        """What the last scrape found waiting beyond fairq's own jobs without a first token
+        then: requests of other clients, or fairq's that are not streamed. fairq's own it
+        counts lag-free: a scrape a second old must not hold refills back for jobs that
+        have started since, or were taken back."""
+        return max(0.0, self.waiting - self.unstarted_at_scrape)
 
     @property
     def unseen_now(self) -> int:
@@ -133,7 +147,6 @@ class AdmissionConfig:
     # takes them back when a newcomer needs the head of the engine's queue, and only while
     # no slot is kept (one sent ahead would take it).
     refill_ahead: int = 0
-    pace_refills: bool = False  # ``ModelConfig.pace_refills`` (``dispatcher.pacing``)
 
     @classmethod
     def of(cls, model: ModelConfig, bands: Sequence[str]) -> AdmissionConfig:
@@ -144,7 +157,6 @@ class AdmissionConfig:
             batch_slots=model.batch_slots,
             reserved_slots=model.reserved_slots,
             refill_ahead=_REFILL_AHEAD if model.preemption else 0,
-            pace_refills=model.pace_refills,
         )
 
     def batch(self, state: EndpointState) -> int | None:
@@ -154,14 +166,19 @@ class AdmissionConfig:
         return state.batch_seen or None
 
     def room_in(self, state: EndpointState) -> int | None:
-        """The requests the engine takes now: its batch, or fewer while the last scrape saw
-        requests wait with the batch not full and its KV cache full (long answers fill it
-        before the slots): then what it runs is all it takes. Requests that wait with KV
-        room left wait only for a step's prefill budget. None: the batch is unknown or the
-        rule off."""
+        """The requests the engine takes now: its batch, or fewer while its KV cache bounds
+        it (long answers fill it before the slots): the running set at which the last two
+        scrapes found requests waiting (``dispatcher.capacity``), or the one the last
+        scrape saw while requests waited with the cache full. Requests that wait once, with
+        KV room left, may wait only for a step's prefill budget. None: the batch is
+        unknown or the rule off."""
         batch = self.batch(state)
+        if batch is None:
+            return None
+        if state.full_at is not None:
+            batch = min(batch, state.full_at)
         kv_full = state.kv_usage is not None and state.kv_usage >= _KV_FULL
-        if batch is None or not kv_full or state.waiting <= 0 or state.running <= 0:
+        if not kv_full or state.waiting <= 0 or state.running <= 0:
             return batch
         return min(batch, int(state.running))
 
@@ -261,7 +278,7 @@ class MetricsAdmission:
         limit = Limit.QUEUE_TARGET
         if room > 0 and served == 0:
             limit = Limit.BATCH_SLOTS if free <= 0 else Limit.REFILLS_WAITING
-        paced = state.pace_allowed if config.pace_refills else None
+        paced = state.pace_allowed  # None: not paced (``dispatcher.pacing``), or no pace yet
         if paced is not None and served > paced:
             served = paced
             limit = Limit.REFILL_PACE if paced == 0 else limit
@@ -280,7 +297,7 @@ def batch_queue(state: EndpointState, batch: int, target: int) -> float:
     most ``target`` of theirs wait). What the engine last reported waiting counts only
     beyond that: more than fairq can have put there shows a batch configured larger than
     the engine's."""
-    waiting = state.waiting if state.waiting > target else 0.0
+    waiting = state.waiting_beyond if state.waiting_beyond > target else 0.0
     return float(max(state.inflight - batch, state.unstarted, waiting, 0))
 
 
@@ -309,7 +326,7 @@ def held_by_unseen(state: EndpointState, band: str, config: AdmissionConfig) -> 
     if not (state.healthy and state.fresh) or state.unseen_now == 0:
         return False
     target = config.targets[band]
-    return target - state.queue_estimate < 1 <= target - max(state.waiting, state.unstarted)
+    return target - state.queue_estimate < 1 <= target - max(state.waiting_beyond, state.unstarted)
 
 
 def plan_grant(

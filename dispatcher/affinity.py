@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from broker import Pick
@@ -125,3 +126,42 @@ def assign(
         groups.setdefault(endpoint, []).append(pick)
     by_name = {d.endpoint: d for d in decisions}
     return [(by_name[endpoint], group) for endpoint, group in groups.items()]
+
+
+@dataclass(frozen=True)
+class Router:
+    """The round's stage that says where each pick goes: ``least_loaded`` or ``prefix``
+    (each user's jobs to one replica, within ``load_bound`` x the mean load)."""
+
+    name: Routing
+    load_bound: float = 1.0
+
+    def open(
+        self,
+        policy: AdmissionPolicy,
+        states: Sequence[EndpointState],
+        band: str,
+        config: AdmissionConfig,
+    ) -> list[Decision]:
+        """The endpoints a round may send ``band``'s picks to (``open_endpoints``)."""
+        return open_endpoints(self.name, policy, states, band, config)
+
+    def room(self, decisions: Sequence[Decision], backlogged: int) -> int:
+        """Picks one round may plan (``round_room``)."""
+        return round_room(self.name, decisions, backlogged)
+
+    def assign(
+        self,
+        picks: Sequence[Pick],
+        decisions: Sequence[Decision],
+        loads: Mapping[str, int],
+        in_engine: Collection[str],
+    ) -> list[tuple[Decision, list[Pick]]]:
+        """Each pick's endpoint (``assign``)."""
+        return assign(self.name, picks, decisions, loads, in_engine, load_bound=self.load_bound)
+
+    def express(self, endpoints: int) -> bool:
+        """Whether new jobs may go straight to one endpoint from enqueue (express) while the
+        model has ``endpoints`` of them: one grant names one endpoint, and express sends
+        would ignore each user's replica."""
+        return self.name == "least_loaded" or endpoints <= 1

@@ -21,13 +21,14 @@ from typing import NamedTuple
 
 from broker import ModelSnapshot
 from dispatcher.admission import EndpointState
-from dispatcher.pacing import Pacer, pace_of
+from dispatcher.pacing import RefillPace, UnpacedRefills
 from dispatcher.scraper import EndpointView
 
 # How long a job that reached the engine may stay out of its metrics: vLLM updates its
 # gauges once per engine step. A job handed over this long before a scrape still counts
 # as unseen (``DispatchStore.unseen``).
 METRICS_LAG_S = 0.05
+_UNPACED = UnpacedRefills()
 
 
 class RateMeter:
@@ -108,18 +109,18 @@ def endpoint_states(
     stale_s: float,
     others: Sequence[ModelSnapshot] = (),
     clearing: Collection[str] = (),
-    pacer: Pacer | None = None,
+    pace: RefillPace = _UNPACED,
 ) -> list[EndpointState]:
     """One state per endpoint; ``views`` None means the model does not use metrics.
     ``others``: the latest snapshots of the models that share the engine, whose jobs in
     flight and without a first token count too. ``clearing``: the endpoints whose step is
-    kept clear for a newcomer's prefill now (``dispatcher.newcomer_step``). ``pacer``: when
-    each endpoint's next refill is due (``dispatcher.pacing``)."""
+    kept clear for a newcomer's prefill now (``dispatcher.newcomer_step``). ``pace``: the
+    refills each endpoint may take now (``dispatcher.pacing``)."""
     shared = (snapshot, *others)
     states = []
     for ep in endpoints:
         view = None if views is None else views[ep]
-        states.append(_state(ep, shared, view, sent, now=now, stale_s=stale_s, pacer=pacer))
+        states.append(_state(ep, shared, view, sent, now=now, stale_s=stale_s, pace=pace))
     if not clearing:
         return states
     return [replace(s, newcomer_step=True) if s.endpoint in clearing else s for s in states]
@@ -133,7 +134,7 @@ def _state(
     *,
     now: float,
     stale_s: float,
-    pacer: Pacer | None = None,
+    pace: RefillPace,
 ) -> EndpointState:
     inflight = sum(snap.inflight.get(endpoint, 0) for snap in shared)
     unstarted = sum(snap.unstarted.get(endpoint, 0) for snap in shared)
@@ -143,7 +144,7 @@ def _state(
     if sample is None or scraped_at is None:
         return EndpointState(endpoint, inflight, unstarted, healthy=view.healthy)
     since = sent.since(endpoint, scraped_at)
-    allowed, due_in = _pace(endpoint, view, pacer, now)
+    allowed, due_in = pace.allowed(endpoint, view.pace, now)
     return EndpointState(
         endpoint,
         inflight,
@@ -155,23 +156,14 @@ def _state(
         tpot_s=view.tpot_s,
         unseen_at_scrape=view.unseen.held,
         unseen_streamed=view.unseen.streamed,
+        unstarted_at_scrape=view.unseen.unstarted,
         # What was sent before the scrape is in ``unseen`` (on its way, or handed over
         # within the metrics lag) or in the sample: count only the sends after it.
         admitted_since_scrape=since.total,
         plain_since_scrape=since.plain,
-        batch_seen=view.batch_seen,
+        batch_seen=view.capacity.slots,
+        full_at=view.capacity.full_at,
         kv_usage=sample.kv_usage,
         pace_allowed=allowed,
         pace_due_in_s=due_in,
     )
-
-
-def _pace(
-    endpoint: str, view: EndpointView, pacer: Pacer | None, now: float
-) -> tuple[int | None, float | None]:
-    """The refills the endpoint's pace lets go now, and in how long the next is due (None,
-    None: its refills are not paced, or no pace is known yet)."""
-    pace = pace_of(view.pace)
-    if pacer is None or pace is None:
-        return None, None
-    return pacer.allowed(endpoint, pace, now), pacer.due_in(endpoint, now)

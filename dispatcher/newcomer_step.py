@@ -28,7 +28,9 @@ passed.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 # An engine step is the engine's recent mean time per output token. A step with prefill in
 # it is longer than the mean, so the hold lasts two of them; a refill is young (may still
@@ -65,3 +67,52 @@ class NewcomerSteps:
     def clearing(self, now: float) -> frozenset[str]:
         """The endpoints held at ``now``."""
         return frozenset(e for e, hold in self._holds.items() if now < hold.end)
+
+
+class StepHold(Protocol):
+    """The round's stage for a newcomer's prefill step (this module's docstring)."""
+
+    def clearing(self, now: float) -> Collection[str]:
+        """The endpoints whose next step is kept clear of refills now."""
+        ...
+
+    def holds_refills(self, backlog: Sequence[tuple[str, float]], busy: Collection[str]) -> bool:
+        """Whether users already in the engine get no room this round: a newcomer is
+        backlogged, and is sent alone so that the step it is prefilled in is its own."""
+        ...
+
+    def newcomer_sent(self, endpoint: str, step_s: float | None, now: float) -> None:
+        """A newcomer went to ``endpoint``, whose engine steps ``step_s`` (None: unknown)."""
+        ...
+
+
+class KeepStepClear:
+    """Holds refills back for ``HOLD_STEPS`` after a newcomer is sent (``NewcomerSteps``;
+    one per dispatcher, shared by the models of one engine)."""
+
+    def __init__(self, holds: NewcomerSteps) -> None:
+        self._holds = holds
+
+    def clearing(self, now: float) -> Collection[str]:
+        return self._holds.clearing(now)
+
+    def holds_refills(self, backlog: Sequence[tuple[str, float]], busy: Collection[str]) -> bool:
+        return any(user not in busy for user, _ in backlog)
+
+    def newcomer_sent(self, endpoint: str, step_s: float | None, now: float) -> None:
+        # Timed by the engine's recent step: unknown before a scrape shows one, nothing kept.
+        if step_s:
+            self._holds.hold(endpoint, step_s, now)
+
+
+class NoStepHold:
+    """The stage off: a newcomer's step is shared with whatever refills come."""
+
+    def clearing(self, now: float) -> Collection[str]:
+        return ()
+
+    def holds_refills(self, backlog: Sequence[tuple[str, float]], busy: Collection[str]) -> bool:
+        return False
+
+    def newcomer_sent(self, endpoint: str, step_s: float | None, now: float) -> None:
+        return None

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 from dispatcher.engine_metrics import PaceWindow
 
@@ -85,3 +86,58 @@ class Pacer:
 
     def forget(self, endpoint: str) -> None:
         self._due.pop(endpoint, None)
+
+
+class RefillPace(Protocol):
+    """The round's stage for the pace of refills (this module's docstring)."""
+
+    def allowed(
+        self, endpoint: str, window: PaceWindow | None, now: float
+    ) -> tuple[int | None, float | None]:
+        """The refills ``endpoint`` may take now, and in how long the next is due (None,
+        None: not paced, or no pace known yet). ``window``: its engine's pace window."""
+        ...
+
+    def sent(self, endpoint: str, refills: int, window: PaceWindow | None, now: float) -> None:
+        """``refills`` jobs of users already in the engine went to ``endpoint`` at ``now``."""
+        ...
+
+    def forget(self, endpoint: str) -> None: ...
+
+
+class PacedRefills:
+    """Refills at the engine's pace (``Pacer``; one per dispatcher, per endpoint)."""
+
+    def __init__(self, pacer: Pacer) -> None:
+        self._pacer = pacer
+
+    def allowed(
+        self, endpoint: str, window: PaceWindow | None, now: float
+    ) -> tuple[int | None, float | None]:
+        pace = pace_of(window)
+        if pace is None:
+            return None, None
+        return self._pacer.allowed(endpoint, pace, now), self._pacer.due_in(endpoint, now)
+
+    def sent(self, endpoint: str, refills: int, window: PaceWindow | None, now: float) -> None:
+        pace = pace_of(window)
+        if pace is not None:
+            self._pacer.sent(endpoint, refills, pace, now)
+
+    def forget(self, endpoint: str) -> None:
+        self._pacer.forget(endpoint)
+
+
+class UnpacedRefills:
+    """The stage off: refills go as soon as admission has room for them."""
+
+    def allowed(
+        self, endpoint: str, window: PaceWindow | None, now: float
+    ) -> tuple[int | None, float | None]:
+        return None, None
+
+    def sent(self, endpoint: str, refills: int, window: PaceWindow | None, now: float) -> None:
+        return None
+
+    def forget(self, endpoint: str) -> None:
+        return None

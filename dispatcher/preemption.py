@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 from broker import DispatchStore, ModelConfig, ModelSnapshot, Parked, telemetry
 from dispatcher.admission import AdmissionConfig, EndpointState
@@ -24,6 +26,26 @@ from dispatcher.newcomer_step import YOUNG_STEPS
 log = logging.getLogger(__name__)
 
 MAX_PARKS = 4  # jobs taken back out of one endpoint per round, of each kind
+
+
+@dataclass(frozen=True)
+class RoundEnd:
+    """What a round of ``model`` left: its state, its endpoints' states, and the newcomers
+    it (or enqueue.lua, express) sent to each endpoint since the last round."""
+
+    model: ModelConfig
+    snap: ModelSnapshot
+    states: Sequence[EndpointState]
+    config: AdmissionConfig
+    newcomers_sent: Mapping[str, int]
+
+
+class TakeBack(Protocol):
+    """The round's last stage: what to take back out of the engines."""
+
+    async def make_room(self, end: RoundEnd) -> set[str]:
+        """Returns the models whose jobs were taken back: their views are stale now."""
+        ...
 
 
 class Preemption:
@@ -40,22 +62,14 @@ class Preemption:
         self._engine_of = engine_of
         self._views = views
 
-    async def make_room(
-        self,
-        model: ModelConfig,
-        snap: ModelSnapshot,
-        states: Sequence[EndpointState],
-        config: AdmissionConfig,
-        newcomers_sent: Mapping[str, int],
-    ) -> set[str]:
-        """After a round of ``model`` (``newcomers_sent``: endpoint -> newcomers it got);
-        returns the models whose jobs were taken back, whose views are stale now."""
+    async def make_room(self, end: RoundEnd) -> set[str]:
+        model, snap, config = end.model, end.snap, end.config
         top = snap.backlogs[0] if snap.backlogs else None
         queued = [u for u, _ in top.users if not snap.in_engine.get(u)] if top else []
         parked: set[str] = set()
-        for state in states:
+        for state in end.states:
             batch = config.room_in(state)
-            sent = newcomers_sent.get(state.endpoint, 0)
+            sent = end.newcomers_sent.get(state.endpoint, 0)
             if batch is None or not (sent or queued):
                 continue
             # Every job beyond the batch waits in the engine's queue, ahead of a newcomer
@@ -97,3 +111,10 @@ class Preemption:
                 log.debug("took job %s of %s back out of %s", taken.job_id, taken.user, endpoint)
                 return name, taken
         return None
+
+
+class NoTakeBack:
+    """The stage off: a newcomer waits for a slot to free; nothing is taken back."""
+
+    async def make_room(self, end: RoundEnd) -> set[str]:
+        return set()

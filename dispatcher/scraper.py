@@ -63,6 +63,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from broker import Unseen
+from dispatcher.capacity import Capacity, confirm_delay_s
 from dispatcher.engine_metrics import (
     EngineSample,
     MetricsError,
@@ -78,6 +79,7 @@ log = logging.getLogger(__name__)
 
 
 _NOTHING_UNSEEN = Unseen(0, 0)
+_NOTHING_LEARNED = Capacity()
 
 
 @dataclass(frozen=True)
@@ -89,42 +91,13 @@ class EndpointView:
     failures: int = 0  # consecutive failed scrapes
     healthy: bool = False  # a good scrape seen, and fewer than `unhealthy_after` failures since
     error: str | None = None  # why the last scrape failed; None after a good one
-    batch_seen: int = 0  # the engine's batch, as learned (``learned_batch``)
+    capacity: Capacity = _NOTHING_LEARNED  # what the scrapes showed of its running set
     # How fast the engine ends requests, and its step, over the last second or more (None:
     # it does not count its ended requests)
     pace: PaceWindow | None = None
 
 
 _UNKNOWN = EndpointView()
-
-
-_FULL_STEPS = 2  # engine steps between two scrapes that show a full batch (below)
-
-
-def learned_batch(known: int, previous: EngineSample | None, current: EngineSample) -> int:
-    """The engine's batch (how many requests it runs at once), learned from two scrapes:
-    requests waited at both, the batch did not grow in between, and the engine made at
-    least ``_FULL_STEPS`` steps meanwhile (each step admits what a free slot can take), so
-    the waiting was for a slot. Waiting through one long prefill step, or a scrape interval
-    shorter than a step, shows nothing: a batch learned too small would throttle every
-    user already in the engine. Steps come from the engine's step counter where it has one,
-    else from its output tokens (every running request emits one per decode step). Only
-    ever rises: a batch seen full once is the engine's size."""
-    if previous is None or previous.waiting <= 0 or current.waiting <= 0:
-        return known
-    if current.running > previous.running or current.running <= 0:
-        return known
-    if _steps_between(previous, current) < _FULL_STEPS:
-        return known
-    return max(known, int(current.running))
-
-
-def _steps_between(previous: EngineSample, current: EngineSample) -> float:
-    if previous.steps is not None and current.steps is not None:
-        return current.steps - previous.steps
-    if previous.generated is not None and current.generated is not None:
-        return (current.generated - previous.generated) / max(current.running, 1.0)
-    return 0.0
 
 
 _PROMETHEUS_TYPES = ("text/plain", "application/openmetrics-text")
@@ -142,12 +115,16 @@ class _Endpoint:
     """The scraper's own state of one endpoint (the view is what others read)."""
 
     __slots__ = (
-        "extra_at", "lines", "lock", "next_tick", "not_before", "quiet", "task", "woken"
+        "confirm_at", "confirming", "extra_at", "lines", "lock", "next_tick", "not_before",
+        "quiet", "task", "woken",
     )  # fmt: skip
 
     def __init__(self, next_tick: int) -> None:
         self.next_tick = next_tick  # the grid tick of its next scrape
         self.extra_at: float | None = None  # an extra scrape off the grid (loop time)
+        # When the last read that confirms a capacity (``_confirm``) was asked for
+        self.confirm_at = -math.inf
+        self.confirming = False  # the extra scrape pending confirms one: outside the budget
         self.not_before = 0.0  # the budget: no scrape starts before (loop time)
         self.quiet = False  # read every idle interval only (module docstring)
         self.woken = False  # fairq sent it a job since its last scrape began
@@ -193,6 +170,7 @@ class Scraper:
         self._interval_s = interval_s
         self._quiet_ticks = max(1, round((idle_interval_s or interval_s) / interval_s))
         self._widest_gap_s = idle_interval_s or math.inf  # the budget's bound (docstring)
+        self._confirm_every_s = idle_interval_s or interval_s * 5  # reads past the budget
         self._timeout_s = timeout_s
         self._unhealthy_after = unhealthy_after
         self._model_names = dict(model_names or {})
@@ -285,6 +263,22 @@ class Scraper:
         state.extra_at = self._now() + delay_s
         self._kick()
 
+    def _confirm(self, endpoint: str, view: EndpointView) -> None:
+        """The sample just read shows requests waiting at a running set not known full: read
+        again a few engine steps later, outside the budget (``dispatcher.capacity``), at
+        most once per quiet interval once a capacity is known (a flood's start is what
+        must not wait a budget's second)."""
+        state = self._state.get(endpoint)
+        if state is None or self._loop is None:
+            return
+        now = self._now()
+        if view.capacity.known and now - state.confirm_at < self._confirm_every_s:
+            return
+        state.confirm_at, state.confirming = now, True
+        due = now + confirm_delay_s(view.tpot_s)
+        state.extra_at = due if state.extra_at is None else min(state.extra_at, due)
+        self._kick()
+
     async def scrape_once(self) -> None:
         """One round over all endpoints, concurrently; returns when every attempt ended."""
         await asyncio.gather(*(self._scrape(endpoint) for endpoint in self._endpoints))
@@ -312,7 +306,8 @@ class Scraper:
         for endpoint, state in self._state.items():
             due = state.next_tick <= tick
             extra = state.extra_at is not None and state.extra_at <= now + _SLACK_S
-            if state.task is not None or now + _SLACK_S < state.not_before:
+            budget_held = now + _SLACK_S < state.not_before and not (extra and state.confirming)
+            if state.task is not None or budget_held:
                 # Still being read, or read too recently for the budget: it skips this tick
                 # (an extra scrape waits for the budget).
                 if due:
@@ -321,11 +316,12 @@ class Scraper:
                 if due:
                     state.next_tick = tick + (self._quiet_ticks if state.quiet else 1)
                 if extra:
-                    state.extra_at = None
+                    state.extra_at, state.confirming = None, False
                 state.task = self._loop.create_task(self._scrape(endpoint))
             next_tick = min(next_tick, state.next_tick)
             if state.extra_at is not None and state.task is None:  # else: when it ends
-                next_extra = min(next_extra, max(state.extra_at, state.not_before))
+                budget = 0.0 if state.confirming else state.not_before
+                next_extra = min(next_extra, max(state.extra_at, budget))
         return min(self._start_at + next_tick * self._interval_s, next_extra)
 
     # --- one scrape ---
@@ -412,9 +408,12 @@ class Scraper:
             unseen=unseen,
             tpot_s=recent_tpot_s(old.sample, sample),
             healthy=True,
-            batch_seen=learned_batch(old.batch_seen, old.sample, sample),
+            capacity=old.capacity.learn(old.sample, sample),
             pace=next_pace_window(old.pace, sample, sent_at),
         )
+        view = self._views[endpoint]
+        if view.capacity.confirm:
+            self._confirm(endpoint, view)
 
     def _record_failure(self, endpoint: str, reason: str) -> None:
         old = self._views.get(endpoint)

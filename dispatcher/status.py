@@ -263,6 +263,11 @@ class StatusPublisher:
             batch = config.batch(state)
             row["batch_slots"] = batch
             row["kept_slots"] = None if batch is None else config.reserve(batch)
+            view = self._dispatcher.engine_view(model, state.endpoint)
+            learned = view.capacity.slots if view is not None else 0
+            row["batch_learned"] = learned or None
+            why = None if view is None else view.capacity.disagrees(config.batch_slots)
+            row["batch_slots_disagree"] = why
             rows.append(row)
         return rows
 

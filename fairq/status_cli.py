@@ -1,6 +1,7 @@
 """``fairq status``, ``fairq top``, ``fairq jobs`` and ``fairq job``: the operator's view.
 
-``status`` prints a table per model (its endpoints with the engine's queue, batch,
+``status`` prints a table per model (its endpoints with the engine's queue, its batch
+(learned, or ``batch_slots``, with a note where the engine disagrees with that),
 KV-cache use and time per output token, and the admission state per band; per band
 the backlog and the users with most jobs queued; the newcomers' time to first token)
 from the snapshots the dispatchers publish into Redis (``broker.status``); ``--json``
@@ -80,9 +81,11 @@ def _health(ep: dict[str, Any]) -> Text:
 def _endpoints(model: dict[str, Any]) -> Table:
     bands = [b["band"] for b in model["bands"]]
     table = Table(title="endpoints", title_justify="left", expand=True)
-    for name in ("endpoint", "health", "waiting", "running", "KV", "TPOT ms", "in flight"):
+    columns = ("endpoint", "health", "waiting", "running", "batch", "KV", "TPOT ms", "in flight")
+    for name in columns:
         table.add_column(name, justify="left" if name in ("endpoint", "health") else "right")
     table.add_column("admission: room per band (limit)")
+    notes = []
     for ep in model["endpoints"]:
         kv = ep.get("kv_usage")
         table.add_row(
@@ -90,11 +93,19 @@ def _endpoints(model: dict[str, Any]) -> Table:
             _health(ep),
             _num(ep.get("waiting")),
             _num(ep.get("running")),
+            _num(ep.get("batch_slots")),
             "-" if kv is None else f"{kv * 100:.0f}%",
             _num(ep.get("tpot_ms"), 1),
             _num(ep.get("inflight")),
             _admission(ep.get("admission") or {}, bands),
         )
+        if ep.get("batch_slots_disagree"):
+            notes.append(
+                f"{ep['url']}: batch_slots {ep['batch_slots']}, but {ep['batch_slots_disagree']}"
+            )
+    if notes:
+        table.caption = "\n".join(notes)
+        table.caption_justify = "left"
     return table
 
 

@@ -7,9 +7,11 @@
 -- have one ('ft'); a handed job whose record is gone has ended.
 -- KEYS[1] transit hash   fq:{m}:transit
 -- KEYS[2] handed zset    fq:{m}:handed ("endpoint\njob id" -> when it started, ms)
+-- KEYS[3] unstarted hash fq:{m}:unstarted (endpoint -> jobs without a first token)
 -- ARGV[1] endpoint   ARGV[2] the metrics lag in ms   ARGV[3] job key prefix fq:{m}:job:
 -- Returns {jobs that may wait until a scrape shows them, handed streamed jobs without a
--- first token}.
+-- first token, every job sent to the endpoint without a first token}: of what the scrape
+-- finds waiting, the last are fairq's own, which it counts without lag.
 local now = now_ms()
 local held = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
 local streamed = 0
@@ -24,4 +26,5 @@ for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], now - tonumber(ARGV
     end
   end
 end
-return {held, streamed}
+local unstarted = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '0')
+return {held, streamed, unstarted}

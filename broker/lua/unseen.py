@@ -15,13 +15,16 @@ class Unseen(NamedTuple):
 
     held: int  # on their way, or handed over and not streamed: may wait until a scrape
     streamed: int  # handed over, streamed, no first token yet: wait only until it
+    # Every job sent to the endpoint without a first token yet (in transit, or in the engine
+    # until its first token): what of the engine's queue fairq counts lag-free
+    unstarted: int = 0
 
 
 def unseen_call(model: str, endpoint: str, lag_ms: int) -> Call[Unseen]:
     """``lag_ms``: the engine's metrics lag."""
-    model_keys = [keys.transit(model), keys.handed(model)]
+    model_keys = [keys.transit(model), keys.handed(model), keys.unstarted(model)]
     return Call(_SCRIPT, model_keys, [endpoint, lag_ms, keys.job_prefix(model)], _unseen)
 
 
 def _unseen(reply: Any) -> Unseen:
-    return Unseen(int(reply[0]), int(reply[1]))
+    return Unseen(int(reply[0]), int(reply[1]), int(reply[2]))

@@ -19,7 +19,7 @@ from dispatcher.admission import (
     plan_grant,
     refusals,
 )
-from dispatcher.service import _held
+from dispatcher.round import _held
 
 CONFIG = AdmissionConfig(
     targets={"interactive": 3, "default": 3, "batch": 1}, tpot_ceiling_s=0.150, inflight_cap=8

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from dispatcher.capacity import Capacity
 from dispatcher.engine_metrics import (
     EngineSample,
     engine_drain_per_s,
@@ -16,7 +17,6 @@ from dispatcher.engine_metrics import (
     recent_tpot_s,
     wanted_lines,
 )
-from dispatcher.scraper import learned_batch
 from tests.support.paths import FIXTURES
 
 
@@ -173,4 +173,4 @@ def test_tgi_learns_its_batch_from_its_forward_passes() -> None:
         b'tgi_batch_inference_count{method="decode"} 61250',
     )
     later = parse_metrics(text)
-    assert learned_batch(0, earlier, later) == 32  # requests waited through 20 steps
+    assert Capacity().learn(earlier, later).slots == 32  # requests waited through 20 steps

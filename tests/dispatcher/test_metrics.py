@@ -28,7 +28,7 @@ from dispatcher.engine_metrics import (
     parse_metrics,
     recent_tpot_s,
 )
-from dispatcher.scraper import Scraper, learned_batch
+from dispatcher.scraper import Scraper
 from tests.support.eventually import aeventually
 from tests.support.paths import FIXTURES
 from tests.support.servers import uvicorn_thread
@@ -672,31 +672,6 @@ async def test_an_endpoint_not_watched_is_unknown_so_unhealthy(
     # A model loop may ask about an endpoint whose watch just ended (its lease moved).
     view = make_scraper([]).view("http://127.0.0.1:9")
     assert not view.healthy and view.sample is None
-
-
-def _sample(waiting: float, running: float, steps: float | None = 0.0) -> EngineSample:
-    return EngineSample(waiting, running, None, None, None, steps=steps)
-
-
-def test_the_batch_is_learned_when_requests_waited_through_engine_steps_at_a_flat_batch() -> None:
-    assert learned_batch(0, None, _sample(3, 32)) == 0  # one scrape says nothing
-    assert learned_batch(0, _sample(3, 24, 0), _sample(3, 32, 9)) == 0  # growing
-    assert learned_batch(0, _sample(3, 32, 0), _sample(2, 32, 9)) == 32  # full
-    assert learned_batch(32, _sample(3, 32, 0), _sample(0, 20, 9)) == 32  # nothing waits
-    assert learned_batch(32, _sample(1, 30, 0), _sample(1, 30, 9)) == 32  # never falls
-
-
-def test_waiting_through_one_long_prefill_step_teaches_nothing() -> None:
-    # Three requests prefilling a long prompt in one step, three more waiting for it to end.
-    assert learned_batch(0, _sample(3, 3, 10), _sample(3, 3, 11)) == 0
-
-
-def test_without_a_step_counter_output_tokens_tell_the_steps() -> None:
-    before = EngineSample(2, 8, None, None, None, generated=100)
-    one_step = EngineSample(2, 8, None, None, None, generated=108)
-    many = EngineSample(2, 8, None, None, None, generated=180)
-    assert learned_batch(0, before, one_step) == 0
-    assert learned_batch(0, before, many) == 8
 
 
 def test_the_load_capture_counts_engine_steps_and_output_tokens() -> None:

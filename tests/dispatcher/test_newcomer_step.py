@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from broker import ModelConfig
 from dispatcher.admission import (
     AdmissionConfig,
-    Decision,
     EndpointState,
     Limit,
     MetricsAdmission,
     plan_grant,
 )
-from dispatcher.newcomer_step import HOLD_STEPS, NewcomerSteps
-from dispatcher.service import _served_room
+from dispatcher.newcomer_step import HOLD_STEPS, KeepStepClear, NewcomerSteps, NoStepHold
 
 METRICS = MetricsAdmission()
 BATCH8 = AdmissionConfig(
@@ -73,13 +70,18 @@ def test_the_express_grant_has_no_served_credits_while_the_step_is_kept_clear() 
 
 
 def test_a_round_with_a_newcomer_backlogged_sends_it_alone() -> None:
-    model = ModelConfig(name="m", endpoints=("http://a",))
-    decisions = [Decision("http://a", 3, Limit.QUEUE_TARGET, served_room=2)]
     flood_only = [("alice", 1.0)]
     with_newcomer = [("alice", 1.0), ("bob", 2.0)]
-    assert _served_room(model, decisions, flood_only, ["alice"]) == 2
-    assert _served_room(model, decisions, with_newcomer, ["alice"]) == 0
-    off = model.model_copy(update={"clear_newcomer_step": False})
-    assert _served_room(off, decisions, with_newcomer, ["alice"]) == 2
-    no_batch_rule = model.model_copy(update={"batch_slots": 0})
-    assert _served_room(no_batch_rule, decisions, with_newcomer, ["alice"]) == 2
+    kept = KeepStepClear(NewcomerSteps())
+    assert not kept.holds_refills(flood_only, ["alice"])
+    assert kept.holds_refills(with_newcomer, ["alice"])
+    assert not NoStepHold().holds_refills(with_newcomer, ["alice"])  # the stage off
+
+
+def test_the_kept_step_is_timed_by_the_engines_step_and_not_kept_without_one() -> None:
+    holds = NewcomerSteps()
+    kept = KeepStepClear(holds)
+    kept.newcomer_sent("http://a", None, 10.0)  # no step known yet: nothing kept
+    assert kept.clearing(10.0) == frozenset()
+    kept.newcomer_sent("http://a", 0.05, 10.0)
+    assert kept.clearing(10.05) == {"http://a"} and NoStepHold().clearing(10.05) == ()

@@ -9,7 +9,7 @@ from redis.asyncio import Redis
 
 from broker import DispatchStore, ExecutionStore, JobQueue, JobState, Pick
 from dispatcher.admission import AdmissionConfig, EndpointState
-from dispatcher.preemption import Preemption
+from dispatcher.preemption import Preemption, RoundEnd
 from tests.support.contract import EP, MODEL, settings, submission
 
 STEP_S = 0.2  # the engine's recent time per output token, as the scraper reports it
@@ -43,7 +43,8 @@ async def test_a_newcomer_takes_back_refills_of_the_last_step_not_older_ones(r: 
         EP, inflight=5, unstarted=5, fresh=True, running=5, tpot_s=STEP_S, newcomer_step=True
     )
     preemption = Preemption(d, {MODEL: [model]}, {})
-    assert await preemption.make_room(model, snap, [state], CONFIG, {EP: 1}) == {MODEL}
+    end = RoundEnd(model, snap, [state], CONFIG, {EP: 1})
+    assert await preemption.make_room(end) == {MODEL}
     states = {job: (await q.get(job, "alice")).state for job in older + recent}
     assert [states[j] for j in recent] == [JobState.QUEUED] * 2
     assert JobState.QUEUED not in [states[j] for j in older]

@@ -19,17 +19,21 @@ from dispatcher.admission import (
 )
 from dispatcher.endpoints import SentLog, endpoint_states
 from dispatcher.engine_metrics import PACE_WINDOW_S, EngineSample, PaceWindow, next_pace_window
-from dispatcher.pacing import Pace, Pacer, pace_of
+from dispatcher.newcomer_step import NewcomerSteps
+from dispatcher.pacing import Pace, PacedRefills, Pacer, RefillPace, UnpacedRefills, pace_of
+from dispatcher.preemption import Preemption
 from dispatcher.scraper import EndpointView
 from dispatcher.service import Dispatcher
+from dispatcher.stages import Shared, build
 from dispatcher.wake import WakeListener
 from tests.support.settings import MODEL, make_settings
 
 METRICS = MetricsAdmission()
+NO_PREEMPTION = Preemption(None, {}, {})  # type: ignore[arg-type]  # never called here
 # 64 slots, 2 kept for newcomers; an engine step of 50 ms
 PACED = AdmissionConfig(
     targets={"interactive": 3, "default": 3, "batch": 1}, tpot_ceiling_s=0.150, inflight_cap=8,
-    batch_slots=64, reserved_slots=2, pace_refills=True,
+    batch_slots=64, reserved_slots=2,
 )  # fmt: skip
 
 
@@ -100,16 +104,20 @@ def test_paced_users_in_the_engine_keep_the_scrapes_caution_too() -> None:
     unseen = state(pace_allowed=None, admitted_since_scrape=2, plain_since_scrape=2)
     assert METRICS.decide(unseen, "default", PACED).served_room == 1
     assert METRICS.decide(replace(unseen, pace_allowed=4), "default", PACED).served_room == 1
-    off = replace(PACED, pace_refills=False)
-    decision = METRICS.decide(state(pace_allowed=0), "default", off)
+    # Not paced (the stage off: no pace in the state): the target alone bounds them.
+    decision = METRICS.decide(state(pace_allowed=None), "default", PACED)
     assert decision.served_room == 2 and decision.limit is Limit.QUEUE_TARGET
 
 
-def test_the_model_setting_turns_the_pace_on_by_default() -> None:
+def test_the_model_setting_chooses_the_paced_stage_by_default() -> None:
     model = ModelConfig(name="m", endpoints=("http://a",))
-    assert AdmissionConfig.of(model, ("default",)).pace_refills
+    shared = Shared(NewcomerSteps(), Pacer(), NO_PREEMPTION)
+    assert isinstance(build(model, ("default",), shared).pace, PacedRefills)
     off = model.model_copy(update={"pace_refills": False})
-    assert not AdmissionConfig.of(off, ("default",)).pace_refills
+    assert isinstance(build(off, ("default",), shared).pace, UnpacedRefills)
+    # The pace tells newcomers from users in the engine: without the batch rule, off.
+    no_batch = model.model_copy(update={"batch_slots": 0})
+    assert isinstance(build(no_batch, ("default",), shared).pace, UnpacedRefills)
 
 
 def sample(ended: float | None, tpot: tuple[float, float] = (0.0, 0.0)) -> EngineSample:
@@ -140,11 +148,12 @@ def test_an_endpoints_state_carries_its_pace_from_the_engines_window_and_the_pac
     window = PaceWindow(9.0, 50, (1.0, 20), ends_per_s=30.0, step_s=0.05)
     view = EndpointView(sample=sample(80), scraped_at=9.8, tpot_s=0.2, healthy=True, pace=window)
     snap = ModelSnapshot([], {"http://a": 40}, {})
+    on = PacedRefills(pacer)
 
-    def of(view: EndpointView, paced: Pacer | None = pacer) -> EndpointState:
+    def of(view: EndpointView, paced: RefillPace = on) -> EndpointState:
         (got,) = endpoint_states(
             ["http://a"], snap, {"http://a": view}, SentLog(4.0), now=10.0, stale_s=2.0,
-            pacer=paced,
+            pace=paced,
         )  # fmt: skip
         return got
 
@@ -153,28 +162,29 @@ def test_an_endpoints_state_carries_its_pace_from_the_engines_window_and_the_pac
     assert of(view).pace_allowed == 0 and of(view).pace_due_in_s == pytest.approx(0.02)
     no_step = replace(view, pace=replace(window, step_s=None))
     assert of(no_step).pace_allowed is None and of(no_step).pace_due_in_s is None
-    assert of(view, paced=None).pace_allowed is None  # the model does not pace its refills
+    assert of(view, paced=UnpacedRefills()).pace_allowed is None  # the stage off
 
 
 async def test_refills_held_by_their_pace_wake_the_dispatcher_when_the_step_frees() -> None:
     settings = make_settings()
     redis = fakeredis.FakeAsyncRedis()
     dispatcher = Dispatcher(settings, redis)
-    dispatcher._wake = WakeListener(redis, [MODEL])
-    event = dispatcher._wake.event(MODEL)
-    model = settings.models[0]
+    wake = WakeListener(redis, [MODEL])
+    rounds = dispatcher._rounds[MODEL]
+    rounds._env.event = wake.event
+    event = wake.event(MODEL)
     held = [Decision("http://a", 3, Limit.REFILL_PACE, served_room=0)]
     states = [state(pace_allowed=0, pace_due_in_s=0.05)]
-    dispatcher._wake_when_paced(model, held, states)
-    dispatcher._wake_when_paced(model, held, states)  # one timer at a time
-    assert dispatcher._pace_timers == {MODEL}
+    rounds._wake_when_paced(held, states)
+    rounds._wake_when_paced(held, states)  # one timer at a time
+    assert rounds._pace_timer
     await asyncio.sleep(0.02)
     assert not event.is_set()  # the step has not passed
     await asyncio.wait_for(event.wait(), 1.0)
-    assert dispatcher._pace_timers == set()
+    assert not rounds._pace_timer
     # Not held by the pace (the batch is full): nothing to wake for.
     event.clear()
     full = [Decision("http://a", 3, Limit.BATCH_SLOTS, served_room=0)]
-    dispatcher._wake_when_paced(model, full, states)
-    assert dispatcher._pace_timers == set()
+    rounds._wake_when_paced(full, states)
+    assert not rounds._pace_timer
     await redis.aclose()

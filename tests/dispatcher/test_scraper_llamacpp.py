@@ -57,7 +57,7 @@ async def test_the_dispatcher_admits_against_a_llamacpp_server() -> None:
             engine.page = PAGES["busy_later"]
             await aeventually(lambda: _waiting(scraper, url) == 2.0, "the later page", 2.0)
             view = scraper.view(url)
-            assert view.batch_seen == SLOTS
+            assert view.capacity.slots == SLOTS
             assert view.tpot_s is not None and abs(view.tpot_s - 28.16 / 512) < 1e-9
 
             # A page that fails (llama-server without --metrics answers 501): nothing.

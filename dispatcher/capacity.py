@@ -1,0 +1,112 @@
+"""An engine's capacity, learned from its metrics: how many requests it runs at once (pure).
+
+No deployment writes this number. An engine's running set is bounded by its slots
+(vLLM's ``--max-num-seqs``, SGLang's ``--max-running-requests``, llama.cpp's
+``--parallel``) or, earlier, by its KV cache (long prompts and answers fill the blocks
+before the slots); what bounds it shows in the same two gauges, running and waiting:
+requests wait only while the engine cannot take them.
+
+So a scrape that finds requests waiting, after one that found them waiting too at a
+running set that did not grow, with at least ``FULL_STEPS`` engine steps in between
+(each step admits what a free slot or free blocks can take), shows the engine full at
+its running set: ``Capacity.full_at``. Waiting through one long prefill step, or
+between two scrapes less than a step apart, shows nothing. ``Capacity.slots`` is the
+largest running set seen full (or seen at all, once one was seen full): the slot bound,
+which only a restart lowers. A ``full_at`` below it is the KV-bound regime, and the
+room it leaves is what the engine runs now.
+
+Speed: the scrape budget spaces reads of a loaded engine up to a second apart, and the
+first sample that shows requests waiting cannot tell a full batch from one prefill
+step. ``Capacity.confirm`` asks for a second read a few steps later, outside the
+budget, whenever a sample shows requests waiting at a running set not yet known full:
+a flood's first second is when a newcomer's wait depends on the batch being known.
+
+Restarts: an engine restarted (its step or token counters went backwards) may run other
+flags: what was learned is forgotten and learned again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dispatcher.engine_metrics import EngineSample
+
+FULL_STEPS = 2  # engine steps between two scrapes that show requests waiting
+CONFIRM_STEPS = 3  # a confirming read comes this many engine steps after the first
+CONFIRM_MIN_S = 0.03  # ... and never sooner (no step time known yet: this)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What one endpoint's scrapes have shown of its capacity."""
+
+    slots: int = 0  # the largest running set seen full, or larger since (0: not yet seen)
+    full_at: int | None = None  # the running set at which the last two scrapes saw it full
+    confirm: bool = False  # the last sample showed requests waiting at an unknown running set
+    most: int = 0  # the largest running set any scrape showed
+
+    def learn(self, previous: EngineSample | None, current: EngineSample) -> Capacity:
+        """The capacity after a scrape that read ``current`` (``previous``: the scrape before,
+        or None)."""
+        if previous is not None and _restarted(previous, current):
+            return Capacity().learn(None, current)
+        running = int(current.running)
+        slots = max(self.slots, running) if self.slots else 0
+        most = max(self.most, running)
+        if current.waiting <= 0 or running <= 0:
+            return Capacity(slots, most=most)
+        if _full(previous, current):
+            return Capacity(max(slots, running), running, most=most)
+        # Requests began to wait at a running set not known full: a second read tells.
+        began = previous is None or previous.waiting <= 0
+        return Capacity(slots, None, confirm=began and running != slots, most=most)
+
+    def disagrees(self, configured: int | None) -> str | None:
+        """Why the engine's batch is not ``configured`` (``batch_slots``; None or 0: not
+        configured), as far as its scrapes showed; None where they agree or say nothing."""
+        if not configured:
+            return None
+        if self.most > configured:
+            return f"the engine ran {self.most} requests at once, more than batch_slots"
+        if self.slots and self.slots < configured and self.full_at == self.slots:
+            return f"the engine was full at {self.slots} requests, fewer than batch_slots"
+        return None
+
+    @property
+    def known(self) -> bool:
+        return self.slots > 0
+
+
+def _full(previous: EngineSample | None, current: EngineSample) -> bool:
+    """Requests waited at both scrapes, the running set did not grow in between, and the
+    engine made at least ``FULL_STEPS`` steps meanwhile: they waited for room."""
+    if previous is None or previous.waiting <= 0:
+        return False
+    if current.running > previous.running:
+        return False
+    return steps_between(previous, current) >= FULL_STEPS
+
+
+def steps_between(previous: EngineSample, current: EngineSample) -> float:
+    """Engine steps from one sample to the next: its step counter where it has one, else
+    its output tokens (every running request emits one per decode step)."""
+    if previous.steps is not None and current.steps is not None:
+        return current.steps - previous.steps
+    if previous.generated is not None and current.generated is not None:
+        return (current.generated - previous.generated) / max(current.running, 1.0)
+    return 0.0
+
+
+def _restarted(previous: EngineSample, current: EngineSample) -> bool:
+    """A counter went backwards: the engine behind the endpoint started afresh."""
+    pairs = (
+        (previous.steps, current.steps),
+        (previous.generated, current.generated),
+        (previous.e2e_count, current.e2e_count),
+    )
+    return any(a is not None and b is not None and b < a for a, b in pairs)
+
+
+def confirm_delay_s(step_s: float | None) -> float:
+    """How long after a sample that asks to ``confirm`` the confirming read goes."""
+    return max(CONFIRM_MIN_S, CONFIRM_STEPS * (step_s or 0.0))
