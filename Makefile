@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install install-run install-dev run test lint bench bench-vllm-setup clean browser \
+.PHONY: install install-run install-dev run test lint docs bench bench-vllm-setup clean browser \
         image image-test
 
 # Two installs, each with its own stamp: `make run` installs only what running needs;
@@ -66,6 +66,12 @@ lint: install-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# fairq.example.yaml and README.md's settings table, generated from the descriptions of the
+# settings (broker/settings); tests/fairq/test_config_docs.py fails while they are stale.
+docs: install-run
+	$(BIN)/fairq config example --write fairq.example.yaml
+	$(BIN)/fairq config settings --write README.md
 
 # The throughput-and-scale suite (one table: every figure next to its target), then the
 # fairness scenario. `python -m benchmarks.suite --quick` checks the suite runs, fast.

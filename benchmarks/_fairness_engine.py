@@ -156,6 +156,30 @@ def engine_work(samples: Sequence[Sample]) -> dict[str, float | None] | None:
     }
 
 
+def backlogged_work(samples: Sequence[Sample], drain_s: float) -> dict[str, float] | None:
+    """The engine's steps and output tokens from the first scrape to the last one before
+    ``drain_s``, when the flood stopped being backlogged (at most a batch of it was left).
+    Engine steps for the same work compare without the drain: the last answers of a
+    flood end one by one, over up to one answer's length of steps, whichever order the
+    arm served them in, and FIFO's equal answers started together end together. None:
+    the engine does not count its steps, or fewer than two scrapes came before."""
+    counted = [s for s in samples if s.steps is not None and s.t_s <= drain_s]
+    if len(counted) < 2:
+        return None
+    first, last = counted[0], counted[-1]
+    assert first.steps is not None and last.steps is not None
+    steps, tokens = last.steps - first.steps, last.generated - first.generated
+    return {"steps": steps, "tokens": tokens, "tokens_per_step": tokens / steps if steps else 0.0}
+
+
+def drain_s(heavy_ends_s: Sequence[float], batch: float) -> float | None:
+    """When the flood stopped being backlogged: the end of its request after which at
+    most ``batch`` of its requests were left (None: it never filled the batch)."""
+    ends = sorted(heavy_ends_s)
+    left_at = len(ends) - int(batch)
+    return ends[left_at - 1] if left_at >= 1 else None
+
+
 def _delta(first: float | None, last: float | None) -> float | None:
     return None if first is None or last is None else last - first
 

@@ -11,9 +11,9 @@ and outlasts its light users.
 
 What holds per cell and flood (``verdict``): fairq's defaults reach the told stack's
 light TTFT p95 within ``P95_RATIO`` (or within ``P95_STEPS`` engine steps, whichever
-is larger), with engine steps for the same work at most ``STEPS_OF_FIFO`` of FIFO's:
-on a 2-core machine wall-clock tokens/s spread by a fifth; the engine's step count does
-not. Plain values in, plain values out, but for ``cells``, which reads profiles.
+is larger), with engine steps for the same work at most ``STEPS_OF_FIFO`` of FIFO's
+while the flood is backlogged: on a 2-core machine wall-clock tokens/s spread by a
+fifth; the engine's step count does not. Plain values in, plain values out.
 """
 
 from __future__ import annotations
@@ -73,19 +73,19 @@ def parse_cells(text: str) -> list[Cell]:
 
 
 def sizes(scenario: str, cell: Cell) -> dict[str, Any]:
-    """The size flags of ``scenario`` (the h100 presets) in ``cell``: a flood of a few
-    waves of what the engine runs at once, light users within it."""
+    """The size flags of ``scenario`` (the h100 presets) in ``cell``: a flood of many waves
+    of what the engine runs at once (at most the preset's), light users within it."""
     runs = cell.runs
     if scenario == "seed":
-        return {"power_requests": _within(6 * runs, 24, 500), "light_interval_s": 1.0}
+        return {"power_requests": _within(20 * runs, 24, 500), "light_interval_s": 1.0}
     if scenario == "long":
         return {
-            "power_requests": runs + max(4, runs // 6),
+            "power_requests": min(3 * runs + 4, 300),
             "long_output_tokens": "500-1500",
             "light_start_s": 5.0 if runs > 64 else 2.0,
             "light_interval_s": 2.0,
         }
-    return {"power_requests": _within(2 * runs, 8, 300), "light_interval_s": 0.5}
+    return {"power_requests": _within(6 * runs, 8, 300), "light_interval_s": 0.5}
 
 
 def _within(value: int, low: int, high: int) -> int:
@@ -94,26 +94,42 @@ def _within(value: int, low: int, high: int) -> int:
 
 def verdict(arms: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """Whether (c) holds against (t) and (a) in one cell's flood (``holds`` None: an arm
-    did not run; False where any of them failed)."""
+    did not run; False where any of them failed). Engine steps for the same work are
+    compared while the flood is backlogged (``backlogged_work``: its drain, the last
+    answers ending one by one, depends on the order they were served in, not on how
+    well the batch was kept full); the whole run's steps are reported beside."""
     needed = ("a", "c", "t")
     if any(arms.get(k, {}).get("status") != "ok" for k in needed):
         failed = any(arms.get(k, {}).get("status") == "FAILED" for k in needed)
         return {"holds": False if failed else None, "why": "an arm did not run or failed"}
     c_p95 = arms["c"]["light_ttft_steps"]["p95"]
     t_p95 = arms["t"]["light_ttft_steps"]["p95"]
-    c_steps = arms["c"]["engine"]["work"]["steps"]
-    a_steps = arms["a"]["engine"]["work"]["steps"]
-    if None in (c_p95, t_p95, c_steps, a_steps) or not a_steps:
+    c_rate, a_rate = _tokens_per_step(arms["c"]), _tokens_per_step(arms["a"])
+    c_steps, a_steps = _steps(arms["c"]), _steps(arms["a"])
+    if c_p95 is None or t_p95 is None or a_rate is None or not c_rate:
         return {"holds": None, "why": "a figure is missing"}
     bound = max(P95_RATIO * t_p95, t_p95 + P95_STEPS)
-    share = c_steps / a_steps
+    share = a_rate / c_rate  # steps (c) takes for (a)'s work in one step
     return {
         "holds": c_p95 <= bound and share <= STEPS_OF_FIFO,
         "c_p95_steps": c_p95,
         "p95_bound_steps": bound,
         "steps_of_fifo": share,
+        "whole_run_steps_of_fifo": c_steps / a_steps if c_steps and a_steps else None,
         "why": None,
     }
+
+
+def _tokens_per_step(arm: Mapping[str, Any]) -> float | None:
+    backlogged = arm.get("engine", {}).get("backlogged") or {}
+    value = backlogged.get("tokens_per_step")
+    return None if value is None else float(value)
+
+
+def _steps(arm: Mapping[str, Any]) -> float | None:
+    work = arm.get("engine", {}).get("work") or {}
+    value = work.get("steps")
+    return None if value is None else float(value)
 
 
 def render(result: Mapping[str, Any]) -> str:
@@ -125,8 +141,8 @@ def render(result: Mapping[str, Any]) -> str:
         "",
         "| cell | flood | (c) defaults light p50 / p95 / max ms | in steps | "
         "(t) told p95 steps | (e) engine priority p50 / max ms | (a) FIFO p50 ms | "
-        "(c) engine steps vs (a) | (c) fairq CPU s | holds |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "(c) engine steps vs (a), backlogged | whole run | (c) fairq CPU s | holds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell, scenarios in result["cells"].items():
         for name, section in scenarios.items():
@@ -134,7 +150,9 @@ def render(result: Mapping[str, Any]) -> str:
     lines += [
         "",
         f"holds: (c)'s light TTFT p95 within {P95_RATIO}x (t)'s or {P95_STEPS:g} engine "
-        f"step more, whichever is larger, with engine steps <= {STEPS_OF_FIFO:.0%} of (a)'s.",
+        f"step more, whichever is larger, with engine steps for (a)'s work <= "
+        f"{STEPS_OF_FIFO:.0%} of (a)'s while the flood is backlogged (output tokens per "
+        "step until at most a batch of it is left); the whole run's steps beside.",
     ]
     return "\n".join(lines)
 
@@ -155,14 +173,18 @@ def _row(cell: str, name: str, section: Mapping[str, Any]) -> str:
             return "-"
         return " / ".join(_num(arm["light_ttft_steps"][s], 1) for s in stats)
 
-    share = judged.get("steps_of_fifo")
     cpu = arms.get("c", {}).get("cpu", {}).get("fairq_s")
     holds = {True: "yes", False: "**no**", None: "-"}[judged["holds"]]
     return (
         f"| {cell} | {name} | {ms('c', 'p50', 'p95', 'max')} | {steps('c', 'p50', 'p95', 'max')} "
         f"| {steps('t', 'p95')} | {ms('e', 'p50', 'max')} | {ms('a', 'p50')} "
-        f"| {'-' if share is None else f'{share:.1%}'} | {_num(cpu, 1)} | {holds} |"
+        f"| {_share(judged.get('steps_of_fifo'))} "
+        f"| {_share(judged.get('whole_run_steps_of_fifo'))} | {_num(cpu, 1)} | {holds} |"
     )
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
 
 
 def _num(value: Any, digits: int = 0) -> str:

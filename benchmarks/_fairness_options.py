@@ -89,6 +89,8 @@ def engine_choice(flags: EngineFlags) -> EngineChoice:
         return EngineChoice("vllm", VLLM_MODEL, VLLM_CONTEXT, pinning=pinning, vllm_home=home,
                             batch=flags.batch)  # fmt: skip
     context = _sim_context(flags.profile)
+    if flags.kv_tokens is not None:
+        context = min(context, flags.kv_tokens)  # as write_profile serves it
     return EngineChoice("sim", SIM_MODEL, context, profile=flags.profile, pinning=pinning,
                         batch=flags.batch, kv_tokens=flags.kv_tokens)  # fmt: skip
 

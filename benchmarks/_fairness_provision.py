@@ -197,9 +197,12 @@ def write_profile(choice: EngineChoice, policy: str, folder: Path) -> Path:
     update: dict[str, Any] = {"scheduling_policy": policy}
     if choice.batch is not None:
         update["max_num_seqs"] = choice.batch
+    base = load_profile(choice.profile)
     if choice.kv_tokens is not None:
+        # vLLM refuses a context its KV cache cannot hold: it is served shorter.
         update["kv_cache_tokens"] = choice.kv_tokens
-    profile = load_profile(choice.profile).model_copy(update=update)
+        update["max_model_len"] = min(base.max_model_len, choice.kv_tokens)
+    profile = base.model_copy(update=update)
     path = folder / f"profile-{policy}.yaml"
     path.write_text(yaml.safe_dump(profile.model_dump()))
     return path

@@ -19,7 +19,14 @@ from typing import Any
 
 from benchmarks import _fairness_stages as stages
 from benchmarks._fairness_checks import FAILED, OK, verdict
-from benchmarks._fairness_engine import Sample, engine_work, preemptions, step_ms, tpot_ms
+from benchmarks._fairness_engine import (
+    Sample,
+    backlogged_work,
+    engine_work,
+    preemptions,
+    step_ms,
+    tpot_ms,
+)
 from benchmarks._fairness_load import LoadResult, RequestResult
 from benchmarks._fairness_scenarios import user_name
 from benchmarks.stats import markdown_table, median, pct
@@ -81,9 +88,14 @@ def _broken(preempted: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 
 def engine_summary(
-    samples: Sequence[Sample], until_s: float | None, tpot_ceiling_ms: float, failures: int
+    samples: Sequence[Sample],
+    until_s: float | None,
+    tpot_ceiling_ms: float,
+    failures: int,
+    drained_s: float | None = None,
 ) -> dict[str, Any]:
-    """Queue, batch and step over the flood (t=0 to ``until_s``)."""
+    """Queue, batch and step over the flood (t=0 to ``until_s``); the work done while the
+    flood was backlogged (until ``drained_s``: ``backlogged_work``)."""
     tpots = tpot_ms(samples)
     end = until_s or 0.0
     during = [(s, t) for s, t in zip(samples, tpots, strict=True) if 0 <= s.t_s <= end]
@@ -93,6 +105,7 @@ def engine_summary(
         "step_ms": step_ms(samples, 0.0, end),
         "preemptions": preemptions(samples),
         "work": engine_work(samples),
+        "backlogged": None if drained_s is None else backlogged_work(samples, drained_s),
         "peak_waiting": max((s.waiting for s in samples), default=None),
         "peak_running": max((s.running for s in samples), default=None),
         "mean_running": sum(running) / len(running) if running else None,
@@ -309,10 +322,13 @@ def _work_lines(arms: Mapping[str, Any]) -> list[str]:
         engine = arm.get("engine") or {}
         work = engine.get("work")
         if work:
+            backlogged = engine.get("backlogged") or {}
             rows.append([f"({key}) {arm['title']}", _cell(work["steps"], ".0f"),
+                         _cell(backlogged.get("tokens_per_step"), ".2f"),
                          _cell(work["prefill_tokens"], ".0f"),
                          _cell(engine.get("mean_running"), ".0f"), _overrun(work)])  # fmt: skip
-    header = ["arm", "engine steps", "prompt tokens prefilled", "mean running",
+    header = ["arm", "engine steps", "output tokens per step while the flood is backlogged",
+              "prompt tokens prefilled", "mean running",
               "simulator's timeline lost, s of modeled s"]  # fmt: skip
     return _titled_table("What the engine computed (from its step histogram):", header, rows)
 

@@ -47,6 +47,7 @@ from broker.results import ResultEvent, ResultReader
 from broker.settings import (
     ApiKeyConfig,
     DiscoveryConfig,
+    EngineConfig,
     ModelConfig,
     Settings,
     load_settings,
@@ -75,6 +76,7 @@ __all__ = [
     "Client",
     "DiscoveryConfig",
     "DispatchStore",
+    "EngineConfig",
     "ExecutionStore",
     "ExpressSend",
     "FairqError",

@@ -19,9 +19,34 @@ no field is (a header, the whole body, the server)::
     └── JobFailed                   the job's own status (502 by default)
 
 redis-py errors are translated at the edge with ``raise ... from exc``.
+
+Outside the tree, ``SettingError`` is a configuration that contradicts itself, found
+where the settings are loaded: a ``ValueError``, as pydantic's validators raise, that
+names the setting to change.
 """
 
 from __future__ import annotations
+
+SettingPath = tuple[str | int, ...]
+
+
+def dotted(path: SettingPath) -> str:
+    """A setting's path as a person writes it: ``models[0].batch_slots``."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+class SettingError(ValueError):
+    """A setting that contradicts another (or names what does not exist). ``path`` is the
+    setting to change, as pydantic names a field (``("models", 0, "batch_slots")``),
+    relative to the settings object that raised it, so that ``fairq config check`` can
+    name its line; the message says what is wrong and what to do, without the path."""
+
+    def __init__(self, path: SettingPath, message: str) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class FairqError(Exception):

@@ -82,6 +82,10 @@ class Round:
         self._rates = RateMeter()
         # endpoint -> jobs of users with none in the engine sent express since the last round
         self._express_newcomers: dict[str, int] = {}
+        # endpoint -> (newcomers sent there while its capacity was unknown, when): the
+        # take-back stage could not make room for them then; it does once it is learned
+        self._unplaced: dict[str, tuple[int, float]] = {}
+        self._carried: dict[str, float] = {}  # of those, carried into this round: since when
         self._pace_timer = False  # a wake-up is due when the pace lets refills go
         self._noted: set[str] = set()  # endpoints whose engine disagrees with batch_slots
 
@@ -94,6 +98,7 @@ class Round:
         # endpoint -> jobs of users with none in the engine, sent express since the last
         # round or dispatched in this one
         newcomers_sent, self._express_newcomers = self._express_newcomers, {}
+        self._add_unplaced(newcomers_sent, time.monotonic())
         while not snap.empty and empty_rounds < _MAX_EMPTY_ROUNDS:
             top = snap.backlogs[0]  # band: strict priority, the most urgent backlogged
             states = self.states(snap)  # endpoints
@@ -258,6 +263,12 @@ class Round:
         states = self.states(snap)
         end = RoundEnd(self.model, snap, states, s.config, newcomers_sent)
         parked = await s.take_back.make_room(end)
+        now = time.monotonic()
+        for state in states:
+            sent = newcomers_sent.get(state.endpoint, 0)
+            if sent and s.config.room_in(state) is None:
+                since = self._carried.get(state.endpoint, now)  # the first round's time
+                self._unplaced[state.endpoint] = (sent, since)
         for other in env.engine_of[self.model.name]:
             if other.name in parked and other.name != self.model.name:
                 # The models of one engine agree on what sizes a read (``broker.engines``).
@@ -265,6 +276,17 @@ class Round:
         if self.model.name not in parked:
             return snap
         return await self._read(self.model.name)
+
+    def _add_unplaced(self, newcomers_sent: dict[str, int], now: float) -> None:
+        """Newcomers sent while an endpoint's capacity was unknown may still wait there
+        behind the flood: counted as sent again (for as long as metrics stay fresh), so
+        that the take-back stage makes room for them once the capacity is learned."""
+        unplaced, self._unplaced = self._unplaced, {}
+        self._carried = {}
+        for endpoint, (count, at) in unplaced.items():
+            if now - at <= self._env.stale_s:
+                newcomers_sent[endpoint] = newcomers_sent.get(endpoint, 0) + count
+                self._carried[endpoint] = at
 
     async def _read(self, model: str) -> ModelSnapshot:
         s = self.stages

@@ -65,8 +65,7 @@ def api(host: str, port: int) -> None:
     """Run the OpenAI-compatible HTTP gateway."""
     from fairq.services import run_gateway
 
-    runtime.setup_logging()
-    run_gateway(runtime.settings_or_exit(), host, port)
+    run_gateway(runtime.start_service(), host, port)
 
 
 @main.command(epilog=runtime.environment(*runtime.SERVICE, *runtime.metrics("dispatcher")))
@@ -74,8 +73,7 @@ def dispatcher() -> None:
     """Run a dispatcher for every configured model."""
     from fairq.services import run_dispatcher
 
-    settings = runtime.settings_or_exit()
-    runtime.setup_logging()
+    settings = runtime.start_service()
     runtime.run_until_signalled(lambda stop: run_dispatcher(settings, stop))
 
 
@@ -91,8 +89,7 @@ def worker(concurrency: int | None) -> None:
     """Run a worker that executes dispatched jobs against the engines."""
     from fairq.services import run_worker
 
-    settings = runtime.settings_or_exit()
-    runtime.setup_logging()
+    settings = runtime.start_service()
     runtime.run_until_signalled(lambda stop: run_worker(settings, stop, concurrency))
 
 
@@ -104,7 +101,7 @@ def batch_worker() -> None:
     """Run an RQ batch worker (queue fairq-batch): ingest, progress, finalize, expire."""
     from fairq.services import run_batch_worker
 
-    settings = runtime.settings_or_exit()
+    settings = runtime.start_service()
     if settings.redis_cluster:
         runtime.fail_config(
             ValueError(
@@ -113,7 +110,6 @@ def batch_worker() -> None:
                 "point this deployment at a single Redis (docs/operations.md, Redis Cluster)"
             )
         )
-    runtime.setup_logging()
     run_batch_worker(settings)
 
 

@@ -2,7 +2,10 @@
 
 pydantic names a bad value by its path in the settings (``models[0].endpoints[0]``);
 the YAML file's node tree (``yaml.compose``) knows where that path sits, so each
-problem is reported as ``FILE:LINE: PATH: what is wrong``. The file is validated
+problem is reported as ``FILE:LINE: PATH: what is wrong``; a dependency between
+settings (``broker.errors.SettingError``) is reported at the setting it names. The
+settings a valid file writes in their old place (``Settings.notes``) are reported
+alike, as notes (``moved``). The file is validated
 alone (``check_file``), then with the ``FAIRQ_*`` environment over it
 (``check_with_environment``), as every process reads it, so that a problem the
 environment brings is not blamed on a line of the file.
@@ -21,6 +24,7 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from broker import ModelConfig, Settings
+from broker.errors import SettingError, dotted
 
 _INPUT_SHOWN = 60  # characters of a rejected value repeated in its message
 
@@ -34,9 +38,10 @@ class Problem:
     path: str = ""
     line: int | None = None  # 1-based; None: not a place in the file
 
-    def render(self, file: Path | str) -> str:
+    def render(self, file: Path | str, label: str = "") -> str:
+        """``FILE:LINE: [label: ]PATH: message``, without the parts it lacks."""
         where = f"{file}:{self.line}" if self.line is not None else str(file)
-        return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+        return ": ".join(part for part in (where, label, self.path, self.message) if part)
 
 
 class _FileOnly(Settings):
@@ -117,9 +122,17 @@ def problems(exc: ValidationError, root: yaml.Node | None) -> list[Problem]:
     """Each of pydantic's errors as a ``Problem``, located in the YAML node tree ``root``."""
     found = []
     for error in exc.errors(include_url=False):
-        loc: Sequence[int | str] = error["loc"]
-        found.append(Problem(_message(error), _dotted(loc), _line(root, loc)))
+        loc = _setting(error)
+        found.append(Problem(_message(error), dotted(loc), _line(root, loc)))
     return sorted(found, key=lambda p: (p.line is None, p.line or 0))
+
+
+def _setting(error: Any) -> tuple[int | str, ...]:
+    """Where pydantic places the error, and below it the setting a ``SettingError``
+    names (a validator's error is placed at the object it checked)."""
+    loc = tuple(error["loc"])
+    cause = (error.get("ctx") or {}).get("error")
+    return loc + cause.path if isinstance(cause, SettingError) else loc
 
 
 def _message(error: Any) -> str:
@@ -136,13 +149,6 @@ def _message(error: Any) -> str:
             shown = shown[: _INPUT_SHOWN - 3] + "..."
         message = f"{message} (got {shown})"
     return message
-
-
-def _dotted(loc: Sequence[int | str]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
 
 
 def _line(root: yaml.Node | None, loc: Sequence[int | str]) -> int | None:
@@ -179,6 +185,13 @@ def explain(exc: ValidationError, config_path: str | None) -> tuple[str, list[Pr
         if found:
             return config_path, found
     return f"the environment ({_env_names()})", problems(exc, None)
+
+
+def moved(path: Path, settings: Settings) -> list[Problem]:
+    """The settings the file at ``path`` writes in their old place (``settings``: the
+    file's alone, from ``check_file``), each with its line and where it goes."""
+    root = yaml.compose(path.read_text())
+    return [Problem(n.message, dotted(n.path), _line(root, n.path)) for n in settings.notes]
 
 
 def notes(settings: Settings, *, redis: bool = True) -> list[str]:

@@ -43,13 +43,12 @@ def keda_scaler(
     gRPC, pushed to KEDA the moment a model's first job is queued."""
     from dispatcher.keda import ScalerError, ScalerOptions, serve
 
-    settings = runtime.settings_or_exit()
+    settings = runtime.start_service()
     options = ScalerOptions(host, port, poll_s, tls_cert, tls_key, tls_client_ca)
     try:
         options.credentials()  # bad TLS options: a configuration error, before any start
     except ScalerError as exc:
         runtime.fail_config(exc)
-    runtime.setup_logging()
 
     async def main(stop: asyncio.Event) -> None:
         await serve(settings, options, stop)

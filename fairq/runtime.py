@@ -9,6 +9,7 @@ signal exits at once. Only the CLI decides exit codes: 0 done, 1 failed at run t
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -20,13 +21,14 @@ import httpx
 from pydantic import ValidationError
 
 from broker import Settings, load_settings
+from broker.errors import dotted
 from broker.telemetry import METRICS_PORTS
 from fairq import logs
 
 # What each command reads from the environment, for its --help (``environment``).
-CONFIG = ("FAIRQ_CONFIG", "the YAML configuration: models, keys, bands [none: no models]")
+CONFIG = ("FAIRQ_CONFIG", "the YAML configuration: engines, models, keys [none: no models]")
 REDIS = ("FAIRQ_REDIS_URL", "the Redis every component shares [required]")
-SETTING = ("FAIRQ_<SETTING>", "any setting, over the file's (fairq.example.yaml)")
+SETTING = ("FAIRQ_<SETTING>", "any setting, over the file's (`fairq config settings`)")
 LOG = ("FAIRQ_LOG_LEVEL", "DEBUG, INFO, WARNING, ERROR or CRITICAL [INFO]")
 SERVICE = (CONFIG, REDIS, SETTING, LOG)
 
@@ -61,6 +63,18 @@ def settings_or_exit() -> Settings:
         settings.require_redis_url()
     except ValueError as exc:
         fail_config(exc)
+    return settings
+
+
+def start_service() -> Settings:
+    """What a long-running process does first: logging set up, the settings loaded (or
+    exit 2, as ``settings_or_exit``), and each setting its configuration writes in an
+    old place logged once (``fairq config check`` names their lines)."""
+    setup_logging()
+    settings = settings_or_exit()
+    log = logging.getLogger("fairq.config")
+    for note in settings.notes:
+        log.info("configuration note: %s: %s", dotted(note.path), note.message)
     return settings
 
 

@@ -61,14 +61,16 @@ def demo_api_keys() -> list[dict[str, Any]]:
 def demo_config(
     sim_ports: list[int], batch_slots: int | None = None, **overrides: Any
 ) -> dict[str, Any]:
-    """The configuration of the demo stack: one simulated pod per demo model, whose batch
-    (``batch_slots``, its profile's max_num_seqs) fairq is told, or learns if None."""
+    """The configuration of the demo stack: one simulated pod per demo model, each an engine
+    of its own (``sim-<model>``) whose batch (``batch_slots``, its profile's max_num_seqs)
+    fairq is told, or learns if None."""
     batch = {} if batch_slots is None else {"batch_slots": batch_slots}
     config: dict[str, Any] = {
-        "models": [
-            {"name": name, "engine": "vllm", "endpoints": [f"http://127.0.0.1:{port}"], **batch}
+        "engines": [
+            {"name": f"sim-{name}", "endpoints": [f"http://127.0.0.1:{port}"], **batch}
             for name, port in zip(DEMO_MODELS, sim_ports, strict=True)
         ],
+        "models": [{"name": name, "engine": f"sim-{name}"} for name in DEMO_MODELS],
         "api_keys": demo_api_keys(),
     }
     config.update(overrides)

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from broker import Settings
+from broker.settings import KINDS
 from fairq.localredis import free_port
 from fairq.stack import (
     DEMO_ADMIN_KEY,
@@ -29,7 +30,7 @@ from fairq.stack import (
 )
 
 _PROBE_TIMEOUT_S = 5.0
-ENGINES = ("vllm", "sglang", "tgi", "llamacpp", "openai")
+ENGINES = KINDS  # what --engine may name, beside auto
 # The queue gauge that names an engine's kind (dispatcher/engine_metrics.py).
 _QUEUE_GAUGES = {
     "vllm": "vllm:num_requests_waiting",
@@ -140,8 +141,11 @@ def engine_plan(urls: tuple[str, ...], model: str | None, engine: str) -> Plan:
     if model is None:
         model, notes = _ask_model(bases[0])
     kind, why = (engine, "--engine") if engine != "auto" else detect_engine(bases[0])
-    entry: dict[str, Any] = {"name": model, "engine": kind, "endpoints": list(bases)}
-    config = {"models": [entry], "api_keys": demo_api_keys()}
+    config: dict[str, Any] = {
+        "engines": [{"name": "engine", "kind": kind, "endpoints": list(bases)}],
+        "models": [{"name": model, "engine": "engine"}],
+        "api_keys": demo_api_keys(),
+    }
     admission = "the in-flight cap alone" if kind == "openai" else "backpressure from /metrics"
     notes.append(f"{bases[0]}: {kind} ({why}): admission by {admission}")
     return Plan(

@@ -7,15 +7,19 @@ from typing import Any
 
 import pytest
 
+from benchmarks._fairness_engine import Sample, backlogged_work, drain_s
 from benchmarks._fairness_matrix import CELLS, parse_cells, render, sizes, verdict
 
 
 def arm(p95_steps: float | None, steps: float, status: str = "ok") -> dict[str, Any]:
+    """An arm whose engine computed 1,000 output tokens in ``steps`` steps while the flood
+    was backlogged, and 10% more steps over the whole run (its drain)."""
+    backlogged = {"steps": steps, "tokens": 1000.0, "tokens_per_step": 1000.0 / steps}
     return {
         "status": status,
         "light_ttft_ms": {"p50": 10.0, "p95": 20.0, "max": 30.0},
         "light_ttft_steps": {"p50": 1.0, "p95": p95_steps, "max": 2.0},
-        "engine": {"work": {"steps": steps}},
+        "engine": {"work": {"steps": steps * 1.1}, "backlogged": backlogged},
         "cpu": {"fairq_s": 1.5},
     }
 
@@ -30,10 +34,10 @@ def test_cells_are_chosen_by_batch_or_kv_and_all_means_every_one() -> None:
 
 def test_floods_are_sized_to_what_the_engine_runs_at_once() -> None:
     small, big = parse_cells("4,256")
-    assert sizes("seed", small)["power_requests"] == 24  # at least a few waves
+    assert sizes("seed", small)["power_requests"] == 80  # twenty waves
     assert sizes("seed", big)["power_requests"] == 500  # the preset's
-    assert sizes("long", small)["power_requests"] > 4  # more than fill the batch
-    assert sizes("mixed", parse_cells("kv")[0])["power_requests"] == 24  # its KV's share
+    assert sizes("long", small)["power_requests"] == 16  # more than fill the batch
+    assert sizes("mixed", parse_cells("kv")[0])["power_requests"] == 72  # its KV's share
 
 
 def test_the_defaults_hold_within_a_quarter_or_a_step_of_the_told_stack() -> None:
@@ -63,4 +67,19 @@ def test_the_matrix_prints_a_row_per_cell_and_flood() -> None:
         "cells": {"batch 4": {"seed": section}},
     }
     (row,) = [line for line in render(result).splitlines() if line.startswith("| batch 4")]
-    assert "| seed |" in row and "101.0%" in row and row.endswith("| yes |")
+    assert "| seed |" in row and "| 101.0% | 101.0% |" in row and row.endswith("| yes |")
+
+
+def test_the_drain_begins_when_at_most_a_batch_of_the_flood_is_left() -> None:
+    assert drain_s([5.0, 1.0, 3.0, 2.0, 4.0], batch=2) == 3.0  # then 4.0 and 5.0 were left
+    assert drain_s([1.0, 2.0], batch=4) is None  # it never filled the batch
+
+
+def test_work_while_backlogged_is_counted_up_to_the_drain() -> None:
+    samples = [
+        Sample(t_s=t, waiting=0, running=4, generated=g, itl_sum_s=0, itl_count=0, steps=n)
+        for t, g, n in [(0.0, 0, 0), (1.0, 400, 100), (2.0, 700, 200), (3.0, 800, 300)]
+    ]
+    work = backlogged_work(samples, drain_s=2.5)
+    assert work == {"steps": 200, "tokens": 700, "tokens_per_step": 3.5}
+    assert backlogged_work(samples, drain_s=0.5) is None

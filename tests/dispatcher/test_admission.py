@@ -4,6 +4,8 @@ express grants made from the same decisions."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from dispatcher.admission import (
@@ -307,9 +309,23 @@ def test_the_batch_is_learned_from_metrics_unless_configured_or_turned_off() -> 
     )
     state = fresh(running=7, inflight=7, batch_seen=8)
     assert METRICS.decide(state, "default", learned).served_room == 0
-    assert METRICS.decide(fresh(running=7, inflight=7), "default", learned).served_room is None
+    # Not learned yet: users in the engine leave one place of the target to newcomers.
+    assert METRICS.decide(fresh(running=7, inflight=7), "default", learned).served_room == 2
     off = AdmissionConfig(targets={"default": 3}, tpot_ceiling_s=1, inflight_cap=8, batch_slots=0)
     assert METRICS.decide(state, "default", off).served_room is None
+
+
+def test_while_the_capacity_is_learned_a_flood_ramping_up_leaves_newcomers_a_place() -> None:
+    # Two of the flood's jobs prefilling (no first token yet), the engine not seen full.
+    ramping = fresh(running=10, inflight=12, unstarted=2)
+    decision = METRICS.decide(ramping, "default", CONFIG)
+    assert (decision.room, decision.room_for_served) == (1, 0)  # the newcomer's place
+    assert decision.limit is Limit.REFILLS_WAITING
+    one = METRICS.decide(replace(ramping, unstarted=1, inflight=11), "default", CONFIG)
+    assert (one.room, one.room_for_served) == (2, 1)
+    # A target of one has no place to leave: first come as before.
+    batch_band = METRICS.decide(fresh(running=4, inflight=4), "batch", CONFIG)
+    assert batch_band.served_room is None
 
 
 def test_routing_prefers_free_batch_slots_over_queue_room() -> None:
@@ -326,7 +342,7 @@ def test_the_express_grant_carries_the_free_slots_for_users_in_the_engine() -> N
         grant is not None and grant.served == 1 and grant.credits == {"interactive": 3, "batch": 1}
     )
     unknown = plan_grant(METRICS, [fresh()], ["interactive"], CONFIG)
-    assert unknown is not None and unknown.served is None
+    assert unknown is not None and unknown.served == 2  # one place kept while learning
 
 
 def test_with_the_batch_known_the_engine_queue_is_counted_lag_free() -> None:

@@ -1,19 +1,17 @@
-"""A user's own configuration: the commented example covers every setting and loads;
-``fairq config check``, every service and ``fairq up`` name each problem of a bad file
-by its line and the setting's path; ``fairq up`` never ignores FAIRQ_CONFIG."""
+"""A user's own configuration: the example loads; ``fairq config check``, every service
+and ``fairq up`` name each problem of a bad file by its line and the setting's path (a
+dependency between settings at the setting it names), and ``fairq config check`` notes
+each setting written in its old place by its line; ``fairq up`` never ignores
+FAIRQ_CONFIG. (The example itself is generated: tests/fairq/test_config_docs.py.)"""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
-from pydantic import BaseModel
 
-from broker import Settings, load_settings
-from broker.settings import ApiKeyConfig, BatchSettings, HttpSettings, ModelConfig
+from broker import load_settings
 from fairq.localredis import free_port
 from tests.support.cli import fairq
 
@@ -37,38 +35,6 @@ def test_the_example_configuration_loads(monkeypatch: pytest.MonkeyPatch) -> Non
     assert [k.user for k in settings.api_keys] == ["alice", "assistant-app", "admin"]
 
 
-@pytest.mark.parametrize(
-    ("section", "fields"),
-    [
-        ((), Settings),
-        (("models", 0), ModelConfig),
-        (("api_keys", 0), ApiKeyConfig),
-        (("http",), HttpSettings),
-        (("batch",), BatchSettings),
-    ],
-)
-def test_the_example_names_every_setting(
-    section: tuple[str | int, ...], fields: type[BaseModel]
-) -> None:
-    part: Any = yaml.safe_load(EXAMPLE.read_text())
-    for step in section:
-        part = part[step]
-    missing = set(fields.model_fields) - set(part)
-    assert not missing, f"fairq.example.yaml lacks {sorted(missing)} under {section}"
-
-
-def test_the_examples_values_are_the_defaults_where_it_says_so() -> None:
-    example: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-    defaults = Settings.model_construct()
-    for name, field in Settings.model_fields.items():
-        if name in ("models", "api_keys", "http", "batch"):
-            continue
-        default = field.get_default(call_default_factory=True)
-        value = getattr(defaults, name) if default is None else default
-        shown = example[name]
-        assert shown == (list(value) if isinstance(value, tuple) else value), name
-
-
 def test_config_check_names_the_line_and_path_of_each_problem(tmp_path: Path) -> None:
     path = tmp_path / "fairq.yaml"
     path.write_text(BAD)
@@ -83,6 +49,81 @@ def test_config_check_names_the_line_and_path_of_each_problem(tmp_path: Path) ->
         "as an integer (got 'soon')",
         f"{path}:7: api_keys[0].sha256: sha256 must be 64 lowercase hex digits (see "
         "`fairq hash-key`)",
+    ]
+
+
+def line_of(text: str, start: str) -> int:
+    """The 1-based number of the first line of ``text`` that starts with ``start``."""
+    return next(n for n, line in enumerate(text.splitlines(), 1) if line.startswith(start))
+
+
+LEASES = """\
+lease_ms: 1000
+worker_concurrency: 8
+lease_renew_ms: 900
+"""
+
+UNKNOWN_ENGINE = """\
+engines:
+  - name: gpu-a
+    endpoints: ["http://10.0.0.1:8000"]
+models:
+  - name: chat
+    engine: gpu-a
+  - name: code
+    engine: gpu-b
+"""
+
+
+def test_config_check_names_the_line_of_a_violated_dependency(tmp_path: Path) -> None:
+    path = tmp_path / "fairq.yaml"
+    path.write_text(LEASES)
+    done = fairq("config", "check", str(path))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"{path}:{line_of(LEASES, 'lease_renew_ms')}: lease_renew_ms: 900 is more than half "
+        "of lease_ms (1000), so a live worker could lose its jobs between renewals: renew at "
+        "most every 500 ms"
+    ]
+
+
+def test_config_check_names_the_line_of_a_models_unknown_engine(tmp_path: Path) -> None:
+    path = tmp_path / "fairq.yaml"
+    path.write_text(UNKNOWN_ENGINE)
+    done = fairq("config", "check", str(path))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"{path}:{line_of(UNKNOWN_ENGINE, '    engine: gpu-b')}: models[1].engine: 'gpu-b' is "
+        "neither the name of an entry of engines (gpu-a) nor a kind of engine (vllm, sglang, "
+        "tgi, llamacpp, openai): name the entry of engines that serves the model"
+    ]
+
+
+OLD_FORM = """\
+models:
+  - name: chat
+    engine: vllm
+    endpoints: ["http://10.0.0.1:8000"]
+    policy: token_fair
+    batch_slots: 8
+"""
+
+
+def test_config_check_notes_each_setting_in_its_old_place_by_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "fairq.yaml"
+    path.write_text(OLD_FORM)
+    done = fairq("config", "check", str(path))
+    assert done.returncode == 0, done.stderr
+    moved = [line for line in done.stdout.splitlines() if ": note: models[" in line]
+    assert moved == [
+        f"{path}:{line_of(OLD_FORM, f'    {key}')}: note: models[0].{key}: an engine setting: "
+        f"move it to an entry of engines ({shown}) and give the model engine: <that entry's "
+        "name>"
+        for key, shown in (
+            ("engine", "kind: vllm"),
+            ("endpoints", 'endpoints: ["http://10.0.0.1:8000"]'),
+            ("batch_slots", "batch_slots: 8"),
+        )
     ]
 
 

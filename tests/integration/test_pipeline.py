@@ -126,11 +126,15 @@ def test_a_job_for_an_idle_model_skips_the_dispatcher_hop_within_its_admission(
     with Client(settings, api_key=KEY_A) as alice:
         jobs = [alice.submit(MODEL, messages=prompt, max_tokens=400) for _ in range(target + 1)]
         # Sent by enqueue.lua itself, up to the admission's room, so never in a user queue
-        # ("qe"); the next one was queued for the dispatcher.
+        # ("qe"); the next one was queued for the dispatcher. Her first goes at once; her
+        # next ones, a user's already in the engine, within the room the grant leaves them
+        # (while the engine's capacity is learned, one place of the target stays for a
+        # newcomer, and the dispatcher may renew the grant between her sends).
         queued = [r.hget(keys.job(MODEL, j), "qe") is not None for j in jobs]
-        assert queued == [False] * target + [True]
+        express = queued.index(True)
+        assert 1 <= express <= target and all(queued[express:]), queued
         for job_id in jobs:
             alice.cancel(job_id)
     # Once the jobs have ended and freed their room, the dispatcher grants a burst again.
-    _wait_for_grant(r, target, sequence_above=sequence + target - 1)
+    _wait_for_grant(r, target, sequence_above=sequence + express - 1)
     r.close()

@@ -1,0 +1,112 @@
+"""The dependencies between settings, checked once where they load (``Settings``' last
+validator): each raises a ``SettingError`` whose path is the setting to change, so that
+``fairq config check`` names its line. What one entry alone decides is its class's own
+check (``EngineConfig``, ``EngineSettings``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from broker.engines import check_engine_groups, share_engine
+from broker.errors import SettingError
+from broker.settings.engine import EngineConfig
+from broker.settings.keys import ApiKeyConfig
+from broker.settings.model import ModelConfig
+
+
+class Checked(Protocol):
+    """What these checks read of the settings (``broker.settings.root.Settings``, which
+    calls them: hence a shape, not the class)."""
+
+    @property
+    def bands(self) -> tuple[str, ...]: ...
+    @property
+    def models(self) -> tuple[ModelConfig, ...]: ...
+    @property
+    def engines(self) -> tuple[EngineConfig, ...]: ...
+    @property
+    def api_keys(self) -> tuple[ApiKeyConfig, ...]: ...
+    @property
+    def queue_deadline_s(self) -> Mapping[str, float]: ...
+    @property
+    def model_fields_set(self) -> set[str]: ...
+    @property
+    def lease_ms(self) -> int: ...
+    @property
+    def lease_renew_ms(self) -> int: ...
+
+
+def check(settings: Checked) -> None:
+    """Raises the first contradiction between ``settings``, or a name they use that they
+    do not define."""
+    _bands(settings.bands)
+    _unique("models", [model.name for model in settings.models])
+    _unique("engines", [engine.name for engine in settings.engines])
+    _engines_apart(settings.engines)
+    check_engine_groups(settings.models, settings.bands)
+    _key_bands(settings)
+    _queue_deadlines(settings)
+    _leases(settings)
+
+
+def _bands(bands: Sequence[str]) -> None:
+    if len(set(bands)) != len(bands) or not bands:
+        raise SettingError(("bands",), "must be a non-empty list of distinct names")
+
+
+def _unique(section: str, names: Sequence[str]) -> None:
+    for index, name in enumerate(names):
+        if name in names[:index]:
+            raise SettingError(
+                (section, index, "name"),
+                f"{name!r} is the name of {section}[{names.index(name)}] too: names of "
+                f"{section} must be unique",
+            )
+
+
+def _engines_apart(engines: Sequence[EngineConfig]) -> None:
+    for index, engine in enumerate(engines):
+        for place, other in enumerate(engines[:index]):
+            if share_engine(engine, other):
+                listed = set(engine.endpoints) & set(other.endpoints)
+                shared = "endpoints" if listed else "discovery"
+                raise SettingError(
+                    ("engines", index, shared),
+                    f"engines {other.name!r} (engines[{place}]) and {engine.name!r} name one "
+                    f"engine (their {shared} meet): describe it in one entry, and let every "
+                    "model it serves name that one",
+                )
+
+
+def _key_bands(settings: Checked) -> None:
+    for index, key in enumerate(settings.api_keys):
+        for place, band in enumerate(key.bands or ()):
+            if band not in settings.bands:
+                raise SettingError(
+                    ("api_keys", index, "bands", place),
+                    f"api key of user {key.user!r} names unknown band {band!r}: the bands "
+                    f"are {', '.join(settings.bands)}",
+                )
+
+
+def _queue_deadlines(settings: Checked) -> None:
+    # The defaults name the default bands: ignored where those do not exist.
+    named = "queue_deadline_s" in settings.model_fields_set
+    for band, limit in settings.queue_deadline_s.items():
+        if limit <= 0 or (named and band not in settings.bands):
+            raise SettingError(
+                ("queue_deadline_s", band),
+                f"{band!r} must be one of the bands ({', '.join(settings.bands)}), with a "
+                "positive number of seconds",
+            )
+
+
+def _leases(settings: Checked) -> None:
+    if settings.lease_renew_ms * 2 > settings.lease_ms:
+        raise SettingError(
+            ("lease_renew_ms",),
+            f"{settings.lease_renew_ms} is more than half of lease_ms ({settings.lease_ms}), "
+            "so a live worker could lose its jobs between renewals: renew at most every "
+            f"{settings.lease_ms // 2} ms",
+        )
