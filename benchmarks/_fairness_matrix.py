@@ -26,6 +26,9 @@ P95_RATIO = 1.25
 P95_STEPS = 1.0
 STEPS_OF_FIFO = 1.03
 MATRIX_ARMS = "a,e,c,t"
+# Light users per flood (the presets' 6 make a p95 their largest but one; each newcomer also
+# costs the flood a held step and a take-back, so not many more)
+LIGHT_USERS = 12
 # The KV-bound cell: a KV cache for about this many of the flood's sequences, the batch
 # as the profile's (256).
 KV_SEQUENCES = 12
@@ -74,18 +77,28 @@ def parse_cells(text: str) -> list[Cell]:
 
 def sizes(scenario: str, cell: Cell) -> dict[str, Any]:
     """The size flags of ``scenario`` (the h100 presets) in ``cell``: a flood of many waves
-    of what the engine runs at once (at most the preset's), light users within it."""
+    of what the engine runs at once (at most the preset's), and enough light requests
+    within it for a p95 (``LIGHT_USERS``, of one request each, two in mixed)."""
     runs = cell.runs
     if scenario == "seed":
-        return {"power_requests": _within(20 * runs, 24, 500), "light_interval_s": 1.0}
+        return {
+            "power_requests": _within(20 * runs, 24, 500),
+            "light_users": LIGHT_USERS,
+            "light_interval_s": 1.0,
+        }
     if scenario == "long":
         return {
             "power_requests": min(3 * runs + 4, 300),
             "long_output_tokens": "500-1500",
+            "light_users": LIGHT_USERS,
             "light_start_s": 5.0 if runs > 64 else 2.0,
             "light_interval_s": 2.0,
         }
-    return {"power_requests": _within(6 * runs, 8, 300), "light_interval_s": 0.5}
+    return {
+        "power_requests": _within(6 * runs, 8, 300),
+        "light_users": LIGHT_USERS,
+        "light_interval_s": 0.5,
+    }
 
 
 def _within(value: int, low: int, high: int) -> int:

@@ -40,7 +40,7 @@ from fairq.children import start_child
 from fairq.localredis import LocalRedis, free_port
 
 DEMO_MODELS = ("demo-chat", "demo-code")
-DEMO_BATCH_SLOTS = 32  # max_num_seqs of the simulator's default profile
+DEMO_BATCH_SLOTS = 32  # max_num_seqs of the simulator's default profile (fairq learns it)
 DEMO_KEYS = {  # key -> (user, tenant): printed by `fairq up`, for local use only
     "fq-demo-alice": ("alice", "team-a"),
     "fq-demo-bob": ("bob", "team-b"),

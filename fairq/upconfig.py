@@ -22,7 +22,6 @@ from broker.settings import KINDS
 from fairq.localredis import free_port
 from fairq.stack import (
     DEMO_ADMIN_KEY,
-    DEMO_BATCH_SLOTS,
     DEMO_KEYS,
     DEMO_MODELS,
     demo_api_keys,
@@ -72,9 +71,9 @@ def _demo_keys() -> tuple[str, ...]:
 def demo_plan(sim_port: int | None) -> Plan:
     ports = [sim_port + i if sim_port else free_port() for i in range(len(DEMO_MODELS))]
     return Plan(
-        # The simulator's default profile runs 32 at once: fairq is told, so kept slots
-        # work from the first request (learning it waits for the engine to be seen full).
-        config=demo_config(ports, batch_slots=DEMO_BATCH_SLOTS),
+        # Nothing about the engines is told: fairq learns their capacity, as a default
+        # deployment does (the simulator's default profile runs 32 at once).
+        config=demo_config(ports),
         sims=dict(zip(ports, DEMO_MODELS, strict=True)),
         models=tuple(
             f"{name}  simulated engine at http://127.0.0.1:{port} (timings are estimates)"

@@ -27,7 +27,9 @@ if st ~= 'queued' and st ~= 'dispatched' and st ~= 'running' then
   return st
 end
 if st == 'queued' then
-  redis.call('XDEL', KEYS[5], qentry)
+  if qentry then  -- not a job taken back (park.lua) that was sent express: never queued
+    redis.call('XDEL', KEYS[5], qentry)
+  end
   redis.call('LREM', KEYS[12], 0, ARGV[1])
   redis.call('HINCRBY', KEYS[9], ARGV[8], -1)
   leave_queue(KEYS[5], KEYS[12], KEYS[6], KEYS[10], ARGV[6], KEYS[1])

@@ -160,6 +160,22 @@ async def test_an_express_job_cancelled_before_a_worker_read_it_releases_its_roo
     assert snap.inflight == {EP: 0} and snap.unstarted == {EP: 0}
 
 
+async def test_an_express_job_taken_back_out_of_the_engine_can_be_cancelled(r: Redis) -> None:
+    # Sent express, it was never in its user's queue (no queue entry): taken back, it waits
+    # in the parked list only, and its cancel must find it there (a 503 once).
+    s = settings()
+    q, d = JobQueue(r, s), DispatchStore(r, s)
+    assert await _grant(d, ALL)
+    jobs = [await q.submit(submission("alice")) for _ in range(2)]
+    parked = await d.park(MODEL, EP)
+    assert parked is not None and parked.job_id == jobs[1]
+    assert (await q.get(jobs[1], "alice")).state is JobState.QUEUED
+    assert (await q.cancel(jobs[1], "alice")).state is JobState.CANCELLED
+    assert await r.llen(keys.parked(MODEL, "default", "alice")) == 0
+    assert await r.zscore(keys.backlog(MODEL, "default"), "alice") is None
+    assert await r.hget(keys.queued_counts(MODEL), "default") == b"0"
+
+
 async def test_express_gives_the_engine_priority_a_dispatch_would(r: Redis) -> None:
     s = settings(model_fields={"engine_priority": True})
     q, d, x = JobQueue(r, s), DispatchStore(r, s), ExecutionStore(r, s)

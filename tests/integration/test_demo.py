@@ -26,7 +26,7 @@ _ENDED = {"completed", "failed", "cancelled", "expired"}
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
-    with demo_stack(batch_slots=DEMO_BATCH_SLOTS) as running:  # as `fairq up` runs it
+    with demo_stack() as running:  # as `fairq up` runs it: the batch learned, not told
         yield running
 
 
