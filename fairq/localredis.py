@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -57,10 +58,31 @@ def server_binary() -> str:
     return binary
 
 
+# Ports this process has handed out or been told are taken. A port found free is only
+# bound later, by a child: two lookups before either binds can meet on one port (the
+# kernel picks among ~14,000), and a stack picks several (Redis, simulators, /metrics).
+_TAKEN: set[int] = set()
+_TAKEN_LOCK = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free on 127.0.0.1 now and never handed out before in this process."""
+    with _TAKEN_LOCK:
+        for _ in range(1000):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            if port not in _TAKEN:
+                _TAKEN.add(port)
+                return port
+    raise OSError(f"no free port on 127.0.0.1 that this process has not handed out ({len(_TAKEN)} so far)")
+
+
+def claim_port(port: int) -> None:
+    """``port`` is someone's (a server this process will start on it): ``free_port``
+    never hands it out."""
+    with _TAKEN_LOCK:
+        _TAKEN.add(port)
 
 
 class LocalRedis:

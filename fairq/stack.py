@@ -225,7 +225,8 @@ class Stack:
             return
         dead = self.dead()
         if dead:
-            raise RuntimeError(f"{dead} exited while the stack was starting")
+            code = self.processes[dead].returncode
+            raise RuntimeError(f"{dead} exited (code {code}) while the stack was starting")
         raise TimeoutError(f"{url} did not become ready in {timeout_s}s")
 
     def dead(self) -> str | None:

@@ -16,6 +16,7 @@ import click
 from click.core import ParameterSource
 
 from fairq.console import Console, watch_enter
+from fairq.localredis import claim_port
 from fairq.runtime import environment
 from fairq.stack import Stack
 from fairq.upconfig import ENGINES, Plan, PlanError, demo_plan, engine_plan, file_plan
@@ -87,6 +88,7 @@ def up(
     redis_url: str | None,
     workers: int,
 ) -> None:
+    claim_port(port)  # the simulators, Redis and /metrics ports keep off the gateway's
     try:
         plan = _plan(ctx, config_file, engine_urls, model=model, engine=engine, sim_port=sim_port)
     except PlanError as exc:

@@ -70,7 +70,7 @@ def test_jobs_the_scrape_could_not_show_add_to_what_it_showed() -> None:
     # read at the scrape keeps it in the estimate.
     state = fresh(waiting=2, running=10, inflight=14, unstarted=1, unseen_at_scrape=1)
     assert state.queue_estimate == 3
-    assert METRICS.decide(state, "default", CONFIG).room == 0
+    assert METRICS.decide(state, "default", CONFIG).room_for_served == 0
     sent_too = fresh(
         waiting=1, inflight=14, unseen_at_scrape=1, admitted_since_scrape=1, plain_since_scrape=1
     )
@@ -82,7 +82,7 @@ def test_streamed_jobs_handed_over_before_the_scrape_count_until_their_first_tok
     # band for the whole scrape interval after the jobs had started.
     burst = fresh(waiting=1, running=10, inflight=13, unseen_streamed=2, unstarted=2)
     assert burst.queue_estimate == 3
-    assert METRICS.decide(burst, "default", CONFIG).room == 0
+    assert METRICS.decide(burst, "default", CONFIG).room_for_served == 0
     started = fresh(waiting=1, running=12, inflight=13, unseen_streamed=2, unstarted=0)
     assert started.queue_estimate == 1
     assert METRICS.decide(started, "default", CONFIG).room == 2
@@ -102,7 +102,7 @@ def test_only_jobs_the_scrape_did_not_show_holding_a_band_back_asks_for_an_early
     assert held_by_unseen(held, "batch", CONFIG)
     # Jobs on their way or handed over just before the scrape: a newer one may show them.
     plain = fresh(waiting=1, running=20, inflight=22, unseen_at_scrape=2)
-    assert METRICS.decide(plain, "default", CONFIG).room == 0
+    assert METRICS.decide(plain, "default", CONFIG).room_for_served == 0
     assert held_by_unseen(plain, "default", CONFIG)
     streamed = fresh(waiting=1, inflight=2, unseen_streamed=2, unstarted=2)
     assert held_by_unseen(streamed, "default", CONFIG)
@@ -121,7 +121,7 @@ def test_only_jobs_the_scrape_did_not_show_holding_a_band_back_asks_for_an_early
 def test_the_lag_free_count_of_unstarted_jobs_wins_when_larger() -> None:
     state = fresh(waiting=0, running=0, inflight=3, unstarted=3)  # sent, engine shows nothing yet
     assert state.queue_estimate == 3
-    assert METRICS.decide(state, "default", CONFIG).room == 0
+    assert METRICS.decide(state, "default", CONFIG).room_for_served == 0
 
 
 def test_batch_is_admitted_only_when_the_engine_queue_is_empty() -> None:
@@ -202,7 +202,7 @@ def test_sends_before_the_scrape_count_through_its_unseen_count_and_later_ones_a
     snap = ModelSnapshot([], {"http://a": 4}, {})
     (state,) = endpoint_states(["http://a"], snap, {"http://a": view}, sent, now=99.1, stale_s=2)
     assert state.admitted_since_scrape == 1 and state.unseen_at_scrape == 2
-    assert METRICS.decide(state, "default", CONFIG).room == 0
+    assert METRICS.decide(state, "default", CONFIG).room_for_served == 0
 
 
 BANDS = ("interactive", "default", "batch")
@@ -309,21 +309,26 @@ def test_the_batch_is_learned_from_metrics_unless_configured_or_turned_off() -> 
     )
     state = fresh(running=7, inflight=7, batch_seen=8)
     assert METRICS.decide(state, "default", learned).served_room == 0
-    # Not learned yet: users in the engine leave one place of the target to newcomers.
-    assert METRICS.decide(fresh(running=7, inflight=7), "default", learned).served_room == 2
+    # Not learned yet: users in the engine fill the target (the engine is soon seen full).
+    assert METRICS.decide(fresh(running=7, inflight=7), "default", learned).served_room == 3
     off = AdmissionConfig(targets={"default": 3}, tpot_ceiling_s=1, inflight_cap=8, batch_slots=0)
     assert METRICS.decide(state, "default", off).served_room is None
 
 
-def test_while_the_capacity_is_learned_a_flood_ramping_up_leaves_newcomers_a_place() -> None:
-    # Two of the flood's jobs prefilling (no first token yet), the engine not seen full.
-    ramping = fresh(running=10, inflight=12, unstarted=2)
+def test_while_the_capacity_is_learned_a_newcomer_always_goes() -> None:
+    # A flood's jobs fill the target (three prefilling), the engine not seen full yet: a
+    # newcomer gets a place beyond it, users in the engine nothing.
+    ramping = fresh(running=10, inflight=13, unstarted=3)
     decision = METRICS.decide(ramping, "default", CONFIG)
-    assert (decision.room, decision.room_for_served) == (1, 0)  # the newcomer's place
+    assert (decision.room, decision.room_for_served) == (1, 0)
     assert decision.limit is Limit.REFILLS_WAITING
+    # Bounded: not while the engine's own queue is at the target, nor past twice it.
+    assert METRICS.decide(replace(ramping, waiting=3), "default", CONFIG).room == 0
+    assert METRICS.decide(replace(ramping, unstarted=6, inflight=16), "default", CONFIG).room == 0
+    # Below the target users in the engine take it all, as newcomers do.
     one = METRICS.decide(replace(ramping, unstarted=1, inflight=11), "default", CONFIG)
-    assert (one.room, one.room_for_served) == (2, 1)
-    # A target of one has no place to leave: first come as before.
+    assert (one.room, one.room_for_served) == (2, 2)
+    # A target of one is first come as before.
     batch_band = METRICS.decide(fresh(running=4, inflight=4), "batch", CONFIG)
     assert batch_band.served_room is None
 
@@ -342,14 +347,14 @@ def test_the_express_grant_carries_the_free_slots_for_users_in_the_engine() -> N
         grant is not None and grant.served == 1 and grant.credits == {"interactive": 3, "batch": 1}
     )
     unknown = plan_grant(METRICS, [fresh()], ["interactive"], CONFIG)
-    assert unknown is not None and unknown.served == 2  # one place kept while learning
+    assert unknown is not None and unknown.served == 3  # the whole target while learning
 
 
 def test_with_the_batch_known_the_engine_queue_is_counted_lag_free() -> None:
     # A non-streamed job sent since the last scrape went into a free slot: it does not
     # hold a newcomer back until the next scrape, as it must without the batch.
     state = fresh(running=5, inflight=6, admitted_since_scrape=3, plain_since_scrape=3)
-    assert METRICS.decide(state, "interactive", CONFIG).room == 0
+    assert METRICS.decide(state, "interactive", CONFIG).room_for_served == 0
     assert METRICS.decide(state, "interactive", BATCH8).room == 3
     # fairq's jobs beyond the batch wait in the engine: they are its queue.
     beyond = fresh(running=8, inflight=10, admitted_since_scrape=2, plain_since_scrape=2)
