@@ -8,8 +8,9 @@ Prometheus). Adding a model is one entry there and one ``fairq k8s render``; the
 is plain YAML, committed, that ``kubectl apply -k`` takes with no plugin:
 
     base/fairq.yaml            fairq's config without the k8s blocks and the keys, each
-                               model finding its engines by DNS (``discovery``): the
-                               headless Service's records, one per ready pod
+                               model naming an entry of ``engines`` of its own, found
+                               by DNS (``discovery``): the headless Service's records,
+                               one per ready pod
     base/api-keys.yaml         the Secret of the API keys, their hashes only (``k8s_keys``)
     base/keda-scaler.yaml      ``fairq keda-scaler``, the engines' KEDA trigger
                                (``k8s_scaler``; with ``engine_trigger: external-push``)
@@ -43,7 +44,7 @@ from typing import Any
 import yaml
 
 from broker import keys
-from broker.settings import ModelConfig
+from broker.settings import ModelConfig, split_entry
 from fairq import k8s_engines, k8s_keys, k8s_scaler
 from fairq.k8s_spec import ENGINE_PORT, ClusterSpec, EngineSpec, Model, label_value, slug
 
@@ -71,7 +72,13 @@ def load_source(path: Path) -> tuple[ClusterSpec, list[Model], dict[str, Any]]:
     (its ``api_keys`` included: ``render`` takes them out into their Secret)."""
     source = yaml.safe_load(path.read_text()) or {}
     cluster = ClusterSpec.model_validate(source.pop("k8s", None) or {})
-    models, entries = [], []
+    if "engines" in source:
+        raise ValueError(
+            f"{path.name} has an engines section: here each model entry carries its engine's "
+            "settings (render writes base/fairq.yaml's engines, one per model, found by DNS); "
+            "move them onto the model entries"
+        )
+    models, entries, engines = [], [], []
     for entry in source.get("models") or []:
         engine = EngineSpec.model_validate(entry.pop("k8s", None) or {})
         model = Model(entry["name"], slug(entry["name"]), engine)
@@ -82,11 +89,16 @@ def load_source(path: Path) -> tuple[ClusterSpec, list[Model], dict[str, Any]]:
             )
         entry["discovery"] = model.discovery(cluster)
         ModelConfig.model_validate(entry)  # a bad entry fails here, not in a pod at start-up
+        # base/fairq.yaml in the two-entry form: the model names its engine, which holds
+        # where it is (the model's Service) and the engine's settings.
+        own, engine_entry = split_entry(entry, model.slug)
         models.append(model)
-        entries.append(entry)
+        entries.append(own)
+        engines.append(engine_entry)
     if len({m.slug for m in models}) != len(models):
         raise ValueError("two model names map to the same Kubernetes name; rename one")
-    return cluster, models, {**source, "models": entries}
+    rest = {key: value for key, value in source.items() if key != "models"}
+    return cluster, models, {"engines": engines, "models": entries, **rest}
 
 
 def render(k8s_dir: Path) -> dict[Path, str]:

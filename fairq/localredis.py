@@ -75,7 +75,9 @@ def free_port() -> int:
             if port not in _TAKEN:
                 _TAKEN.add(port)
                 return port
-    raise OSError(f"no free port on 127.0.0.1 that this process has not handed out ({len(_TAKEN)} so far)")
+    raise OSError(
+        f"no free port on 127.0.0.1 that this process has not handed out ({len(_TAKEN)} so far)"
+    )
 
 
 def claim_port(port: int) -> None:

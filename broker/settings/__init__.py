@@ -18,7 +18,7 @@ from broker.settings.engine import DEFAULT_QUEUE_TARGETS, KINDS, EngineConfig, E
 from broker.settings.http import HttpSettings
 from broker.settings.keys import ApiKeyConfig
 from broker.settings.model import ModelConfig, ResumeStreams
-from broker.settings.resolve import ENGINE_ON_MODEL, SettingNote
+from broker.settings.resolve import ENGINE_ON_MODEL, SettingNote, split_entry
 from broker.settings.root import CONCERNS, DEFAULT_BANDS, Settings, load_settings
 
 __all__ = [
@@ -39,4 +39,5 @@ __all__ = [
     "Settings",
     "load_settings",
     "nameserver_address",
+    "split_entry",
 ]

@@ -176,3 +176,20 @@ def _as_on_engine(key: str, value: object) -> str:
         value = "priority" if value is True else "fcfs"
     shown = value if isinstance(value, str) else json.dumps(value, default=str)
     return f"{ENGINE_ON_MODEL[key]}: {shown}"
+
+
+def split_entry(entry: Mapping[str, Any], engine: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An old-form model entry as the two entries of the new form: the model's own
+    settings naming ``engine``, and the entry of ``engines`` of that name holding the
+    engine's (its ``kind`` and ``scheduling`` named as an engine names them)."""
+    model: dict[str, Any] = {}
+    engine_entry: dict[str, Any] = {"name": engine}
+    for key, value in entry.items():
+        if key not in ENGINE_ON_MODEL:
+            model[key] = value
+        elif key == "engine_priority":
+            engine_entry["scheduling"] = "priority" if value is True else "fcfs"
+        else:
+            engine_entry[ENGINE_ON_MODEL[key]] = value
+    own = {key: value for key, value in model.items() if key != "name"}
+    return {"name": entry["name"], "engine": engine, **own}, engine_entry

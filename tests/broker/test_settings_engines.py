@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from broker import EngineConfig, ModelConfig, Settings, engine_groups
 from broker.errors import SettingError
+from broker.settings import split_entry
 
 ENGINE = "http://10.0.0.1:8000"
 GPU_A = {"name": "gpu-a", "endpoints": [ENGINE]}
@@ -152,3 +153,14 @@ def test_engines_and_models_load_from_the_environment(monkeypatch: pytest.Monkey
     monkeypatch.setenv("FAIRQ_ENGINES", '[{"name": "gpu-a", "endpoints": ["http://e:8000"]}]')
     monkeypatch.setenv("FAIRQ_MODELS", '[{"name": "m", "engine": "gpu-a"}]')
     assert Settings().models[0].endpoints == ("http://e:8000",)
+
+
+def test_an_old_form_entry_split_in_two_loads_as_the_same_model_without_notes() -> None:
+    old = {"name": "m", "engine": "vllm", "engine_priority": True, "endpoints": [ENGINE],
+           "batch_slots": 8, "policy": "token_fair"}  # fmt: skip
+    own, engine = split_entry(old, "gpu-a")
+    assert own == {"name": "m", "engine": "gpu-a", "policy": "token_fair"}
+    assert engine == {"name": "gpu-a", "kind": "vllm", "scheduling": "priority",
+                      "endpoints": [ENGINE], "batch_slots": 8}  # fmt: skip
+    split = Settings(engines=[engine], models=[own])
+    assert split.notes == () and split.models == Settings(models=[old]).models

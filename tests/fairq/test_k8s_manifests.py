@@ -30,6 +30,7 @@ from broker import keys
 from broker.settings import Settings, load_settings
 from fairq import k8s
 from fairq.cli import main as fairq_cli
+from fairq.config_check import check_file
 from tests.support.kustomize import K8S_DIR, OVERLAYS, has_kubectl, kubectl_kustomize, kustomize
 
 ROOT = K8S_DIR.parent.parent
@@ -84,6 +85,29 @@ def test_generated_files_match_a_fresh_render_of_fairq_yaml() -> None:
     assert k8s.stale(K8S_DIR) == [], "run `fairq k8s render` and commit the result"
 
 
+def test_the_rendered_configuration_names_each_models_engine_and_needs_no_note() -> None:
+    # The old form (engine settings on the model) loads too, but with a note at every
+    # start of every pod: the rendered file is in the form the settings ask for.
+    settings, problems = check_file(K8S_DIR / "base" / "fairq.yaml")
+    assert settings is not None and problems == []
+    assert settings.notes == ()
+    source = yaml.safe_load((K8S_DIR / "fairq.yaml").read_text())
+    llama = settings.model(source["models"][0]["name"])
+    assert llama is not None and llama.policy == "token_fair"
+    assert llama.tpot_ceiling_ms == source["models"][0]["tpot_ceiling_ms"]
+    assert llama.discovery is not None and llama.discovery.dns.startswith("engine-llama")
+
+
+def test_render_refuses_an_engines_section_saying_where_engine_settings_go(
+    tmp_path: Path,
+) -> None:
+    source = yaml.safe_load((K8S_DIR / "fairq.yaml").read_text())
+    source["engines"] = [{"name": "gpu-a", "endpoints": ["http://gpu-a:8000"]}]
+    (tmp_path / "fairq.yaml").write_text(yaml.safe_dump(source))
+    with pytest.raises(ValueError, match="move them onto the model entries"):
+        k8s.render(tmp_path)
+
+
 def test_render_writes_one_engine_file_per_model_and_drops_a_removed_one(tmp_path: Path) -> None:
     source = yaml.safe_load((K8S_DIR / "fairq.yaml").read_text())
     new_model = {"name": "org/New-Model:v2", "k8s": {"min_replicas": 0, "max_replicas": 3}}
@@ -97,8 +121,9 @@ def test_render_writes_one_engine_file_per_model_and_drops_a_removed_one(tmp_pat
     assert names == ["Deployment/engine-org-new-model-v2", "Service/engine-org-new-model-v2"]
     assert not (tmp_path / "engines/vllm/gone.yaml").exists()
     config = yaml.safe_load((tmp_path / "base/fairq.yaml").read_text())
-    assert "endpoints" not in config["models"][-1]
-    assert config["models"][-1]["discovery"] == {
+    engine = _engine_of(config, config["models"][-1])
+    assert "endpoints" not in engine
+    assert engine["discovery"] == {
         "dns": "engine-org-new-model-v2.fairq.svc.cluster.local", "port": 8000,
         "scheme": "http", "interval_s": 5.0,
     }  # fmt: skip
@@ -433,6 +458,12 @@ def _selects(selector: Obj, labels: Obj) -> bool:
     )
 
 
+def _engine_of(config: Obj, model: Obj) -> Obj:
+    """The entry of ``engines`` that ``model`` names (each model its own)."""
+    (engine,) = [e for e in config["engines"] if e["name"] == model["engine"]]
+    return engine
+
+
 def _config(objects: list[Obj]) -> Obj:
     (config_map,) = [c for c in of_kind(objects, "ConfigMap") if "fairq.yaml" in c["data"]]
     config: Obj = yaml.safe_load(config_map["data"]["fairq.yaml"])
@@ -444,11 +475,13 @@ def test_each_models_discovery_names_a_headless_service_in_front_of_its_engines(
     overlay: str,
 ) -> None:
     objects = rendered(overlay)
-    models = _config(objects)["models"]
+    config = _config(objects)
+    models = config["models"]
     assert [m["name"] for m in models] == source_models()
     for model in models:
-        assert "endpoints" not in model, "found by DNS, not listed"
-        found = model["discovery"]
+        engine = _engine_of(config, model)
+        assert "endpoints" not in engine, "found by DNS, not listed"
+        found = engine["discovery"]
         host, namespace, *domain = found["dns"].split(".")
         assert (namespace, domain) == ("fairq", ["svc", "cluster", "local"])
         service = named(objects, "Service", host)
