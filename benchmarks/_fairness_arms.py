@@ -28,6 +28,8 @@ the engine schedules by priority:
     is when a flood arrives over time rather than at t=0, with no fairq process running;
 (o) as (c) with answers not streamed to their clients not streamed from the engine either
     (``stream_from_engine`` off): fairq sees their first token only with the whole answer;
+(q) as (c) without preemption (``preemption`` off): nothing sent is taken back, so a
+    newcomer that finds the batch full waits for a slot to free;
 (t) as (c), told the engine's batch as an operator who knows it would (``batch_slots``):
     the hand-tuned stack the defaults are measured against.
 
@@ -139,6 +141,12 @@ ARMS: dict[str, ArmSpec] = {
             "fairq, whole answers not streamed from the engine",
             via_fairq=True,
             model_overrides={"stream_from_engine": False},
+        ),
+        ArmSpec(
+            "q",
+            "fairq without preemption",
+            via_fairq=True,
+            model_overrides={"preemption": False},
         ),
         ArmSpec("t", "fairq told the engine's batch", via_fairq=True, told_batch=True),
     )

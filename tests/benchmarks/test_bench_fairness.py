@@ -403,6 +403,7 @@ def test_the_new_arms_carry_the_new_admission_settings() -> None:
     assert ARMS["h"].model_overrides == {"reserved_slots": 0}
     assert ARMS["i"].model_overrides == {"resume_streams": "exact"}
     assert ARMS["j"].model_overrides == {"resume_streams": "off"}
+    assert ARMS["q"].model_overrides == {"preemption": False}
 
 
 # --- the stream reader and CPU ------------------------------------------------------------
