@@ -18,8 +18,10 @@ room it leaves is what the engine runs now.
 Speed: the scrape budget spaces reads of a loaded engine up to a second apart, and the
 first sample that shows requests waiting cannot tell a full batch from one prefill
 step. ``Capacity.confirm`` asks for a second read a few steps later, outside the
-budget, whenever a sample shows requests waiting at a running set not yet known full:
-a flood's first second is when a newcomer's wait depends on the batch being known.
+budget, whenever a sample shows requests begin to wait at a running set not yet known
+full, and again after a confirming read that found the running set still growing: a
+flood's first second is when a newcomer's wait depends on the batch being known. Once a
+capacity is known the scraper spaces them (``Scraper._confirm``).
 
 Restarts: an engine restarted (its step or token counters went backwards) may run other
 flags: what was learned is forgotten and learned again.
@@ -57,9 +59,14 @@ class Capacity:
             return Capacity(slots, most=most)
         if _full(previous, current):
             return Capacity(max(slots, running), running, most=most)
-        # Requests began to wait at a running set not known full: a second read tells.
+        # Requests began to wait at a running set not known full: a second read tells. So
+        # does another after a read that found the running set grown since the last (a
+        # flood's ramp): the budget's next read may come a second later, when a flood
+        # whose answers end together waits for nothing. Not after one that found too few
+        # steps: an engine whose counters stand still would be read every few steps.
         began = previous is None or previous.waiting <= 0
-        return Capacity(slots, None, confirm=began and running != slots, most=most)
+        grew = previous is not None and current.running > previous.running
+        return Capacity(slots, None, confirm=(began or grew) and running != slots, most=most)
 
     def disagrees(self, configured: int | None) -> str | None:
         """Why the engine's batch is not ``configured`` (``batch_slots``; None or 0: not

@@ -412,6 +412,9 @@ class Scraper:
             pace=next_pace_window(old.pace, sample, sent_at),
         )
         view = self._views[endpoint]
+        if view.capacity.slots != old.capacity.slots and view.capacity.known:
+            log.info("%s runs %d requests at once (learned from its metrics)",
+                     endpoint, view.capacity.slots)  # fmt: skip
         if view.capacity.confirm:
             self._confirm(endpoint, view)
 

@@ -70,6 +70,16 @@ def test_requests_that_begin_to_wait_at_an_unknown_running_set_ask_for_a_second_
     assert kv.confirm
 
 
+def test_a_confirming_read_that_cannot_tell_asks_for_another() -> None:
+    # A flood's ramp: the confirming read finds a larger running set.
+    assert _learned(_sample(0, 0, 0), _sample(3, 8, 1), _sample(3, 16, 3)).confirm
+    # Not where the engine's counters stand still: it would be read every few steps.
+    assert not _learned(_sample(0, 0, 0), _sample(3, 16, 1), _sample(3, 16, 1)).confirm
+    # The next one tells.
+    told = _learned(_sample(0, 0, 0), _sample(3, 8, 1), _sample(3, 16, 3), _sample(3, 16, 9))
+    assert (told.slots, told.confirm) == (16, False)
+
+
 def test_the_confirming_read_comes_a_few_steps_later_and_never_at_once() -> None:
     assert confirm_delay_s(None) == CONFIRM_MIN_S
     assert confirm_delay_s(0.001) == CONFIRM_MIN_S
