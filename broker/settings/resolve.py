@@ -170,26 +170,30 @@ def _moved(index: int, key: str, value: object, to: str) -> SettingNote | None:
     return SettingNote(("models", index, key), f"an engine setting: move it to {where}")
 
 
-def _as_on_engine(key: str, value: object) -> str:
-    """``key: value`` as an entry of ``engines`` writes it."""
+def _on_engine(key: str, value: object) -> tuple[str, object]:
+    """The old-form model setting ``key: value`` as an entry of ``engines`` names it."""
     if key == "engine_priority":
         value = "priority" if value is True else "fcfs"
+    return ENGINE_ON_MODEL[key], value
+
+
+def _as_on_engine(key: str, value: object) -> str:
+    """``key: value`` as an entry of ``engines`` writes it."""
+    name, value = _on_engine(key, value)
     shown = value if isinstance(value, str) else json.dumps(value, default=str)
-    return f"{ENGINE_ON_MODEL[key]}: {shown}"
+    return f"{name}: {shown}"
 
 
 def split_entry(entry: Mapping[str, Any], engine: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """An old-form model entry as the two entries of the new form: the model's own
     settings naming ``engine``, and the entry of ``engines`` of that name holding the
-    engine's (its ``kind`` and ``scheduling`` named as an engine names them)."""
-    model: dict[str, Any] = {}
+    engine's (each named as an engine names it)."""
+    own: dict[str, Any] = {"name": entry["name"], "engine": engine}
     engine_entry: dict[str, Any] = {"name": engine}
     for key, value in entry.items():
-        if key not in ENGINE_ON_MODEL:
-            model[key] = value
-        elif key == "engine_priority":
-            engine_entry["scheduling"] = "priority" if value is True else "fcfs"
-        else:
-            engine_entry[ENGINE_ON_MODEL[key]] = value
-    own = {key: value for key, value in model.items() if key != "name"}
-    return {"name": entry["name"], "engine": engine, **own}, engine_entry
+        if key in ENGINE_ON_MODEL:
+            name, on_engine = _on_engine(key, value)
+            engine_entry[name] = on_engine
+        elif key != "name":
+            own[key] = value
+    return own, engine_entry
