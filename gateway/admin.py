@@ -1,12 +1,13 @@
 """The operator's routes: ``/metrics`` (Prometheus), ``/admin/status`` and ``/dashboard``.
 
-``/admin/status`` answers admin API keys only (``Principal.admin``; others get 403):
-every model's status snapshot as ``fairq status --json`` prints it
+``/admin/status`` answers admin API keys only (``auth.Admin``; to anyone else it is an
+unknown URL): every model's status snapshot as ``fairq status --json`` prints it
 (``broker.status``). ``/dashboard`` is one static page (no external assets: the
 chart is drawn on a canvas) that asks for an admin key, keeps it in the tab's
 session storage, and polls ``/admin/status``; the page itself holds no data, so it
 is served to anyone. ``/metrics`` is the gateway's own series, unauthenticated as
-Prometheus expects; do not route it through the public Ingress.
+Prometheus expects; do not route it through the public Ingress. None of them is part
+of the public API: the OpenAPI document leaves them out.
 """
 
 from __future__ import annotations
@@ -16,16 +17,14 @@ from importlib import resources
 
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
-from redis.exceptions import RedisError
 from starlette.responses import HTMLResponse, Response
 
-from broker.errors import BrokerUnavailable, Forbidden
 from broker.status import read_status
-from gateway.auth import Caller
+from gateway.auth import Admin
 from gateway.errors import json_response
 from gateway.state import gateway_of
 
-router = APIRouter()
+router = APIRouter(include_in_schema=False)
 
 _PAGE = resources.files("gateway").joinpath("static/dashboard.html")
 
@@ -36,15 +35,11 @@ async def metrics() -> Response:
 
 
 @router.get("/admin/status")
-async def admin_status(request: Request, caller: Caller) -> Response:
-    if not caller.admin:
-        raise Forbidden("the status of the queues is for admin API keys only")
+async def admin_status(request: Request, caller: Admin) -> Response:
     gateway = gateway_of(request)
     now_ms = int(time.time() * 1000)
-    try:
-        models = await read_status(gateway.redis, gateway.settings, now_ms)
-    except RedisError as exc:
-        raise BrokerUnavailable(f"could not read the status from Redis: {exc}") from exc
+    # A Redis error is the app's 503 (``errors``), which keeps its text from the client.
+    models = await read_status(gateway.redis, gateway.settings, now_ms)
     return json_response({"object": "fairq.status", "at_ms": now_ms, "models": models})
 
 

@@ -1,8 +1,9 @@
 """Queue inspection for operators: ``GET /v1/admin/queues`` and
 ``GET /v1/admin/models/{model}/queue`` (see ``broker.inspection`` for the fields).
 
-Only keys with ``admin: true`` see these routes. Any other key gets the same 404
-as an unknown URL, so the admin surface cannot be discovered with a user's key.
+Only keys with ``admin: true`` see these routes (``auth.Admin``). Anyone else gets the
+same 404 as an unknown URL, so the admin surface cannot be discovered with a user's
+key; the public OpenAPI document leaves them out.
 """
 
 from __future__ import annotations
@@ -10,25 +11,18 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from broker.auth import Principal
-from broker.errors import NotFound, UnknownModel
+from broker.errors import UnknownModel
 from broker.inspection import model_queue
-from gateway.auth import Caller
+from gateway.auth import Admin
 from gateway.errors import json_response
 from gateway.state import gateway_of
 
-router = APIRouter()
-
-
-def _require_admin(request: Request, caller: Principal) -> None:
-    if not caller.admin:
-        raise NotFound(f"Invalid URL ({request.method} {request.url.path})", code="unknown_url")
+router = APIRouter(include_in_schema=False)
 
 
 @router.get("/v1/admin/queues")
-async def all_queues(request: Request, caller: Caller) -> Response:
+async def all_queues(request: Request, caller: Admin) -> Response:
     """Every configured model's queues."""
-    _require_admin(request, caller)
     gateway = gateway_of(request)
     bands = gateway.settings.bands
     data = [await model_queue(gateway.redis, m.name, bands) for m in gateway.settings.models]
@@ -36,9 +30,8 @@ async def all_queues(request: Request, caller: Caller) -> Response:
 
 
 @router.get("/v1/admin/models/{model:path}/queue")
-async def one_queue(model: str, request: Request, caller: Caller) -> Response:
+async def one_queue(model: str, request: Request, caller: Admin) -> Response:
     """One model's queues: per band the backlog, the next users and the top users."""
-    _require_admin(request, caller)
     gateway = gateway_of(request)
     if gateway.settings.model(model) is None:
         raise UnknownModel(f"The model `{model}` does not exist.")

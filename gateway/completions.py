@@ -130,7 +130,7 @@ async def _wait_for_result(request: Request, job: FollowedJob) -> Response:
         return Response(status_code=_CLIENT_CLOSED)  # job.ended is False: release cancels it
     body, end = result.result()
     headers = {JOB_HEADER: job.id}
-    error = ended_error(end) or (no_body() if body is None else None)
+    error = ended_error(end, job.id) or (no_body() if body is None else None)
     if error is not None:
         return error_response(error, headers)
     return Response(body, 200, headers, media_type="application/json")

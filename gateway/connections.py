@@ -7,6 +7,10 @@ uvicorn's httptools protocol with these limits (``broker.settings.HttpSettings``
 
 * headers: all of them within ``header_timeout_s`` of the connection, or of a keep-alive
   request's first byte; else 408 and closed (closed without a word if nothing came);
+* header size: the request line and headers within ``MAX_HEADER_BYTES``, before any
+  route (or key) sees them; else 431 and closed. Headers still arriving past the cap
+  are not parsed on: what follows is dropped (up to ``discard_body_bytes``, until the
+  header deadline), so the parser holds at most the cap and one read;
 * body: no silence longer than ``body_timeout_s`` while one arrives; else 408 and closed.
   A silence while uvicorn has paused reading (the app has not taken what came) is the
   gateway's own and does not count;
@@ -42,12 +46,19 @@ log = logging.getLogger(__name__)
 # reader, logs, and connections accepted beyond the cap until they are answered.
 _FD_HEADROOM = 1024
 
+# The request line and headers of one request, together. The largest legitimate set (an
+# API key and a few tracing headers) is a few KiB; httptools and uvicorn keep whatever
+# comes until the headers end, with no bound of their own (uvicorn bounds only its h11
+# protocol, with h11_max_incomplete_event_size; the gateway always runs this one).
+MAX_HEADER_BYTES = 64 * 1024
+
 
 class _Phase(enum.Enum):
     HEADERS = "headers"  # a request's headers are due
     BODY = "body"  # its body is arriving
     DONE = "done"  # read whole: the app answers; uvicorn's keep-alive timer takes over
     IDLE = "idle"  # read whole after its answer was sent: this protocol's keep-alive
+    OVERSIZED = "oversized"  # headers past the cap, answered 431: input dropped unparsed
 
 
 def _answer(status: str, kind: str, code: str, message: str, extra: bytes = b"") -> bytes:
@@ -58,6 +69,15 @@ def _answer(status: str, kind: str, code: str, message: str, extra: bytes = b"")
         f"content-length: {len(body)}\r\nconnection: close\r\n"
     ).encode()
     return head + extra + b"\r\n" + body
+
+
+_HEADERS_TOO_LARGE = _answer(
+    "431 Request Header Fields Too Large",
+    "invalid_request_error",
+    "headers_too_large",
+    f"the request line and headers exceed {MAX_HEADER_BYTES} bytes, this gateway's limit; "
+    "send fewer or shorter headers",
+)
 
 
 class GuardedProtocol(HttpToolsProtocol):
@@ -73,8 +93,9 @@ class GuardedProtocol(HttpToolsProtocol):
         self._last_read = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._begun = False  # a byte of a request has come on this connection
-        self._refused = False  # beyond max_connections
+        self._refused = False  # answered without the app: beyond max_connections, or 431
         self._discarded = 0
+        self._header_bytes = 0  # read while this request's headers are due
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -90,7 +111,17 @@ class GuardedProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_read = self.loop.time()
+        if self._phase is _Phase.OVERSIZED:
+            self._discard(len(data))
+            return
+        if self._phase is _Phase.HEADERS:
+            self._header_bytes += len(data)
         super().data_received(data)
+        # Checked once the parser has the read: a read that ends the headers may hold body
+        # bytes, which do not count (``on_headers_complete`` measures those headers whole).
+        if self._phase is _Phase.HEADERS and self._header_bytes > MAX_HEADER_BYTES:
+            self._phase = _Phase.OVERSIZED
+            self.transport.write(_HEADERS_TOO_LARGE)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -101,11 +132,18 @@ class GuardedProtocol(HttpToolsProtocol):
             self._arm(self.limits.header_timeout_s)
 
     def on_headers_complete(self) -> None:
-        self._phase = _Phase.BODY
+        self._phase, self._header_bytes = _Phase.BODY, 0
         if self._refused:
             self.transport.write(self._over_capacity())
             return
+        if self._header_size() > MAX_HEADER_BYTES:  # as the 503: body dropped, then closed
+            self._refused = True
+            self.transport.write(_HEADERS_TOO_LARGE)
+            return
         super().on_headers_complete()
+
+    def _header_size(self) -> int:
+        return len(self.url) + sum(len(name) + len(value) for name, value in self.headers)
 
     def on_body(self, body: bytes) -> None:
         if self._refused or (self.cycle is not None and self.cycle.response_complete):
@@ -139,7 +177,7 @@ class GuardedProtocol(HttpToolsProtocol):
         """The timer: close the connection past its deadline, else wait for the rest."""
         self._timer = None
         now = self.loop.time()
-        if self._phase is _Phase.HEADERS:
+        if self._phase in (_Phase.HEADERS, _Phase.OVERSIZED):
             deadline = self._since + self.limits.header_timeout_s
         elif self._phase is _Phase.BODY:
             if self.flow.read_paused:  # not reading is the gateway's doing, not the client's
@@ -155,7 +193,9 @@ class GuardedProtocol(HttpToolsProtocol):
             self._time_out()
 
     def _time_out(self) -> None:
-        silent = self._phase is _Phase.IDLE or not self._begun
+        # A request answered without the app (503, 431) gets no second answer.
+        answered = self._phase is _Phase.OVERSIZED or (self._refused and self._phase is _Phase.BODY)
+        silent = answered or self._phase is _Phase.IDLE or not self._begun
         cycle = self.cycle if self._phase is _Phase.BODY and not self._refused else None
         if not silent and not (cycle is not None and cycle.response_started):
             if cycle is not None:  # the app, still waiting for the body, answers no one

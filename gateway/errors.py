@@ -3,16 +3,20 @@
 ``{"error": {"message", "type", "param", "code"}}`` with the status of the
 ``FairqError`` (see ``broker.errors``; ``param`` names the request field at fault,
 else null); routing errors (404, 405) and FastAPI's validation errors get the
-same shape. A Redis error that no route turned into a
-``FairqError`` (Redis down, or not answering within ``redis_command_timeout_s``)
-is a 503 ``redis_unavailable``: the request may be sent again. An unexpected
-exception is logged once (type and route; never headers or bodies, which hold API
-keys and prompts) and answered with a 500 by ``CatchAll``, the outermost middleware.
+same shape. An admin route is an unknown URL (404) to anyone without an admin key
+(``auth.Admin``), a wrong method on it included. A Redis error (Redis down, or not
+answering within ``redis_command_timeout_s``), raw or as the broker's
+``BrokerUnavailable``, is a 503 ``redis_unavailable``: the request may be sent again.
+Its text names Redis's address, so the client is given an error id instead, which the
+log records with the text. An unexpected exception is logged once (type and route;
+never headers or bodies, which hold API keys and prompts) and answered with a 500 by
+``CatchAll``, the outermost middleware.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Mapping
 
 import orjson
@@ -28,6 +32,7 @@ from broker.errors import (
     BrokerUnavailable,
     FairqError,
     InvalidRequest,
+    NotFound,
     QueueFull,
     Unauthorized,
 )
@@ -35,6 +40,10 @@ from broker.errors import (
 log = logging.getLogger(__name__)
 
 JOB_HEADER = "X-Fairq-Job-Id"
+
+# Where the admin routes are. To anyone else they do not exist: a 405 for a wrong method
+# on one would say that it does.
+ADMIN_PATHS = ("/admin/", "/v1/admin/")
 
 
 def json_response(
@@ -65,30 +74,40 @@ def error_response(exc: FairqError, headers: dict[str, str] | None = None) -> Re
     return json_response(exc.to_body(), exc.status, headers)
 
 
+def unknown_url(request: Request) -> NotFound:
+    """The 404 of a URL that does not exist, and of an admin route to anyone else."""
+    return NotFound(f"Invalid URL ({request.method} {request.url.path})", code="unknown_url")
+
+
 def _openai_body(message: str, type_: str, code: str | None) -> dict[str, object]:
     return {"error": {"message": message, "type": type_, "param": None, "code": code}}
 
 
 async def _on_fairq_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, FairqError)
+    if isinstance(exc, BrokerUnavailable):  # the broker's message holds redis-py's text
+        return await _on_redis_error(request, exc)
     return error_response(exc)
 
 
 async def _on_redis_error(request: Request, exc: Exception) -> Response:
-    log.warning("%s %s: Redis failed (%s)", request.method, request.url.path, type(exc).__name__)
+    error_id = secrets.token_hex(6)
+    where = f"{request.method} {request.url.path}"
+    log.warning("%s: Redis failed (error id %s): %s: %s", where, error_id, type(exc).__name__, exc)
     return error_response(
         BrokerUnavailable(
-            f"Redis did not answer this request ({type(exc).__name__}: {exc}); retry it shortly"
+            f"Redis did not answer this request; retry it shortly (error id {error_id}: "
+            "the operator's log has the detail under it)"
         )
     )
 
 
 async def _on_http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    where = f"{request.method} {request.url.path}"
-    if exc.status_code == 404:
-        body = _openai_body(f"Invalid URL ({where})", "invalid_request_error", "unknown_url")
-    elif exc.status_code == 405:
+    admin = request.url.path.startswith(ADMIN_PATHS)
+    if exc.status_code == 404 or (exc.status_code == 405 and admin):
+        return error_response(unknown_url(request))
+    if exc.status_code == 405:
         message = f"Method {request.method} is not allowed for {request.url.path}"
         body = _openai_body(message, "invalid_request_error", "method_not_allowed")
     else:

@@ -11,7 +11,7 @@ for is the start-up, not the queue's drain.
 last event received as ``Last-Event-ID`` (or none, for everything from the
 start); the answer is the events after it, then the job's end, as the original
 stream would have gone on. ``GET /v1/admin/dead-letters`` lists the jobs ended as
-dead letters (admin keys only).
+dead letters (admin keys only, ``auth.Admin``; left out of the OpenAPI document).
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from broker.demand import read_model_state
-from broker.errors import Forbidden, NotFound, UnknownModel
+from broker.errors import NotFound, UnknownModel
 from broker.execution import ExecutionStore
-from gateway.auth import Caller
+from broker.jobs import JobRecord
+from gateway.auth import Admin, Caller
 from gateway.errors import json_response
 from gateway.followed import FollowedJob
+from gateway.outcomes import shown_error
 from gateway.sse import JobStreamResponse, resume_point
 from gateway.state import gateway_of
 
@@ -68,7 +70,7 @@ async def get_job(job_id: str, request: Request, caller: Caller) -> Response:
     and whether its model is ready or starting."""
     gateway = gateway_of(request)
     job = await gateway.queue.get(job_id, caller.user)
-    body = job.public()
+    body = _public(job)
     position = await gateway.queue.position(job)
     if position is not None:
         state = await read_model_state(gateway.redis, job.model)
@@ -98,19 +100,22 @@ async def resume_stream(
 async def cancel_job(job_id: str, request: Request, caller: Caller) -> Response:
     """Cancel the job unless it has ended; answers with the record as it is afterwards."""
     job = await gateway_of(request).queue.cancel(job_id, caller.user)
-    return json_response(job.public())
+    return json_response(_public(job))
 
 
-@router.get("/v1/admin/dead-letters")
+def _public(job: JobRecord) -> dict[str, object]:
+    """The job as its owner sees it: a failure without the server's detail (``outcomes``)."""
+    return job.public() | {"error": shown_error(job.error, job.id)}
+
+
+@router.get("/v1/admin/dead-letters", include_in_schema=False)
 async def dead_letters(
     request: Request,
-    caller: Caller,
+    caller: Admin,
     model: str = Query(description="the model whose dead letters to list"),
     limit: int = Query(default=100, ge=1, le=1000),
 ) -> Response:
     """The newest jobs ended as dead letters (each kept until it expires, result_ttl_s)."""
-    if not caller.admin:
-        raise Forbidden("listing dead letters needs an admin API key")
     gateway = gateway_of(request)
     if gateway.settings.model(model) is None:
         raise UnknownModel(f"The model `{model}` does not exist.")

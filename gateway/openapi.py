@@ -24,6 +24,7 @@ from broker.requests import ChatBody, CompletionBody
 from broker.settings import Settings
 from gateway.batches import METADATA_LIMITS
 from gateway.completions import BAND_HEADER, STREAM_HEADERS_HEADER, STREAM_HEADERS_HOLD
+from gateway.connections import MAX_HEADER_BYTES
 
 _REF = "#/components/schemas/{model}"
 _BODIES: dict[str, type[BaseModel]] = {
@@ -39,6 +40,7 @@ _ERRORS = {
     "409": "the job was cancelled",
     "413": "request body over max_body_bytes",
     "429": "the user has max_queued_per_user jobs queued; see Retry-After",
+    "431": f"the request line and headers are over {MAX_HEADER_BYTES // 1024} KiB",
     "503": "Redis is unavailable, the gateway is shutting down or holds its most connections",
 }
 _ERROR_SCHEMA = {

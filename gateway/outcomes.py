@@ -2,7 +2,8 @@
 
     failed      the worker's error object ``{"message", "type", "param", "code", "status"}``
                 (``param``: the request field the engine named, else null), with its
-                ``status`` (502 when it has none or a bad one)
+                ``status`` (502 when it has none or a bad one). A 5xx's message is
+                replaced (``shown_message``): it is the server's own detail
     cancelled   409 ``{"type": "cancelled", "code": "job_cancelled"}``: the job was
                 cancelled (``DELETE /v1/jobs/{id}``, possibly from another connection)
                 while this request waited. 499 is nginx's private code and would
@@ -22,11 +23,21 @@ output had begun has sent its 200 already and gets the same error object as one
 
 from __future__ import annotations
 
+import logging
+
 from broker.errors import FairqError
 from broker.jobs import JobState
 from broker.results import ResultEvent
 
+log = logging.getLogger(__name__)
+
 _FAILED_STATUS = 502
+# What a client is told of a 5xx failure, by status (else ``_SERVER_FAILED``).
+_SERVER_FAILURES = {
+    503: "the request could not be served now; retry it later",
+    504: "the engine did not answer in time",
+}
+_SERVER_FAILED = "the request failed in its engine or worker"
 
 # Put in a followed job's event queue by the gateway's drain; compared by identity.
 SHUTDOWN = ResultEvent(b"gateway-shutdown")
@@ -44,23 +55,50 @@ class JobEnded(FairqError):
         self.code = code
 
 
-def _failed(error: dict[str, object] | None) -> JobEnded:
-    error = error or {}
+def _status(error: dict[str, object]) -> int:
     status = error.get("status")
-    if not isinstance(status, int) or not 400 <= status <= 599:
-        status = _FAILED_STATUS
-    message, code, param = error.get("message"), error.get("code"), error.get("param")
+    return status if isinstance(status, int) and 400 <= status <= 599 else _FAILED_STATUS
+
+
+def shown_message(error: dict[str, object], job_id: str) -> str:
+    """What the client of a failed job is told: a 4xx is the request's fault, and the
+    engine's reason says what to fix. Any other failure's message is the server's own
+    detail: the worker writes the engine's URL and the socket's error into it
+    (``workers.engine``), and an engine's 5xx body may name its hosts. Then the client
+    is told the kind of failure and the job id, and the log holds the detail under it."""
+    message = error.get("message")
+    message = message if isinstance(message, str) and message else "the request failed"
+    status = _status(error)
+    if status < 500:
+        return message
+    code = error.get("code")
+    log.warning("job %s failed (%s, %d): %s", job_id, code, status, message)
+    what = _SERVER_FAILURES.get(status, _SERVER_FAILED) + (f" ({code})" if code else "")
+    return f"{what}; the operator's log has the detail under job {job_id}"
+
+
+def shown_error(error: dict[str, object] | None, job_id: str) -> dict[str, object] | None:
+    """A job's error record as its owner may see it (``shown_message``)."""
+    if not error:
+        return error
+    return {**error, "message": shown_message(error, job_id)}
+
+
+def _failed(error: dict[str, object] | None, job_id: str) -> JobEnded:
+    error = error or {}
+    code, param = error.get("code"), error.get("param")
     return JobEnded(
-        message if isinstance(message, str) and message else "the request failed",
-        status=status,
+        shown_message(error, job_id),
+        status=_status(error),
         type_=str(error.get("type") or "server_error"),
         code=str(code) if code is not None else None,
         param=param if isinstance(param, str) and param else None,
     )
 
 
-def ended_error(event: ResultEvent) -> JobEnded | None:
-    """The error to report for an end event (or ``SHUTDOWN``); None when the job completed."""
+def ended_error(event: ResultEvent, job_id: str) -> JobEnded | None:
+    """The error to report for job ``job_id``'s end event (or ``SHUTDOWN``); None when the
+    job completed."""
     if event is SHUTDOWN:
         return JobEnded(
             "the gateway is shutting down and the request had not started; retry it",
@@ -69,7 +107,7 @@ def ended_error(event: ResultEvent) -> JobEnded | None:
             code="gateway_shutting_down",
         )
     if event.end is JobState.FAILED:
-        return _failed(event.error)
+        return _failed(event.error, job_id)
     if event.end is JobState.CANCELLED:
         return JobEnded(
             "the request was cancelled", status=409, type_="cancelled", code="job_cancelled"

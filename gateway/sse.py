@@ -130,8 +130,8 @@ def _to_send(batch: list[ResultEvent]) -> list[ResultEvent] | None:
     return batch
 
 
-def _end_frame(event: ResultEvent, skip: int = 0) -> bytes:
-    error = ended_error(event)
+def _end_frame(event: ResultEvent, job_id: str, skip: int = 0) -> bytes:
+    error = ended_error(event, job_id)
     frame = _DONE if error is None else b"data: " + orjson.dumps(error.to_body()) + b"\n\n" + _DONE
     return frame if event is SHUTDOWN else _with_ids(event.id, frame, skip)
 
@@ -173,7 +173,7 @@ def _frames(batch: list[ResultEvent], job: FollowedJob) -> bytes:
         if event.chunk is not None:
             out.append(_with_ids(event.id, event.chunk, skip))
         elif event.end is not None or event is SHUTDOWN:
-            out.append(_end_frame(event, skip))
+            out.append(_end_frame(event, job.id, skip))
     return b"".join(out)
 
 
@@ -293,7 +293,7 @@ class JobStreamResponse(Response):
             ended = _ended_before_output(taken) if taken else None
             if ended is _GONE:
                 return  # nobody to answer; job.ended stays False: release cancels the job
-            error = ended_error(ended) if ended is not None else None
+            error = ended_error(ended, job.id) if ended is not None else None
             if error is not None:
                 # As the same request not streamed is answered (``completions``).
                 job.ended = ended is not SHUTDOWN  # a shutdown's release cancels the job

@@ -1,7 +1,8 @@
 """The gateway's connection limits (``gateway.connections``), tried with raw sockets on
-127.0.0.1 against the gateway served as ``fairq api`` serves it: slow headers, a body
-that stops, idle and keep-alive connections, more connections than the cap, and bodies
-sent whole past their 413 (raw, through httpx and through the official openai client).
+127.0.0.1 against the gateway served as ``fairq api`` serves it: slow headers, headers
+past their cap, a body that stops, idle and keep-alive connections, more connections
+than the cap, and bodies sent whole past their 413 (raw, through httpx and through the
+official openai client).
 
 Timeouts are cut to fractions of a second here; the defaults are in
 ``broker.settings.HttpSettings`` and docs/operations.md.
@@ -22,6 +23,7 @@ from openai._constants import DEFAULT_CONNECTION_LIMITS
 
 from broker.settings import HttpSettings
 from gateway import create_app, gateway_config
+from gateway.connections import MAX_HEADER_BYTES
 from tests.support import local_http
 from tests.support.eventually import eventually
 from tests.support.settings import ALICE, ALICE_KEY, MODEL, make_settings
@@ -127,6 +129,46 @@ def test_a_keep_alive_request_gets_its_own_header_deadline(url: str) -> None:
         sock.sendall(b"GET /healthz HTTP/1.1\r\n")  # and no more
         data, waited = read_to_close(sock)
     assert response(data)[0] == 408 and waited < SHORT_S + 2
+
+
+def head_with(padding: int) -> bytes:
+    """A keyless ``GET /v1/models`` (a 401 once read) with a header ``padding`` bytes long."""
+    return b"GET /v1/models HTTP/1.1\r\nHost: gw\r\nX-Pad: " + b"p" * padding + b"\r\n\r\n"
+
+
+@pytest.mark.parametrize("padding", [MAX_HEADER_BYTES + 1, 100_000, 4_000_000])
+def test_headers_past_the_cap_get_431_before_the_key_is_checked(url: str, padding: int) -> None:
+    with connect(url) as sock:
+        sock.sendall(head_with(padding))  # all of it before reading: no broken pipe
+        status, headers, body = response(read_to_close(sock)[0])
+    assert status == 431 and headers["connection"] == "close"
+    assert body["error"]["code"] == "headers_too_large"  # type: ignore[index]
+    assert local_http.get(f"{url}/healthz", timeout=5).status_code == 200
+
+
+def test_headers_that_never_end_get_431_once_past_the_cap_not_at_the_timeout(url: str) -> None:
+    # The gateway stops reading them at the cap: parsed on, they would all be kept.
+    with connect(url) as sock:
+        sock.sendall(head_with(4 * MAX_HEADER_BYTES)[:-4])  # no blank line: they go on
+        start = time.monotonic()
+        status, _, body = response(read_one_response(sock))
+        assert time.monotonic() - start < SHORT_S * 0.9  # not the header timeout's 408
+    assert status == 431 and body["error"]["code"] == "headers_too_large"  # type: ignore[index]
+
+
+def test_a_431_whose_body_never_comes_is_the_only_answer(url: str) -> None:
+    with connect(url) as sock:
+        sock.sendall(head_with(MAX_HEADER_BYTES + 1).replace(b"GET", b"POST").replace(
+            b"\r\n\r\n", b"\r\nContent-Length: 100\r\n\r\n"))  # fmt: skip
+        data, waited = read_to_close(sock)  # closed at the body timeout, without a 408
+    assert data.count(b"HTTP/1.1") == 1 and response(data)[0] == 431
+    assert waited < SHORT_S + 2
+
+
+def test_headers_just_under_the_cap_are_read_as_usual(url: str) -> None:
+    with connect(url) as sock:
+        sock.sendall(head_with(MAX_HEADER_BYTES - 1024))
+        assert response(read_one_response(sock))[0] == 401  # read whole: the key is missing
 
 
 def test_a_body_that_stops_arriving_gets_408(url: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import re
 import signal
@@ -40,7 +41,7 @@ from broker import (
     StreamMode,
     keys,
 )
-from gateway import sse
+from gateway import outcomes, sse
 from tests.support.eventually import aeventually, eventually
 from tests.support.settings import (
     ALICE,
@@ -301,7 +302,8 @@ async def test_a_job_that_fails_after_its_first_token_ends_its_stream_with_an_er
     async with opened(request) as r:
         assert r.status_code == 200
         raw = await read_all(r)
-    body = {"error": {"message": error["message"], "type": error["type"], "param": None,
+    shown = outcomes.shown_message(failed.error or {}, job.job_id)  # a 5xx: not the worker's
+    body = {"error": {"message": shown, "type": error["type"], "param": None,
                       "code": error["code"]}}  # fmt: skip
     assert raw == first + b"data: " + orjson.dumps(body) + b"\n\n" + DONE
 
@@ -374,6 +376,42 @@ async def test_queued_stream_gets_its_headers_and_keep_alive_comments_after_a_lu
     assert first.startswith(b": keep-alive\n\n")
 
 
+# What a worker writes when its engine's connection broke (``workers.engine``).
+ENGINE_HOST = "10.4.0.17:8000"
+BROKE = {"message": f"the engine connection broke at http://{ENGINE_HOST}/v1/chat/completions: "
+         "Server disconnected without sending a response.", "type": "engine_error",
+         "param": None, "code": "engine_stream_cut", "status": 502}  # fmt: skip
+
+
+def assert_told_without_internals(error: dict[str, object], job_id: str) -> None:
+    message = str(error["message"])
+    assert error["code"] == "engine_stream_cut" and job_id in message
+    assert ENGINE_HOST not in message and "http" not in message and "Server" not in message
+
+
+async def test_a_failure_reaches_its_client_without_engine_urls_and_with_its_job_id(
+    http: httpx.AsyncClient, standin: StandIn, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="gateway")
+    whole = asyncio.create_task(http.post("/v1/chat/completions", headers=ALICE, json=chat()))
+    job = await standin.take()
+    await standin.finish(job, outcome=Outcome(JobState.FAILED, error=BROKE))
+    assert_told_without_internals(assert_error(await whole, 502, "engine_stream_cut"), job.job_id)
+    polled = (await http.get(f"/v1/jobs/{job.job_id}", headers=ALICE)).json()
+    assert_told_without_internals(polled["error"], job.job_id)
+    request = streamed(http, ALICE, chat(stream=True))  # failed after its first token
+    streamed_job = await standin.take()
+    first = chat_chunk(streamed_job.job_id, "Hel")
+    failed = Outcome(JobState.FAILED, error=BROKE)
+    await standin.finish(streamed_job, chunks=[first], outcome=failed)
+    async with opened(request) as r:
+        event = (await read_all(r)).removeprefix(first).split(b"\n\n")[0]
+    assert_told_without_internals(orjson.loads(event.removeprefix(b"data: "))["error"],
+                                  streamed_job.job_id)  # fmt: skip
+    for told in (job.job_id, streamed_job.job_id):  # the operator has the detail
+        assert any(told in r.getMessage() and ENGINE_HOST in r.getMessage() for r in caplog.records)
+
+
 # --- non-streaming ---------------------------------------------------------------------
 
 
@@ -405,7 +443,8 @@ async def test_non_streaming_failed_job_answers_with_the_status_the_error_carrie
     }
     await standin.finish(job, outcome=Outcome(JobState.FAILED, error=error))
     response = await asyncio.wait_for(request, WAIT_S)
-    assert assert_error(response, 503, "engine")["message"] == "engine overloaded"
+    told = str(assert_error(response, 503, "engine")["message"])
+    assert "engine overloaded" not in told and job.job_id in told  # a 5xx: not the worker's
     assert response.headers[JOB_HEADER] == job.job_id
 
 
@@ -498,7 +537,7 @@ async def test_openai_client_raises_a_status_error_for_a_stream_that_failed_befo
         "code": "engine_error",
     }
     await standin.finish(job, outcome=Outcome(JobState.FAILED, error=error))
-    with pytest.raises(openai.APIStatusError, match="engine died") as raised:
+    with pytest.raises(openai.APIStatusError, match=job.job_id) as raised:
         await asyncio.wait_for(call, WAIT_S)
     assert raised.value.status_code == 502  # an error without a status of its own
     assert raised.value.code == "engine_error"
@@ -513,7 +552,7 @@ async def test_openai_client_raises_on_a_stream_that_failed_mid_answer(
     failed = Outcome(JobState.FAILED, error=error)
     await standin.finish(job, chunks=[chat_chunk(job.job_id, "Hel")], outcome=failed)
     stream = await asyncio.wait_for(call, WAIT_S)
-    with pytest.raises(openai.APIError, match="engine died"):
+    with pytest.raises(openai.APIError, match=job.job_id):
         await asyncio.to_thread(lambda: list(stream))
 
 
@@ -740,6 +779,28 @@ async def test_readyz_is_503_when_redis_does_not_answer() -> None:
             async with httpx.AsyncClient(base_url=url, timeout=WAIT_S) as http:
                 assert (await http.get("/healthz")).status_code == 200
                 assert_error(await http.get("/readyz"), 503, "redis_unavailable")
+
+
+async def test_a_redis_failure_reaches_its_client_without_redis_s_address_and_with_an_id(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="gateway")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+        dead = f"redis://127.0.0.1:{port}/0"  # bound, never listening
+        with gateway_server(make_settings(dead, **CONFIG)) as url:
+            async with httpx.AsyncClient(base_url=url, timeout=WAIT_S, headers=ALICE) as http:
+                # redis-py's error, raised through the broker's error and straight
+                answers = [await http.post("/v1/chat/completions", json=chat()),
+                           await http.get("/v1/files")]  # fmt: skip
+    for answer in answers:
+        message = str(assert_error(answer, 503, "redis_unavailable")["message"])
+        assert port not in message and "127.0.0.1" not in message and "refused" not in message
+        told = re.search(r"error id (\w+)", message)
+        assert told is not None, message
+        logged = [r.getMessage() for r in caplog.records if told[1] in r.getMessage()]
+        assert logged and "refused" in logged[0]  # the operator has the detail
 
 
 def test_serve_answers_queued_streams_and_exits_cleanly_on_sigterm(redis_url: str) -> None:

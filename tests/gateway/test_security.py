@@ -9,8 +9,9 @@
   Host header the client sent.
 * Every route that takes a job, file or batch id answers 404 to another user's
   key (and the test fails when a new id route is not tried).
-* Queue inspection is for admin keys only; any other key gets the 404 of an
-  unknown URL.
+* Every admin route is for admin keys only: any other caller (another key, a wrong
+  key, none, a wrong method) gets the 404 of an unknown URL, and the public OpenAPI
+  document lists none of them (nor the operator's /metrics and /dashboard).
 * Redis AUTH (``redis://:password@``) and TLS (``rediss://``) work through the
   URL alone, for every process of a real stack.
 * At the default log level, no process logs an API key, a prompt or the Redis
@@ -19,13 +20,16 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from pkgutil import iter_modules
 
 import httpx
 import orjson
 import pytest
 import redis
+from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
 from broker import ApiKeyConfig, JobQueue, KeyRing, Settings, StreamMode, Submission
@@ -177,15 +181,52 @@ async def test_admins_see_each_bands_backlog_and_top_users(
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
 
 
+# Every admin route of the gateway, with a path to try it on (a new one must be added).
+ADMIN_ROUTES = {
+    ("GET", "/admin/status"): "/admin/status",
+    ("GET", "/v1/admin/queues"): "/v1/admin/queues",
+    ("GET", "/v1/admin/models/{model:path}/queue"): f"/v1/admin/models/{MODEL}/queue",
+    ("GET", "/v1/admin/dead-letters"): f"/v1/admin/dead-letters?model={MODEL}",
+}
+NOT_ADMIN = [ALICE, {"Authorization": "Bearer k-wrong"}, {}]
+
+
 @pytest.mark.integration
-@pytest.mark.parametrize("path", ["/v1/admin/queues", f"/v1/admin/models/{MODEL}/queue"])
-async def test_queue_inspection_is_hidden_from_other_keys(
-    http: httpx.AsyncClient, path: str
+async def test_every_admin_route_answers_anyone_else_as_an_unknown_url(
+    http: httpx.AsyncClient,
 ) -> None:
-    as_user = await http.get(path, headers=ALICE)
-    assert as_user.status_code == 404
-    assert as_user.json()["error"]["code"] == "unknown_url"
-    assert (await http.get(path)).status_code == 401
+    unknown = await http.get("/v1/admin/nosuch", headers=ALICE)
+    assert unknown.status_code == 404
+    for (method, _), path in ADMIN_ROUTES.items():
+        where = f"{method} {path.partition('?')[0]}"
+        same = {**unknown.json()["error"], "message": f"Invalid URL ({where})"}
+        for headers in NOT_ADMIN:
+            answer = await http.request(method, path, headers=headers)
+            assert answer.status_code == 404, (where, headers, answer.text)
+            assert answer.json()["error"] == same and "www-authenticate" not in answer.headers
+        wrong_method = await http.request("PUT", path, headers=ALICE)  # not a 405 either
+        assert wrong_method.status_code == 404, (path, wrong_method.text)
+        assert (await http.request(method, path, headers=ADMIN)).status_code == 200, path
+    admin = {(m, r.path) for r in _routes() if "admin" in r.path for m in r.methods or ()}
+    assert admin == set(ADMIN_ROUTES)
+
+
+def _routes() -> list[APIRoute]:
+    """The routes of every router in the gateway's modules."""
+    package = importlib.import_module("gateway")  # not the fixture of that name
+    modules = (importlib.import_module(f"gateway.{m.name}") for m in iter_modules(package.__path__))
+    routers = [module.router for module in modules if hasattr(module, "router")]
+    return [route for router in routers for route in router.routes if isinstance(route, APIRoute)]
+
+
+@pytest.mark.integration
+async def test_the_public_openapi_document_lists_no_admin_or_operator_route(
+    http: httpx.AsyncClient,
+) -> None:
+    paths = (await http.get("/openapi.json")).json()["paths"]
+    assert "/v1/chat/completions" in paths
+    hidden = [p for p in paths if "admin" in p or p in ("/metrics", "/dashboard")]
+    assert hidden == []
 
 
 def _run_one_job(stack: Stack, key: str, prompt: str) -> None:

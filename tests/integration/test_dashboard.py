@@ -147,12 +147,14 @@ async def test_the_dashboard_loads_shows_both_models_and_updates(
             if keep:
                 _DOCS.write_bytes(shot.read_bytes())
 
-            # The data endpoint answers admin keys only; the page says so.
+            # The data endpoint answers admin keys only (anyone else: 404, as if it did not
+            # exist); the page says so.
             await page.evaluate("sessionStorage.clear()")
             await page.goto(f"{stack.gateway_url}/dashboard?as=alice#key=fq-demo-alice")
             await _until(
                 page,
-                "(document.getElementById('state')?.textContent || '').startsWith('403')",
-                "the 403 of a non-admin key",
+                "(document.getElementById('state')?.textContent || '')"
+                ".startsWith('404: not an admin API key')",
+                "the 404 of a non-admin key",
             )
             assert await page.evaluate(f"{_CARDS}.length") == 0
