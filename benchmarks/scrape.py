@@ -124,8 +124,9 @@ def _unseen(redis_url: str) -> Any:
     redis = connect(settings)
     store = DispatchStore(redis, settings)
 
-    async def unseen(endpoint: str) -> Unseen:
-        return await store.unseen([MODEL_NAME], endpoint, int(METRICS_LAG_S * 1000))
+    async def unseen(endpoint: str, start_s: float) -> Unseen:
+        lag_ms, start_ms = int(METRICS_LAG_S * 1000), int(start_s * 1000)
+        return await store.unseen([MODEL_NAME], endpoint, lag_ms, start_ms)
 
     return unseen, redis
 

@@ -173,11 +173,14 @@ class DispatchStore:
         snap.in_engine.update(_in_engine(users, cast(list[bytes | None], counts)))
         return snap
 
-    async def unseen(self, models: Sequence[str], endpoint: str, lag_ms: int) -> Unseen:
+    async def unseen(
+        self, models: Sequence[str], endpoint: str, lag_ms: int, start_ms: int = 0
+    ) -> Unseen:
         """Jobs of ``models`` that ``endpoint``'s metrics cannot show yet: on their way to
         it (dispatched, no worker has started them), or handed to it within ``lag_ms``
-        (at most ``HANDED_KEEP_MS``). Read just before each scrape (``unseen.lua``)."""
-        calls = [unseen_call(model, endpoint, lag_ms) for model in models]
+        (at most ``HANDED_KEEP_MS``); and those handed to it streamed within ``start_ms``
+        that have no first token yet. Read just before each scrape (``unseen.lua``)."""
+        calls = [unseen_call(model, endpoint, lag_ms, start_ms) for model in models]
         async with self._redis.pipeline(transaction=False) as pipe:
             for call in calls:
                 call.queue(pipe)

@@ -267,11 +267,14 @@ class MetricsAdmission:
             # waited 220-520 ms for the batch to be learned, against 60 ms once it was.)
             # Once the batch is learned, the jobs sent ahead of it are taken back for a
             # newcomer that waits (``dispatcher.stages``: carried newcomers).
+            # They go at no pace: the pace follows the requests that end, and a batch that
+            # only replaced those would never grow to be seen full (a 256-slot engine, paced
+            # at one refill a step, never was).
             served = room
             if room == 0 and state.waiting_beyond < target and state.unstarted < 2 * target:
                 room = 1
             limit = Limit.QUEUE_TARGET if served or not room else Limit.REFILLS_WAITING
-            return _narrowed(state, room, served, limit, estimate)
+            return _narrowed(state, room, served, limit, estimate, paced=False)
         full = config.batch(state) or batch
         kept = config.reserve(full)
         # A job sent ahead would take a kept slot rather than wait: only without them.
@@ -298,14 +301,21 @@ class MetricsAdmission:
 
 
 def _narrowed(
-    state: EndpointState, room: int, served: int, limit: Limit, estimate: float
+    state: EndpointState,
+    room: int,
+    served: int,
+    limit: Limit,
+    estimate: float,
+    *,
+    paced: bool = True,
 ) -> Decision:
     """The decision with the room for users already in the engine narrowed by their pace
-    (``dispatcher.pacing``) and by a newcomer's step (``dispatcher.newcomer_step``)."""
-    paced = state.pace_allowed  # None: not paced, or no pace known yet
-    if paced is not None and served > paced:
-        served = paced
-        limit = Limit.REFILL_PACE if paced == 0 else limit
+    (``dispatcher.pacing``; ``paced`` False: not, while the batch grows to a capacity not
+    learned yet) and by a newcomer's step (``dispatcher.newcomer_step``)."""
+    allowed = state.pace_allowed if paced else None  # None: not paced, or no pace known yet
+    if allowed is not None and served > allowed:
+        served = allowed
+        limit = Limit.REFILL_PACE if allowed == 0 else limit
     if state.newcomer_step and served > 0:
         served, limit = 0, Limit.NEWCOMER_STEP
     return Decision(state.endpoint, room, limit, estimate, state.running, served)

@@ -9,11 +9,14 @@ requests wait only while the engine cannot take them.
 So a scrape that finds requests waiting, after one that found them waiting too at a
 running set that did not grow, with at least ``FULL_STEPS`` engine steps in between
 (each step admits what a free slot or free blocks can take), shows the engine full at
-its running set: ``Capacity.full_at``. Waiting through one long prefill step, or
-between two scrapes less than a step apart, shows nothing. ``Capacity.slots`` is the
-largest running set seen full (or seen at all, once one was seen full): the slot bound,
-which only a restart lowers. A ``full_at`` below it is the KV-bound regime, and the
-room it leaves is what the engine runs now.
+its running set: ``Capacity.full_at`` -- provided more wait at the second than fairq's
+jobs handed over within the last few steps (``start_window_s``), which wait only for
+the next step to take them in: a flood refilled as its answers end always has a few.
+Waiting through one long prefill step, or between two scrapes less than a step apart,
+shows nothing. ``Capacity.slots`` is the largest running set seen full (or seen at
+all, once one was seen full): the slot bound, which only a restart lowers. A
+``full_at`` below it is the KV-bound regime, and the room it leaves is what the engine
+runs now.
 
 Speed: the scrape budget spaces reads of a loaded engine up to a second apart, and the
 first sample that shows requests waiting cannot tell a full batch from one prefill
@@ -36,6 +39,13 @@ from dispatcher.engine_metrics import EngineSample
 FULL_STEPS = 2  # engine steps between two scrapes that show requests waiting
 CONFIRM_STEPS = 3  # a confirming read comes this many engine steps after the first
 CONFIRM_MIN_S = 0.03  # ... and never sooner (no step time known yet: this)
+# A job sent into room has its first token within this many engine steps (the step that
+# takes it in, its prefill, the worker's and the dispatcher's round trip), and not
+# before ``START_MIN_S``: until then it is starting, not waiting
+# (``admission.EndpointState.overdue``). Longer, and a flood's first requests to wait
+# look starting for as long, which delays learning its batch by a scrape.
+START_STEPS = 3
+START_MIN_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -47,17 +57,20 @@ class Capacity:
     confirm: bool = False  # the last sample showed requests waiting at an unknown running set
     most: int = 0  # the largest running set any scrape showed
 
-    def learn(self, previous: EngineSample | None, current: EngineSample) -> Capacity:
+    def learn(
+        self, previous: EngineSample | None, current: EngineSample, starting: int = 0
+    ) -> Capacity:
         """The capacity after a scrape that read ``current`` (``previous``: the scrape before,
-        or None)."""
+        or None). ``starting``: fairq's jobs handed over within the start window without a
+        first token at ``current`` (the module docstring)."""
         if previous is not None and _restarted(previous, current):
-            return Capacity().learn(None, current)
+            return Capacity().learn(None, current, starting)
         running = int(current.running)
         slots = max(self.slots, running) if self.slots else 0
         most = max(self.most, running)
         if current.waiting <= 0 or running <= 0:
             return Capacity(slots, most=most)
-        if _full(previous, current):
+        if current.waiting > starting and _full(previous, current):
             return Capacity(max(slots, running), running, most=most)
         # Requests began to wait at a running set not known full: a second read tells. So
         # does another after a read that found the running set grown since the last (a
@@ -117,3 +130,8 @@ def _restarted(previous: EngineSample, current: EngineSample) -> bool:
 def confirm_delay_s(step_s: float | None) -> float:
     """How long after a sample that asks to ``confirm`` the confirming read goes."""
     return max(CONFIRM_MIN_S, CONFIRM_STEPS * (step_s or 0.0))
+
+
+def start_window_s(step_s: float | None) -> float:
+    """How long a job handed over into room may take to show its first token."""
+    return max(START_MIN_S, START_STEPS * (step_s or 0.0))

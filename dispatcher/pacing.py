@@ -4,9 +4,11 @@ The engine prefills whatever it was sent since its last step in its next one. Re
 users already in the engine sent in a burst (several slots freed at once, or a scrape
 showing that a burst of jobs that are not streamed has started) make one long step, and
 a newcomer arriving during it waits it out before its own step begins. So refills go at
-about the rate requests end: ``per_step`` of them per engine step (the engine's ended
-requests per step, at least one), one every ``step / per_step`` -- the same prefill work,
-spread evenly over the steps.
+about the rate requests end: as many per engine step as the engine ends (at least one), one every
+``step / ends`` -- the same prefill work, spread evenly over the steps. At the rate itself,
+not a whole number of refills per step below it: 1.3 ends a step refilled once a step
+would shrink the batch until only one ended a step (a 256-slot batch of 200-token answers
+to about 200).
 
 The engine's step and its ended requests per second come from its metrics over windows
 of a second or more (``engine_metrics.PaceWindow``), not between two scrapes, where a step
@@ -35,14 +37,19 @@ from dispatcher.engine_metrics import PaceWindow
 
 @dataclass(frozen=True)
 class Pace:
-    """The rate refills may go at: ``per_step`` per engine step of ``step_s``."""
+    """The rate refills may go at: ``ends`` per engine step of ``step_s`` (at least one),
+    never more than ``per_step`` at once."""
 
-    per_step: int
+    ends: float
     step_s: float
 
     @property
+    def per_step(self) -> int:
+        return math.ceil(self.ends)
+
+    @property
     def interval_s(self) -> float:
-        return self.step_s / self.per_step
+        return self.step_s / self.ends
 
 
 def pace_of(window: PaceWindow | None) -> Pace | None:
@@ -51,7 +58,7 @@ def pace_of(window: PaceWindow | None) -> Pace | None:
     where the engine does not count its ended requests (no window)."""
     if window is None or window.ends_per_s is None or not window.step_s:
         return None
-    return Pace(max(1, math.floor(window.ends_per_s * window.step_s)), window.step_s)
+    return Pace(max(1.0, window.ends_per_s * window.step_s), window.step_s)
 
 
 class Pacer:
@@ -77,12 +84,15 @@ class Pacer:
     def sent(self, endpoint: str, count: int, pace: Pace, now: float) -> None:
         """``count`` refills went to ``endpoint`` at ``now``: the schedule moves on by
         theirs from where it was, or from now if it is a step or more behind (nothing was
-        sent for that long)."""
+        sent for that long), and never beyond a step from now."""
         if count <= 0:
             return
         due = self._due.get(endpoint)
         start = now if due is None or now - due > pace.step_s else due
-        self._due[endpoint] = start + count * pace.interval_s
+        # At most a step ahead: a burst sent unpaced (while the batch grew to a capacity not
+        # learned yet) holds later refills back for its one long prefill step, not for the
+        # hundreds of steps its count at the pace would take.
+        self._due[endpoint] = min(start + count * pace.interval_s, now + pace.step_s)
 
     def forget(self, endpoint: str) -> None:
         self._due.pop(endpoint, None)

@@ -27,12 +27,15 @@ scrape. An endpoint is also not healthy before its first good scrape: unknown is
 healthy, so admission never acts on metrics it has not seen. The last good sample is kept
 through failures; its ``scraped_at`` tells the reader how stale it is.
 
-Just before each scrape, ``unseen(endpoint)`` reads how many of fairq's jobs the
-sample cannot show: on their way to the engine (dispatched, not yet handed
+Just before each scrape, ``unseen(endpoint, start_s)`` reads how many of fairq's jobs
+the sample cannot show: on their way to the engine (dispatched, not yet handed
 over), or handed over so recently that the engine's gauges may not count them
-yet (``broker.Unseen``). The view keeps those counts beside the sample. When they cannot be
-read (None: Redis unreachable) the scrape is skipped and the view ages, so
-admission falls back as for stale metrics rather than trusting half a picture.
+yet (``broker.Unseen``); and those handed over streamed within ``start_s`` (the start
+window, ``capacity.start_window_s``) without a first token, which wait only for the
+engine's next step (``dispatcher.capacity``). The view keeps those counts beside the
+sample. When they cannot be read (None: Redis unreachable) the scrape is skipped and
+the view ages, so admission falls back as for stale metrics rather than trusting half
+a picture.
 
 After every attempt, good or bad, ``on_update(endpoint)`` lets the dispatcher
 re-run admission at once. ``scrape_after`` asks for one extra scrape soon,
@@ -63,7 +66,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from broker import Unseen
-from dispatcher.capacity import Capacity, confirm_delay_s
+from dispatcher.capacity import Capacity, confirm_delay_s, start_window_s
 from dispatcher.engine_metrics import (
     EngineSample,
     MetricsError,
@@ -148,7 +151,7 @@ class Scraper:
         unhealthy_after: int = 2,
         model_names: Mapping[str, str] | None = None,
         on_update: Callable[[str], None] | None = None,
-        unseen: Callable[[str], Awaitable[Unseen | None]] | None = None,
+        unseen: Callable[[str, float], Awaitable[Unseen | None]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``fetch`` None: kept-alive connections of this scraper's own (closed when ``run``
@@ -344,7 +347,9 @@ class Scraper:
         sent_at = self._clock()
         started = self._tick(self._now())
         state.woken = False
-        unseen = _NOTHING_UNSEEN if self._unseen is None else await self._unseen(endpoint)
+        unseen: Unseen | None = _NOTHING_UNSEEN
+        if self._unseen is not None:
+            unseen = await self._unseen(endpoint, start_window_s(self.view(endpoint).tpot_s))
         if unseen is None:
             log.debug("scrape of %s skipped: fairq's own counts are unreadable", endpoint)
             self._set_quiet(state, False, started)
@@ -408,7 +413,7 @@ class Scraper:
             unseen=unseen,
             tpot_s=recent_tpot_s(old.sample, sample),
             healthy=True,
-            capacity=old.capacity.learn(old.sample, sample),
+            capacity=old.capacity.learn(old.sample, sample, unseen.starting),
             pace=next_pace_window(old.pace, sample, sent_at),
         )
         view = self._views[endpoint]

@@ -256,10 +256,10 @@ class Dispatcher:
             for name in owners(endpoint):
                 wake.event(name).set()
 
-        async def unseen(endpoint: str) -> Unseen | None:
-            lag_ms = int(METRICS_LAG_S * 1000)
+        async def unseen(endpoint: str, start_s: float) -> Unseen | None:
+            lag_ms, start_ms = int(METRICS_LAG_S * 1000), int(start_s * 1000)
             try:
-                return await self._store.unseen(owners(endpoint), endpoint, lag_ms)
+                return await self._store.unseen(owners(endpoint), endpoint, lag_ms, start_ms)
             except RedisError:
                 return None  # the scrape waits for Redis: a sample without it is half a view
 

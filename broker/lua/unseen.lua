@@ -9,22 +9,31 @@
 -- KEYS[2] handed zset    fq:{m}:handed ("endpoint\njob id" -> when it started, ms)
 -- KEYS[3] unstarted hash fq:{m}:unstarted (endpoint -> jobs without a first token)
 -- ARGV[1] endpoint   ARGV[2] the metrics lag in ms   ARGV[3] job key prefix fq:{m}:job:
+-- ARGV[4] the start window in ms: a streamed job handed over within it and without a
+-- first token is starting (in the step that takes it in, or its prefill), not waiting
 -- Returns {jobs that may wait until a scrape shows them, handed streamed jobs without a
--- first token, every job sent to the endpoint without a first token}: of what the scrape
--- finds waiting, the last are fairq's own, which it counts without lag.
+-- first token, every job sent to the endpoint without a first token, handed streamed
+-- jobs starting}: of what the scrape finds waiting, the third are fairq's own, which it
+-- counts without lag, and the last may be waiting only for the engine's next step.
 local now = now_ms()
+local lag = tonumber(ARGV[2])
+local window = math.max(lag, tonumber(ARGV[4] or '0'))  -- the zset keeps a second
 local held = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
-local streamed = 0
+local streamed, starting = 0, 0
 local prefix = ARGV[1] .. '\n'
-for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], now - tonumber(ARGV[2]), '+inf')) do
+local members = redis.call('ZRANGEBYSCORE', KEYS[2], now - window, '+inf', 'WITHSCORES')
+for i = 1, #members, 2 do
+  local member = members[i]
   if string.sub(member, 1, #prefix) == prefix then
+    local recent = tonumber(members[i + 1]) >= now - lag
     local f = redis.call('HMGET', ARGV[3] .. string.sub(member, #prefix + 1), 's', 'ft')
     if f[1] == '0' then
-      held = held + 1
+      if recent then held = held + 1 end
     elseif f[1] and not f[2] then
-      streamed = streamed + 1
+      starting = starting + 1
+      if recent then streamed = streamed + 1 end
     end
   end
 end
 local unstarted = tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '0')
-return {held, streamed, unstarted}
+return {held, streamed, unstarted, starting}

@@ -18,13 +18,17 @@ class Unseen(NamedTuple):
     # Every job sent to the endpoint without a first token yet (in transit, or in the engine
     # until its first token): what of the engine's queue fairq counts lag-free
     unstarted: int = 0
+    # Handed over streamed within the start window, no first token yet: in the engine's
+    # queue only until its next step takes them in (``dispatcher.capacity``)
+    starting: int = 0
 
 
-def unseen_call(model: str, endpoint: str, lag_ms: int) -> Call[Unseen]:
-    """``lag_ms``: the engine's metrics lag."""
+def unseen_call(model: str, endpoint: str, lag_ms: int, start_ms: int = 0) -> Call[Unseen]:
+    """``lag_ms``: the engine's metrics lag; ``start_ms``: the start window (at most the
+    second ``handed`` keeps; never shorter than the lag)."""
     model_keys = [keys.transit(model), keys.handed(model), keys.unstarted(model)]
-    return Call(_SCRIPT, model_keys, [endpoint, lag_ms, keys.job_prefix(model)], _unseen)
+    return Call(_SCRIPT, model_keys, [endpoint, lag_ms, keys.job_prefix(model), start_ms], _unseen)
 
 
 def _unseen(reply: Any) -> Unseen:
-    return Unseen(int(reply[0]), int(reply[1]), int(reply[2]))
+    return Unseen(int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]))

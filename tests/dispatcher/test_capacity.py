@@ -11,10 +11,10 @@ def _sample(waiting: float, running: float, steps: float | None = 0.0) -> Engine
     return EngineSample(waiting, running, None, None, None, steps=steps)
 
 
-def _learned(*samples: EngineSample) -> Capacity:
+def _learned(*samples: EngineSample, starting: int = 0) -> Capacity:
     capacity, previous = Capacity(), None
     for sample in samples:
-        capacity, previous = capacity.learn(previous, sample), sample
+        capacity, previous = capacity.learn(previous, sample, starting), sample
     return capacity
 
 
@@ -24,6 +24,17 @@ def test_the_batch_is_learned_when_requests_waited_through_engine_steps_at_a_fla
     assert _learned(_sample(3, 32, 0), _sample(2, 32, 9)).slots == 32  # full
     full = _learned(_sample(3, 32, 0), _sample(2, 32, 9))
     assert (full.slots, full.full_at) == (32, 32)
+
+
+def test_requests_that_wait_only_for_the_next_step_to_take_them_in_show_no_full_engine() -> None:
+    # A flood refilled as its answers end: at every scrape two of fairq's refills, handed
+    # over within the last steps, wait for the step that takes them in, at a flat running
+    # set -- a batch of 113 that is not full (its engine runs 256).
+    refilled = _learned(_sample(2, 113, 0), _sample(2, 113, 9), _sample(2, 113, 18), starting=2)
+    assert (refilled.slots, refilled.full_at, refilled.confirm) == (0, None, False)
+    # One request more than those waiting is waiting for room.
+    full = _learned(_sample(3, 113, 0), _sample(3, 113, 9), starting=2)
+    assert (full.slots, full.full_at) == (113, 113)
 
 
 def test_a_batch_seen_full_stays_while_nothing_waits_and_rises_with_a_larger_running_set() -> None:

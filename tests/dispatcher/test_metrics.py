@@ -587,8 +587,8 @@ async def test_each_scrape_keeps_the_count_of_jobs_it_cannot_show_read_just_befo
     fake, url = engine
     counts: list[Unseen | None] = [Unseen(4, 1), None]
 
-    async def unseen(endpoint: str) -> Unseen | None:
-        assert endpoint == url
+    async def unseen(endpoint: str, start_s: float) -> Unseen | None:
+        assert endpoint == url and start_s > 0
         return counts.pop(0)
 
     scraper = make_scraper([url], unseen=unseen)

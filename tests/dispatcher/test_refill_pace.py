@@ -51,8 +51,11 @@ def window(ends_per_s: float | None, step_s: float | None) -> PaceWindow:
 def test_the_pace_is_as_many_refills_per_step_as_requests_end_in_one() -> None:
     # 5 ends/s x 50 ms = 0.25 per step: one refill per step, one every 50 ms.
     assert pace_of(window(5.0, 0.05)) == Pace(1, 0.05) and Pace(1, 0.05).interval_s == 0.05
-    # 90 ends/s x 50 ms = 4.5 per step: four (the batch settles where four end in a step).
-    assert pace_of(window(90.0, 0.05)) == Pace(4, 0.05)
+    # 90 ends/s x 50 ms = 4.5 per step: one every 11 ms, at most five at once -- not four a
+    # step, at which the batch would shrink until only four ended in one.
+    fast = pace_of(window(90.0, 0.05))
+    assert fast is not None and fast.per_step == 5
+    assert fast.interval_s == pytest.approx(1 / 90)
     assert pace_of(window(0.0, 0.05)) == Pace(1, 0.05)  # nothing ended yet: one per step
     assert pace_of(window(None, 0.05)) is None  # its first second: no whole window yet
     assert pace_of(window(5.0, None)) is None  # no token in the window
@@ -88,6 +91,16 @@ def test_several_refills_per_step_are_spread_over_it_and_never_more_than_a_step_
     assert pacer.due_in("a", 0.021) == pytest.approx(0.009)  # due at 30 ms
 
 
+def test_a_burst_sent_unpaced_holds_later_refills_back_a_step_at_most() -> None:
+    # 300 refills went at once while the batch grew to a capacity not learned yet: at the
+    # pace (one a step) they would hold refills back for 300 steps; their prefill takes
+    # one long step.
+    pacer, pace = Pacer(), Pace(1, 0.05)
+    pacer.sent("a", 300, pace, 10.0)
+    assert pacer.due_in("a", 10.0) == pytest.approx(0.05)
+    assert pacer.allowed("a", pace, 10.05) == 1
+
+
 def test_admission_sends_users_in_the_engine_what_the_pace_allows() -> None:
     first = METRICS.decide(state(), "default", PACED)
     assert first.served_room == 1 and first.limit is Limit.QUEUE_TARGET
@@ -96,6 +109,17 @@ def test_admission_sends_users_in_the_engine_what_the_pace_allows() -> None:
     assert held.room == first.room == 3  # a newcomer still goes at once
     # The pace only ever lowers the room: the queue target still bounds it.
     assert METRICS.decide(state(pace_allowed=4), "default", PACED).served_room == 2
+
+
+def test_while_the_capacity_is_learned_users_in_the_engine_go_at_no_pace() -> None:
+    # The pace follows the requests that end: a batch that only replaced those would never
+    # grow to be seen full, and its capacity never be learned.
+    learning = replace(PACED, batch_slots=None)
+    decision = METRICS.decide(state(pace_allowed=0), "default", learning)
+    assert decision.served_room == 3 and decision.limit is Limit.QUEUE_TARGET
+    # Once it is known, the pace holds them.
+    known = METRICS.decide(state(pace_allowed=0, batch_seen=64), "default", learning)
+    assert known.served_room == 0 and known.limit is Limit.REFILL_PACE
 
 
 def test_paced_users_in_the_engine_keep_the_scrapes_caution_too() -> None:
@@ -157,7 +181,8 @@ def test_an_endpoints_state_carries_its_pace_from_the_engines_window_and_the_pac
         )  # fmt: skip
         return got
 
-    assert of(view).pace_allowed == 1 and of(view).pace_due_in_s is None
+    # 30 ends/s x 50 ms: 1.5 a step, at most 2 at once
+    assert of(view).pace_allowed == 2 and of(view).pace_due_in_s is None
     pacer.sent("http://a", 1, Pace(1, 0.05), now=9.97)
     assert of(view).pace_allowed == 0 and of(view).pace_due_in_s == pytest.approx(0.02)
     no_step = replace(view, pace=replace(window, step_s=None))

@@ -105,7 +105,7 @@ async def test_an_engine_not_known_quiet_is_read_at_every_tick(why: str) -> None
     engine = Engine(LOAD if why == "busy" else IDLE)
     engine.failing = why == "failing"
 
-    async def unseen(endpoint: str) -> Unseen:
+    async def unseen(endpoint: str, start_s: float) -> Unseen:
         return Unseen(1, 0)  # a job on its way: the sample cannot show it yet
 
     fields = {"unseen": unseen} if why == "jobs-unseen" else {}
