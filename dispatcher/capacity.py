@@ -69,7 +69,12 @@ class Capacity:
         slots = max(self.slots, running) if self.slots else 0
         most = max(self.most, running)
         if current.waiting <= 0 or running <= 0:
-            return Capacity(slots, most=most)
+            # A running set larger than any before while the capacity is unknown: a flood's
+            # ramp, whose next sends may fill the engine; a read a few steps later shows
+            # whether they wait, where the budget's next may come a second later. (Each
+            # such read needs a new largest running set, so a light load adds few.)
+            rising = not slots and running > self.most
+            return Capacity(slots, confirm=rising, most=most)
         if current.waiting > starting and _full(previous, current):
             return Capacity(max(slots, running), running, most=most)
         # Requests began to wait at a running set not known full: a second read tells. So
@@ -77,9 +82,15 @@ class Capacity:
         # flood's ramp): the budget's next read may come a second later, when a flood
         # whose answers end together waits for nothing. Not after one that found too few
         # steps: an engine whose counters stand still would be read every few steps.
+        # And while the capacity is unknown, so does a read that found no more waiting
+        # than fairq's jobs starting: a flood's ramp sends a round's jobs together, and
+        # whether they wait for room or only for the next step shows a few steps later,
+        # not a budget's second later, while newcomers that came meanwhile wait for it.
         began = previous is None or previous.waiting <= 0
         grew = previous is not None and current.running > previous.running
-        return Capacity(slots, None, confirm=(began or grew) and running != slots, most=most)
+        unsure = not slots and current.waiting <= starting
+        confirm = (began or grew or unsure) and running != slots
+        return Capacity(slots, None, confirm=confirm, most=most)
 
     def disagrees(self, configured: int | None) -> str | None:
         """Why the engine's batch is not ``configured`` (``batch_slots``; None or 0: not

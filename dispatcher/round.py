@@ -82,8 +82,9 @@ class Round:
         self._rates = RateMeter()
         # endpoint -> jobs of users with none in the engine sent express since the last round
         self._express_newcomers: dict[str, int] = {}
-        # endpoint -> (newcomers sent there while its capacity was unknown, when): the
-        # take-back stage could not make room for them then; it does once it is learned
+        # endpoint -> (newcomers sent there while its capacity was unknown or jobs beyond
+        # its batch waited, when): the take-back stage could not make room for them (all)
+        # then; it goes on once the capacity is learned
         self._unplaced: dict[str, tuple[int, float]] = {}
         self._carried: dict[str, float] = {}  # of those, carried into this round: since when
         self._pace_timer = False  # a wake-up is due when the pace lets refills go
@@ -266,7 +267,11 @@ class Round:
         now = time.monotonic()
         for state in states:
             sent = newcomers_sent.get(state.endpoint, 0)
-            if sent and s.config.room_in(state) is None:
+            batch = s.config.room_in(state)
+            # Carried on while the capacity is unknown, and once it is, while jobs beyond
+            # the batch may still wait ahead of them: the stage takes a few back a round
+            # (16 slots: a newcomer waited a second behind the 12 it left after one round).
+            if sent and (batch is None or state.inflight > batch):
                 since = self._carried.get(state.endpoint, now)  # the first round's time
                 self._unplaced[state.endpoint] = (sent, since)
         for other in env.engine_of[self.model.name]:
@@ -278,9 +283,10 @@ class Round:
         return await self._read(self.model.name)
 
     def _add_unplaced(self, newcomers_sent: dict[str, int], now: float) -> None:
-        """Newcomers sent while an endpoint's capacity was unknown may still wait there
-        behind the flood: counted as sent again (for as long as metrics stay fresh), so
-        that the take-back stage makes room for them once the capacity is learned."""
+        """Newcomers sent while an endpoint's capacity was unknown, or beyond its batch,
+        may still wait there behind the flood: counted as sent again (for as long as
+        metrics stay fresh), so that the take-back stage makes room for them once the
+        capacity is learned, a few jobs a round."""
         unplaced, self._unplaced = self._unplaced, {}
         self._carried = {}
         for endpoint, (count, at) in unplaced.items():

@@ -30,8 +30,10 @@ def test_requests_that_wait_only_for_the_next_step_to_take_them_in_show_no_full_
     # A flood refilled as its answers end: at every scrape two of fairq's refills, handed
     # over within the last steps, wait for the step that takes them in, at a flat running
     # set -- a batch of 113 that is not full (its engine runs 256).
+    # Each such read asks for another a few steps later: whether they waited only for a
+    # step shows then.
     refilled = _learned(_sample(2, 113, 0), _sample(2, 113, 9), _sample(2, 113, 18), starting=2)
-    assert (refilled.slots, refilled.full_at, refilled.confirm) == (0, None, False)
+    assert (refilled.slots, refilled.full_at, refilled.confirm) == (0, None, True)
     # One request more than those waiting is waiting for room.
     full = _learned(_sample(3, 113, 0), _sample(3, 113, 9), starting=2)
     assert (full.slots, full.full_at) == (113, 113)
@@ -72,7 +74,12 @@ def test_an_engine_restarted_with_a_smaller_batch_is_learned_afresh() -> None:
 def test_requests_that_begin_to_wait_at_an_unknown_running_set_ask_for_a_second_read() -> None:
     assert _learned(_sample(0, 2), _sample(3, 4)).confirm  # began to wait, batch unknown
     assert not _learned(_sample(3, 4, 0), _sample(3, 4, 9)).confirm  # known full: no need
-    assert not _learned(_sample(0, 4)).confirm  # nothing waits
+    # Nothing waits: a second read only at a running set larger than any before (a ramp
+    # whose next sends may fill it), while the capacity is unknown.
+    assert _learned(_sample(0, 4)).confirm
+    assert not _learned(_sample(0, 4), _sample(0, 4)).confirm
+    assert not _learned(_sample(0, 6), _sample(0, 4)).confirm
+    assert not _learned(_sample(3, 4, 0), _sample(3, 4, 9), _sample(0, 5, 18)).confirm  # known
     # Known full at 4, requests wait again at 4 after a pause: nothing new to tell.
     again = _learned(_sample(3, 4, 0), _sample(3, 4, 9), _sample(0, 4, 18), _sample(1, 4, 27))
     assert not again.confirm
