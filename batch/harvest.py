@@ -135,7 +135,7 @@ def _record(
             "code": "engine_error",
             "status": 502,
         }
-    status, payload = failed_body(error)
+    status, payload = failed_body(error, line.job_id)
     return response_record(
         batch_id, line.number, line.custom_id, line.job_id, status=status, body=payload
     )

@@ -23,21 +23,12 @@ output had begun has sent its 200 already and gets the same error object as one
 
 from __future__ import annotations
 
-import logging
-
 from broker.errors import FairqError
+from broker.failure_text import client_message
 from broker.jobs import JobState
 from broker.results import ResultEvent
 
-log = logging.getLogger(__name__)
-
 _FAILED_STATUS = 502
-# What a client is told of a 5xx failure, by status (else ``_SERVER_FAILED``).
-_SERVER_FAILURES = {
-    503: "the request could not be served now; retry it later",
-    504: "the engine did not answer in time",
-}
-_SERVER_FAILED = "the request failed in its engine or worker"
 
 # Put in a followed job's event queue by the gateway's drain; compared by identity.
 SHUTDOWN = ResultEvent(b"gateway-shutdown")
@@ -61,20 +52,8 @@ def _status(error: dict[str, object]) -> int:
 
 
 def shown_message(error: dict[str, object], job_id: str) -> str:
-    """What the client of a failed job is told: a 4xx is the request's fault, and the
-    engine's reason says what to fix. Any other failure's message is the server's own
-    detail: the worker writes the engine's URL and the socket's error into it
-    (``workers.engine``), and an engine's 5xx body may name its hosts. Then the client
-    is told the kind of failure and the job id, and the log holds the detail under it."""
-    message = error.get("message")
-    message = message if isinstance(message, str) and message else "the request failed"
-    status = _status(error)
-    if status < 500:
-        return message
-    code = error.get("code")
-    log.warning("job %s failed (%s, %d): %s", job_id, code, status, message)
-    what = _SERVER_FAILURES.get(status, _SERVER_FAILED) + (f" ({code})" if code else "")
-    return f"{what}; the operator's log has the detail under job {job_id}"
+    """What the client of a failed job is told (``broker.failure_text``)."""
+    return client_message(error, _status(error), job_id)
 
 
 def shown_error(error: dict[str, object] | None, job_id: str) -> dict[str, object] | None:

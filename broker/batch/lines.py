@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from broker.errors import InvalidRequest
+from broker.failure_text import client_message
 from broker.jobs import RequestKind
 from broker.requests import check_body
 from broker.settings import ModelConfig, Settings
@@ -131,15 +132,17 @@ def response_record(
     return (OUTPUT if status == 200 else ERROR) + orjson.dumps(record)
 
 
-def failed_body(error: dict[str, object] | None) -> tuple[int, bytes]:
-    """Status and OpenAI error body of a job that failed at the engine or the worker: the
-    status the engine answered where it answered one (the worker's ``engine_status``),
-    else the one the API would have answered."""
+def failed_body(error: dict[str, object] | None, job_id: str) -> tuple[int, bytes]:
+    """Status and OpenAI error body of job ``job_id``, failed at the engine or the worker:
+    the status the engine answered where it answered one (the worker's
+    ``engine_status``), else the one the API would have answered; a 5xx's message as the
+    API would say it (``broker.failure_text``: without the server's detail)."""
     error = dict(error or {"message": "the request failed", "type": "server_error"})
     engine_status, status = error.pop("engine_status", None), error.pop("status", 500)
     if isinstance(engine_status, int) and 400 <= engine_status < 600:
         status = engine_status
     if not isinstance(status, int) or not 400 <= status < 600:
         status = 500
+    error["message"] = client_message(error, status, job_id)
     error.setdefault("code", None)
     return status, orjson.dumps({"error": error})
