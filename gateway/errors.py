@@ -9,8 +9,8 @@ answering within ``redis_command_timeout_s``), raw or as the broker's
 ``BrokerUnavailable``, is a 503 ``redis_unavailable``: the request may be sent again.
 Its text names Redis's address, so the client is given an error id instead, which the
 log records with the text. An unexpected exception is logged once (type and route;
-never headers or bodies, which hold API keys and prompts) and answered with a 500 by
-``CatchAll``, the outermost middleware.
+never headers or bodies, which hold API keys and prompts) under an error id, and
+answered with a 500 that names that id by ``CatchAll``, the outermost middleware.
 """
 
 from __future__ import annotations
@@ -161,8 +161,11 @@ class CatchAll:
         except ClientDisconnect:
             return  # the client is gone; nobody to answer
         except Exception:
-            log.exception("unhandled error on %s %s", scope["method"], scope["path"])
+            error_id = secrets.token_hex(6)
+            where = f"{scope['method']} {scope['path']}"
+            log.exception("unhandled error on %s (error id %s)", where, error_id)
             if started:
                 raise  # mid-response: only closing the connection tells the client
-            body = _openai_body("internal server error", "server_error", "internal_error")
+            message = f"internal server error (error id {error_id}: the operator's log has it)"
+            body = _openai_body(message, "server_error", "internal_error")
             await json_response(body, 500)(scope, receive, send)
