@@ -1,18 +1,15 @@
-"""What the client of a failed job is told of its failure (pure but for one log line).
+"""What the client of a failed job is told of its failure (pure, no I/O).
 
 A 4xx is the request's fault, and the engine's reason says what to fix: it is passed on.
 Any other failure's message is the server's own detail -- the worker writes the
 engine's URL and the socket's error into it (``workers.engine``), and an engine's 5xx
 body may name its hosts -- so the client is told the kind of failure and the job id,
-and the log holds the detail under that id. The gateway (``gateway.outcomes``) and the
-Batch API's output files (``broker.batch.lines``) say the same.
+and the worker's log holds the detail under that id (``workers.service``). The gateway
+(``gateway.outcomes``) and the Batch API's output files (``broker.batch.lines``) say
+the same.
 """
 
 from __future__ import annotations
-
-import logging
-
-log = logging.getLogger(__name__)
 
 # What a client is told of a 5xx failure, by status (else ``_SERVER_FAILED``).
 _SERVER_FAILURES = {
@@ -30,6 +27,5 @@ def client_message(error: dict[str, object], status: int, job_id: str) -> str:
     if status < 500:
         return message
     code = error.get("code")
-    log.warning("job %s failed (%s, %d): %s", job_id, code, status, message)
     what = _SERVER_FAILURES.get(status, _SERVER_FAILED) + (f" ({code})" if code else "")
     return f"{what}; the operator's log has the detail under job {job_id}"

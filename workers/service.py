@@ -318,6 +318,7 @@ class Worker:
         self._finishing.add(job.job_id)
         if await self._writer.finish(job, outcome):
             self.telemetry.ended(job, outcome)
+            _log_server_failure(job.job_id, outcome)
 
     async def _outcome(
         self, job: Claimed, run: asyncio.Future[Outcome | HandBack]
@@ -474,3 +475,14 @@ def _internal_error(exc: Exception) -> dict[str, object]:
         "code": "worker_error",
         "status": 500,
     }
+
+
+def _log_server_failure(job_id: str, outcome: Outcome) -> None:
+    """A job failed in the engine or the worker (5xx): its detail (the engine's URL, the
+    socket's error) is logged here, once, under the job id its client is told
+    (``broker.failure_text``), rather than on every read of the job."""
+    error = outcome.error or {}
+    status = error.get("status")
+    if outcome.state is JobState.FAILED and not (isinstance(status, int) and status < 500):
+        log.warning("job %s failed (%s, %s): %s", job_id, error.get("code"), status,
+                    error.get("message"))  # fmt: skip
