@@ -11,12 +11,23 @@ the same.
 
 from __future__ import annotations
 
+# The status of a failure whose record names none (or no error status): the engine or
+# the worker failed it, as a gateway in front of them says.
+FAILED_STATUS = 502
+
 # What a client is told of a 5xx failure, by status (else ``_SERVER_FAILED``).
 _SERVER_FAILURES = {
     503: "the request could not be served now; retry it later",
     504: "the engine did not answer in time",
 }
 _SERVER_FAILED = "the request failed in its engine or worker"
+
+
+def failed_status(error: dict[str, object]) -> int:
+    """The HTTP status of a failed job's ``error`` record: its own where it is an error
+    status, else ``FAILED_STATUS``."""
+    status = error.get("status")
+    return status if isinstance(status, int) and 400 <= status <= 599 else FAILED_STATUS
 
 
 def client_message(error: dict[str, object], status: int, job_id: str) -> str:

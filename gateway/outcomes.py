@@ -24,11 +24,9 @@ output had begun has sent its 200 already and gets the same error object as one
 from __future__ import annotations
 
 from broker.errors import FairqError
-from broker.failure_text import client_message
+from broker.failure_text import FAILED_STATUS, client_message, failed_status
 from broker.jobs import JobState
 from broker.results import ResultEvent
-
-_FAILED_STATUS = 502
 
 # Put in a followed job's event queue by the gateway's drain; compared by identity.
 SHUTDOWN = ResultEvent(b"gateway-shutdown")
@@ -46,14 +44,9 @@ class JobEnded(FairqError):
         self.code = code
 
 
-def _status(error: dict[str, object]) -> int:
-    status = error.get("status")
-    return status if isinstance(status, int) and 400 <= status <= 599 else _FAILED_STATUS
-
-
 def shown_message(error: dict[str, object], job_id: str) -> str:
     """What the client of a failed job is told (``broker.failure_text``)."""
-    return client_message(error, _status(error), job_id)
+    return client_message(error, failed_status(error), job_id)
 
 
 def shown_error(error: dict[str, object] | None, job_id: str) -> dict[str, object] | None:
@@ -68,7 +61,7 @@ def _failed(error: dict[str, object] | None, job_id: str) -> JobEnded:
     code, param = error.get("code"), error.get("param")
     return JobEnded(
         shown_message(error, job_id),
-        status=_status(error),
+        status=failed_status(error),
         type_=str(error.get("type") or "server_error"),
         code=str(code) if code is not None else None,
         param=param if isinstance(param, str) and param else None,
@@ -105,7 +98,7 @@ def no_body() -> JobEnded:
     """A job that completed without the response body a non-streamed request needs."""
     return JobEnded(
         "the engine returned no response body",
-        status=_FAILED_STATUS,
+        status=FAILED_STATUS,
         type_="server_error",
         code="engine_error",
     )

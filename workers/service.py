@@ -43,6 +43,7 @@ from broker import (
     wait_event,
 )
 from broker.execution import Reclaimed
+from broker.failure_text import failed_status
 from broker.process.backoff import Backoff
 from broker.redis.cluster import SlotConnections, slot_groups
 from workers.cancel import CancelListener
@@ -482,7 +483,6 @@ def _log_server_failure(job_id: str, outcome: Outcome) -> None:
     socket's error) is logged here, once, under the job id its client is told
     (``broker.failure_text``), rather than on every read of the job."""
     error = outcome.error or {}
-    status = error.get("status")
-    if outcome.state is JobState.FAILED and not (isinstance(status, int) and status < 500):
-        log.warning("job %s failed (%s, %s): %s", job_id, error.get("code"), status,
+    if outcome.state is JobState.FAILED and (status := failed_status(error)) >= 500:
+        log.warning("job %s failed (%s, %d): %s", job_id, error.get("code"), status,
                     error.get("message"))  # fmt: skip
