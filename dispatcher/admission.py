@@ -43,7 +43,9 @@ free, or else waits at the head of the engine's queue for the next slot, never b
 someone else's long generations. ``Decision.room`` is the room for newcomers,
 ``Decision.served_room`` the part of it open to users already in the engine. With the
 batch known, the engine's queue ahead of a newcomer is counted lag-free (``batch_queue``):
-fairq's jobs beyond the batch or those without a first token yet, whichever is more;
+fairq's jobs beyond the batch or those without a first token yet, whichever is more --
+less the refills the engine's end rate keeps starting at any moment, which share the
+newcomer's step rather than wait ahead of it (``pacing.starting_refills``);
 fairq's sends since the last scrape add nothing, and what the engine reported waiting
 counts only beyond what fairq can have put there.
 
@@ -114,6 +116,8 @@ class EndpointState:
     # how long the next is due
     pace_allowed: int | None = None
     pace_due_in_s: float | None = None
+    # Refills the engine's end rate keeps starting at any moment (``pacing.starting_refills``)
+    starting_refills: float = 0.0
 
     @property
     def queue_estimate(self) -> float:
@@ -126,6 +130,20 @@ class EndpointState:
         counts lag-free: a scrape a second old must not hold refills back for jobs that
         have started since, or were taken back."""
         return max(0.0, self.waiting - self.unstarted_at_scrape)
+
+    @property
+    def waiting_unstarted(self) -> float:
+        """fairq's jobs without a first token beyond those the end rate keeps starting:
+        with the batch known, the ones that may wait for the engine rather than for its
+        next step."""
+        return max(0.0, self.unstarted - self.starting_refills)
+
+    @property
+    def served_estimate(self) -> float:
+        """The queue estimate with the batch known, for users already in the engine: the
+        scrape's caution less the refills the end rate keeps starting."""
+        own = max(self.unseen_now, float(self.unstarted))
+        return self.waiting_beyond + max(0.0, own - self.starting_refills)
 
     @property
     def unseen_now(self) -> int:
@@ -292,7 +310,9 @@ class MetricsAdmission:
         # engine's mean step, steps with no prefill in them included, was shorter than a
         # step with one.)
         place = 1 if kept and target > 1 else 0
-        targeted = int(min(target - state.queue_estimate, target - place - state.unstarted))
+        targeted = int(
+            min(target - state.served_estimate, target - place - state.waiting_unstarted)
+        )
         served = max(0, min(room, targeted, free))
         limit = Limit.QUEUE_TARGET
         if room > 0 and served == 0:
@@ -324,15 +344,16 @@ def _narrowed(
 def batch_queue(state: EndpointState, batch: int, target: int) -> float:
     """The engine's queue ahead of a newcomer when its batch is known, lag-free: fairq's
     jobs beyond the batch wait (fairq is the engine's client), and a job without its first
-    token may still wait for its prefill. Not fairq's sends since the last scrape: a
-    non-streamed job sent since would hold the newcomer back until the next scrape
-    although it went into a free slot, where it waits for prefill budget a step or two at
-    most (users already in the engine are still bounded by the scrape's estimate, so at
-    most ``target`` of theirs wait). What the engine last reported waiting counts only
-    beyond that: more than fairq can have put there shows a batch configured larger than
-    the engine's."""
+    token may still wait for its prefill, beyond the refills the end rate keeps starting
+    (those are taken into the newcomer's step, not ahead of it). Not fairq's sends since
+    the last scrape: a non-streamed job sent since would hold the newcomer back until the
+    next scrape although it went into a free slot, where it waits for prefill budget a
+    step or two at most (users already in the engine are still bounded by the scrape's
+    estimate, so at most ``target`` of theirs wait). What the engine last reported waiting
+    counts only beyond that: more than fairq can have put there shows a batch configured
+    larger than the engine's."""
     waiting = state.waiting_beyond if state.waiting_beyond > target else 0.0
-    return float(max(state.inflight - batch, state.unstarted, waiting, 0))
+    return float(max(state.inflight - batch, state.waiting_unstarted, waiting, 0))
 
 
 ADMISSION: dict[str, AdmissionPolicy] = {p.name: p for p in (MetricsAdmission(), StaticCap())}

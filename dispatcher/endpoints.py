@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from broker import ModelSnapshot
 from dispatcher.admission import EndpointState
-from dispatcher.pacing import RefillPace, UnpacedRefills
+from dispatcher.pacing import RefillPace, UnpacedRefills, starting_refills
 from dispatcher.scraper import EndpointView
 
 # How long a job that reached the engine may stay out of its metrics: vLLM updates its
@@ -166,4 +166,5 @@ def _state(
         kv_usage=sample.kv_usage,
         pace_allowed=allowed,
         pace_due_in_s=due_in,
+        starting_refills=starting_refills(view.pace),
     )

@@ -4,11 +4,14 @@ The engine prefills whatever it was sent since its last step in its next one. Re
 users already in the engine sent in a burst (several slots freed at once, or a scrape
 showing that a burst of jobs that are not streamed has started) make one long step, and
 a newcomer arriving during it waits it out before its own step begins. So refills go at
-about the rate requests end: as many per engine step as the engine ends (at least one), one every
-``step / ends`` -- the same prefill work, spread evenly over the steps. At the rate itself,
-not a whole number of refills per step below it: 1.3 ends a step refilled once a step
-would shrink the batch until only one ended a step (a 256-slot batch of 200-token answers
-to about 200).
+about the rate requests end: one more per engine step than the engine ends, one every
+``step / (ends + 1)`` -- the same prefill work, spread evenly over the steps. At the rate
+itself, not a whole number of refills per step below it: 1.3 ends a step refilled once a
+step would shrink the batch until only one ended a step (a 256-slot batch of 200-token
+answers to about 200). And one more than it, so that a batch with free slots grows: at
+the end rate alone (at least one a step) it stopped growing where one request ended a
+step, the same 200 of 256 slots, whatever was waiting. A full batch takes no more than
+its free slots (``dispatcher.admission``), so the extra one a step only paces its growth.
 
 The engine's step and its ended requests per second come from its metrics over windows
 of a second or more (``engine_metrics.PaceWindow``), not between two scrapes, where a step
@@ -32,24 +35,25 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
+from dispatcher.capacity import start_window_s
 from dispatcher.engine_metrics import PaceWindow
 
 
 @dataclass(frozen=True)
 class Pace:
-    """The rate refills may go at: ``ends`` per engine step of ``step_s`` (at least one),
-    never more than ``per_step`` at once."""
+    """The rate refills may go at: ``rate`` per engine step of ``step_s`` (the engine's end
+    rate and one more), never more than ``per_step`` at once."""
 
-    ends: float
+    rate: float
     step_s: float
 
     @property
     def per_step(self) -> int:
-        return math.ceil(self.ends)
+        return math.ceil(self.rate)
 
     @property
     def interval_s(self) -> float:
-        return self.step_s / self.ends
+        return self.step_s / self.rate
 
 
 def pace_of(window: PaceWindow | None) -> Pace | None:
@@ -58,7 +62,25 @@ def pace_of(window: PaceWindow | None) -> Pace | None:
     where the engine does not count its ended requests (no window)."""
     if window is None or window.ends_per_s is None or not window.step_s:
         return None
-    return Pace(max(1.0, window.ends_per_s * window.step_s), window.step_s)
+    return Pace(window.ends_per_s * window.step_s + _GROWTH_PER_STEP, window.step_s)
+
+
+# Refills a step beyond the engine's end rate: a batch with free slots grows by this many a
+# step (the module docstring)
+_GROWTH_PER_STEP = 1.0
+
+
+def starting_refills(window: PaceWindow | None) -> float:
+    """How many refills the engine's end rate keeps starting at any moment: each freed
+    slot's refill is on its way, or in the step that takes it in, or in its prefill, for
+    about a start window (``capacity.start_window_s``), so at ``ends`` a second about
+    ``ends x window`` of them are. Admission does not count them as a queue ahead of a
+    newcomer, who joins the same step: counted as waiting, a 256-slot batch of 200-token
+    answers, which ends 1.3 a step, had its refills' starts fill the whole queue target,
+    and its batch stopped at 200. 0 while the end rate is unknown."""
+    if window is None or window.ends_per_s is None or not window.step_s:
+        return 0.0
+    return window.ends_per_s * start_window_s(window.step_s)
 
 
 class Pacer:

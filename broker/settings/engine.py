@@ -97,10 +97,11 @@ class EngineSettings(Frozen):
     )
     pace_refills: bool = Field(
         default=True,
-        description="Refill the batch for users already in the engine as many per engine "
-        "step as requests end in one, spread over the step, rather than in a burst whenever "
-        "slots free (a burst makes one long prefill step, which a newcomer arriving then "
-        "waits out). Needs the batch rule and the metrics.",
+        description="Refill the batch for users already in the engine one more per engine "
+        "step than requests end in one (so a batch with free slots grows), spread over the "
+        "step, rather than in a burst whenever slots free (a burst makes one long prefill "
+        "step, which a newcomer arriving then waits out). Needs the batch rule and the "
+        "metrics.",
     )
     routing: Literal["least_loaded", "prefix"] = Field(
         default="least_loaded",

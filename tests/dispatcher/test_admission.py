@@ -292,6 +292,30 @@ def test_users_in_the_engine_leave_a_place_of_the_queue_target_to_newcomers() ->
     assert METRICS.decide(fresh(running=5, inflight=5), "batch", one).served_room == 1
 
 
+def test_refills_the_end_rate_keeps_starting_are_no_queue_ahead_of_a_newcomer() -> None:
+    # A 256-slot batch of short answers ends about four requests per start window: four of
+    # the flood's refills on their way or in their prefill step are not a queue; the
+    # newcomer joins their step. Counted as one, they took the whole target: the flood
+    # could keep only two starting, and its batch shrank.
+    big = AdmissionConfig(
+        targets={"default": 3}, tpot_ceiling_s=1, inflight_cap=8, batch_slots=256,
+        reserved_slots=8,
+    )  # fmt: skip
+    starting = fresh(running=240, inflight=244, unstarted=4)
+    assert METRICS.decide(starting, "default", big).served_room == 0  # none known to end
+    ends = replace(starting, starting_refills=3.9)
+    decision = METRICS.decide(ends, "default", big)
+    assert decision.room == 2 and decision.served_room == 1
+    assert decision.queue_estimate == pytest.approx(0.1)
+    # Beyond them, refills wait for the engine: they hold the flood and the newcomer back.
+    crowded = replace(ends, inflight=247, unstarted=7)
+    decision = METRICS.decide(crowded, "default", big)
+    assert decision.room == 0 and decision.served_room == 0
+    # And jobs beyond the batch are a queue however fast it ends.
+    beyond = replace(ends, inflight=259, unstarted=0)
+    assert METRICS.decide(beyond, "default", big).room == 0
+
+
 @pytest.mark.parametrize(
     ("batch", "reserved", "kept"),
     [(256, None, 8), (63, None, 1), (32, None, 1), (8, None, 0), (256, 0, 0), (4, 10, 3)],

@@ -20,7 +20,15 @@ from dispatcher.admission import (
 from dispatcher.endpoints import SentLog, endpoint_states
 from dispatcher.engine_metrics import PACE_WINDOW_S, EngineSample, PaceWindow, next_pace_window
 from dispatcher.newcomer_step import NewcomerSteps
-from dispatcher.pacing import Pace, PacedRefills, Pacer, RefillPace, UnpacedRefills, pace_of
+from dispatcher.pacing import (
+    Pace,
+    PacedRefills,
+    Pacer,
+    RefillPace,
+    UnpacedRefills,
+    pace_of,
+    starting_refills,
+)
 from dispatcher.preemption import Preemption
 from dispatcher.scraper import EndpointView
 from dispatcher.service import Dispatcher
@@ -48,14 +56,28 @@ def window(ends_per_s: float | None, step_s: float | None) -> PaceWindow:
     return PaceWindow(0.0, 0.0, None, ends_per_s, step_s)
 
 
-def test_the_pace_is_as_many_refills_per_step_as_requests_end_in_one() -> None:
-    # 5 ends/s x 50 ms = 0.25 per step: one refill per step, one every 50 ms.
-    assert pace_of(window(5.0, 0.05)) == Pace(1, 0.05) and Pace(1, 0.05).interval_s == 0.05
-    # 90 ends/s x 50 ms = 4.5 per step: one every 11 ms, at most five at once -- not four a
-    # step, at which the batch would shrink until only four ended in one.
+def test_the_refills_starting_at_once_are_the_end_rate_over_the_start_window() -> None:
+    # 23 ends/s, steps of 56 ms: a start window of three steps holds 3.9 refills.
+    assert starting_refills(window(23.0, 0.056)) == pytest.approx(23 * 0.168)
+    # Short steps: the window's floor (50 ms) bounds it.
+    assert starting_refills(window(10.0, 0.005)) == pytest.approx(0.5)
+    # No end rate or step known yet: none are counted as starting.
+    assert starting_refills(window(None, 0.05)) == 0.0
+    assert starting_refills(window(5.0, None)) == 0.0
+    assert starting_refills(None) == 0.0
+
+
+def test_the_pace_is_one_refill_a_step_more_than_requests_end_in_one() -> None:
+    # 5 ends/s x 50 ms = 0.25 per step: 1.25 refills a step, one every 40 ms.
+    slow = pace_of(window(5.0, 0.05))
+    assert slow == Pace(1.25, 0.05) and slow.interval_s == pytest.approx(0.04)
+    assert slow.per_step == 2
+    # 90 ends/s x 50 ms = 4.5 per step: 5.5 refills a step, one every 9 ms, at most six at
+    # once -- not four a step, at which the batch would shrink until only four ended in
+    # one, nor the end rate alone, at which a batch with free slots never grew.
     fast = pace_of(window(90.0, 0.05))
-    assert fast is not None and fast.per_step == 5
-    assert fast.interval_s == pytest.approx(1 / 90)
+    assert fast is not None and fast.per_step == 6
+    assert fast.interval_s == pytest.approx(0.05 / 5.5)
     assert pace_of(window(0.0, 0.05)) == Pace(1, 0.05)  # nothing ended yet: one per step
     assert pace_of(window(None, 0.05)) is None  # its first second: no whole window yet
     assert pace_of(window(5.0, None)) is None  # no token in the window
@@ -181,8 +203,8 @@ def test_an_endpoints_state_carries_its_pace_from_the_engines_window_and_the_pac
         )  # fmt: skip
         return got
 
-    # 30 ends/s x 50 ms: 1.5 a step, at most 2 at once
-    assert of(view).pace_allowed == 2 and of(view).pace_due_in_s is None
+    # 30 ends/s x 50 ms: 1.5 a step, and one more: at most 3 at once
+    assert of(view).pace_allowed == 3 and of(view).pace_due_in_s is None
     pacer.sent("http://a", 1, Pace(1, 0.05), now=9.97)
     assert of(view).pace_allowed == 0 and of(view).pace_due_in_s == pytest.approx(0.02)
     no_step = replace(view, pace=replace(window, step_s=None))
