@@ -73,6 +73,9 @@ class ArmSpec:
         return self.engine_priority and not self.via_fairq
 
 
+_TARGETS_8 = {"interactive": 8, "default": 8}
+_TARGETS_16 = {"interactive": 16, "default": 16}
+
 ARMS: dict[str, ArmSpec] = {
     arm.key: arm
     for arm in (
@@ -149,6 +152,39 @@ ARMS: dict[str, ArmSpec] = {
             model_overrides={"preemption": False},
         ),
         ArmSpec("t", "fairq told the engine's batch", via_fairq=True, told_batch=True),
+        # The told stack's overrides swept (docs/performance.md, the 256-slot seed cell)
+        ArmSpec(
+            "u",
+            "fairq told the engine's batch, queue target 8",
+            via_fairq=True,
+            told_batch=True,
+            model_overrides={"queue_targets": _TARGETS_8},
+        ),
+        ArmSpec(
+            "v",
+            "fairq told the engine's batch, queue target 16, TPOT ceiling 1 s",
+            via_fairq=True,
+            told_batch=True,
+            model_overrides={"queue_targets": _TARGETS_16, "tpot_ceiling_ms": 1000},
+        ),
+        ArmSpec(
+            "w",
+            "fairq told the engine's batch, refills not paced",
+            via_fairq=True,
+            told_batch=True,
+            model_overrides={"pace_refills": False},
+        ),
+        ArmSpec(
+            "x",
+            "fairq told the engine's batch, not paced, queue target 16, TPOT ceiling 1 s",
+            via_fairq=True,
+            told_batch=True,
+            model_overrides={
+                "pace_refills": False,
+                "queue_targets": _TARGETS_16,
+                "tpot_ceiling_ms": 1000,
+            },
+        ),
     )
 }
 ENGINE_POLICIES = ("fcfs", "priority")
