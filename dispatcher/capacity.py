@@ -42,8 +42,9 @@ CONFIRM_MIN_S = 0.03  # ... and never sooner (no step time known yet: this)
 # A job sent into room has its first token within this many engine steps (the step that
 # takes it in, its prefill, the worker's and the dispatcher's round trip), and not
 # before ``START_MIN_S``: until then it is starting, not waiting
-# (``admission.EndpointState.overdue``). Longer, and a flood's first requests to wait
-# look starting for as long, which delays learning its batch by a scrape.
+# (``broker/lua/unseen.lua`` counts them; ``pacing.starting_refills``). Longer, and a
+# flood's first requests to wait look starting for as long, which delays learning its
+# batch by a scrape.
 START_STEPS = 3
 START_MIN_S = 0.05
 
