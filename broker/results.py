@@ -111,6 +111,10 @@ class ResultEvent(NamedTuple):
 class _Follower:
     mailbox: Mailbox[ResultEvent]
     last_id: bytes
+    # A read was issued with this follower's position in it. The reply of a read issued
+    # before it joined starts wherever the stream's other (or former) followers were, maybe
+    # past this one's position: taken, it would skip the entries in between.
+    included: bool = False
 
 
 def _said(exc: BaseException) -> str:
@@ -167,6 +171,7 @@ class ResultReader:
         self._read_bound_s = block_ms / 1000 + READ_MARGIN_S
         self._count = count
         self._followers: dict[bytes, list[_Follower]] = {}
+        self._joined: list[_Follower] = []  # followers no read was issued for yet
         # The XREAD's arguments, packed: per stream its key and the position to read after.
         self._key_args: dict[bytes, bytes] = {}
         self._id_args: dict[bytes, bytes] = {}
@@ -199,6 +204,7 @@ class ResultReader:
         key = keys.results(model, job_id).encode()
         follower = _Follower(Mailbox(), after)
         self._followers.setdefault(key, []).append(follower)
+        self._joined.append(follower)
         self._moved(key)
         # The caller need not wait for the reader to take the key in: events are read
         # from ``after`` on whenever that happens, so none can be missed.
@@ -208,6 +214,8 @@ class ResultReader:
         finally:
             followers = self._followers[key]
             followers.remove(follower)
+            if not follower.included:
+                self._joined.remove(follower)
             if not followers:
                 del self._followers[key]
             self._moved(key)
@@ -308,8 +316,12 @@ class ResultReader:
         """One blocking XREAD of every followed stream; the reply as Redis sent it."""
         self._reading = True
         self._rung = False  # this read names every key followed now
+        command = self._command()
+        for follower in self._joined:
+            follower.included = True
+        self._joined.clear()
         try:
-            [reply] = await self._blocking.round_trip(self._command(), 1, self._read_bound_s)
+            [reply] = await self._blocking.round_trip(command, 1, self._read_bound_s)
         except RedisTimeoutError:
             raise self._no_reply() from None
         finally:
@@ -335,16 +347,16 @@ class ResultReader:
             followers = self._followers.get(key)
             if not followers:
                 continue
-            if len(followers) == 1:  # the usual case: no id comparisons
+            if len(followers) == 1 and followers[0].included:  # the usual case
                 follower = followers[0]
                 mailbox = follower.mailbox
                 deliveries += [(mailbox, ResultEvent.from_reply(i, f)) for i, f in entries]
                 follower.last_id = entries[-1][0]
-            else:
+            else:  # a follower joined since the read went out: the next read is its own
                 for entry_id, fields in entries:
                     event, order = ResultEvent.from_reply(entry_id, fields), entry_order(entry_id)
                     for follower in followers:
-                        if order > entry_order(follower.last_id):
+                        if follower.included and order > entry_order(follower.last_id):
                             follower.last_id = entry_id
                             deliveries.append((follower.mailbox, event))
             self._moved(key)

@@ -84,6 +84,27 @@ async def test_events_written_before_the_follower_joined_are_read(
     assert ids == [b"0-2", b"0-3"]
 
 
+async def test_a_follower_joining_a_read_in_flight_from_a_later_entry_misses_nothing(
+    reader: ResultReader, aredis: Redis
+) -> None:
+    # A client that resumes a stream its first connection still follows: the read in
+    # flight asks for what comes after the first follower's position, and its reply must
+    # not move the newcomer past the entries in between.
+    for seq in (1, 2, 3, 4, 5):
+        await _chunk(aredis, "r", seq)
+    async with reader.follow(MODEL, "r") as first:
+        for _ in range(5):
+            await asyncio.wait_for(first.get(), WAIT_S)
+        await _blocked(aredis)  # blocked after 0-5
+        async with reader.follow(MODEL, "r", after=b"0-2") as second:
+            await _chunk(aredis, "r", 6)  # may reach the read in flight before the bell
+            ids: list[bytes] = []
+            while not ids or ids[-1] != b"0-6":  # the last entry: at most six events
+                ids.append((await asyncio.wait_for(second.get(), WAIT_S)).id)
+        assert (await asyncio.wait_for(first.get(), WAIT_S)).id == b"0-6"
+    assert ids == [b"0-3", b"0-4", b"0-5", b"0-6"]
+
+
 async def test_many_joins_ring_the_bell_a_few_times_and_close_removes_it(
     redis_url: str, aredis: Redis, ring_link: RespLink | None
 ) -> None:
