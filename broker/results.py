@@ -111,10 +111,10 @@ class ResultEvent(NamedTuple):
 class _Follower:
     mailbox: Mailbox[ResultEvent]
     last_id: bytes
-    # A read was issued with this follower's position in it. The reply of a read issued
-    # before it joined starts wherever the stream's other (or former) followers were, maybe
-    # past this one's position: taken, it would skip the entries in between.
-    included: bool = False
+    # The reads issued before it joined. Their replies start wherever the stream's other
+    # (or former) followers were, maybe past this one's position: taken, they would skip
+    # the entries in between, so it takes entries only from later reads.
+    joined_after: int
 
 
 def _said(exc: BaseException) -> str:
@@ -171,7 +171,7 @@ class ResultReader:
         self._read_bound_s = block_ms / 1000 + READ_MARGIN_S
         self._count = count
         self._followers: dict[bytes, list[_Follower]] = {}
-        self._joined: list[_Follower] = []  # followers no read was issued for yet
+        self._issued = 0  # reads issued so far
         # The XREAD's arguments, packed: per stream its key and the position to read after.
         self._key_args: dict[bytes, bytes] = {}
         self._id_args: dict[bytes, bytes] = {}
@@ -202,9 +202,8 @@ class ResultReader:
     ) -> AsyncIterator[Mailbox[ResultEvent]]:
         """Follow one job's results from entry ``after`` on; yields the mailbox they arrive in."""
         key = keys.results(model, job_id).encode()
-        follower = _Follower(Mailbox(), after)
+        follower = _Follower(Mailbox(), after, self._issued)
         self._followers.setdefault(key, []).append(follower)
-        self._joined.append(follower)
         self._moved(key)
         # The caller need not wait for the reader to take the key in: events are read
         # from ``after`` on whenever that happens, so none can be missed.
@@ -214,8 +213,6 @@ class ResultReader:
         finally:
             followers = self._followers[key]
             followers.remove(follower)
-            if not follower.included:
-                self._joined.remove(follower)
             if not followers:
                 del self._followers[key]
             self._moved(key)
@@ -316,12 +313,9 @@ class ResultReader:
         """One blocking XREAD of every followed stream; the reply as Redis sent it."""
         self._reading = True
         self._rung = False  # this read names every key followed now
-        command = self._command()
-        for follower in self._joined:
-            follower.included = True
-        self._joined.clear()
+        self._issued += 1  # its command names every follower that joined before now
         try:
-            [reply] = await self._blocking.round_trip(command, 1, self._read_bound_s)
+            [reply] = await self._blocking.round_trip(self._command(), 1, self._read_bound_s)
         except RedisTimeoutError:
             raise self._no_reply() from None
         finally:
@@ -340,14 +334,16 @@ class ResultReader:
         deliveries: list[tuple[Mailbox[ResultEvent], ResultEvent]] = []
         if not self._key_args:  # the last follower left since the loop looked
             return deliveries
-        for key, entries in await self._xread():
+        replies = await self._xread()
+        read = self._issued  # this read's number: only this loop issues reads
+        for key, entries in replies:
             if key == self._bell:
                 self._bell_seen = bulk(entries[-1][0])
                 continue
             followers = self._followers.get(key)
             if not followers:
                 continue
-            if len(followers) == 1 and followers[0].included:  # the usual case
+            if len(followers) == 1 and followers[0].joined_after < read:  # the usual case
                 follower = followers[0]
                 mailbox = follower.mailbox
                 deliveries += [(mailbox, ResultEvent.from_reply(i, f)) for i, f in entries]
@@ -356,7 +352,7 @@ class ResultReader:
                 for entry_id, fields in entries:
                     event, order = ResultEvent.from_reply(entry_id, fields), entry_order(entry_id)
                     for follower in followers:
-                        if follower.included and order > entry_order(follower.last_id):
+                        if follower.joined_after < read and order > entry_order(follower.last_id):
                             follower.last_id = entry_id
                             deliveries.append((follower.mailbox, event))
             self._moved(key)
