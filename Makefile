@@ -33,8 +33,12 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 run: install-run
 	$(BIN)/fairq up
 
+# The suite in TEST_PROCESSES processes (pytest-xdist), each with its own Redis and its own
+# range of ports (tests/conftest.py); most of a test's time is waiting on other processes,
+# so more processes than cores. TEST_PROCESSES=0 runs it in this one process.
+TEST_PROCESSES ?= 3
 test: install-dev browser
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_PROCESSES) --dist worksteal
 
 # tests/integration/test_dashboard.py drives Debian's chromium (no browser download of its own).
 # As root on a machine with apt-get it is installed when missing (and said so first);

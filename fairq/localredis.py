@@ -16,6 +16,7 @@ pod restart would; the data directory lives until ``stop``.
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
 import signal
@@ -60,24 +61,61 @@ def server_binary() -> str:
 
 # Ports this process has handed out or been told are taken. A port found free is only
 # bound later, by a child: two lookups before either binds can meet on one port (the
-# kernel picks among ~14,000), and a stack picks several (Redis, simulators, /metrics).
+# kernel picks among ~28,000), and a stack picks several (Redis, simulators, /metrics).
 _TAKEN: set[int] = set()
 _TAKEN_LOCK = threading.Lock()
 
+# "low-high": the ports free_port hands out, instead of the kernel's ephemeral range.
+# Ports outside that range are never some connection's source port nor another
+# process's port 0, so a port found free stays free until its server binds it, and a
+# restarted server gets its port back; test processes running side by side are each
+# given a range of their own (tests/conftest.py).
+LOCAL_PORTS_ENV = "FAIRQ_LOCAL_PORTS"
+
 
 def free_port() -> int:
-    """A port free on 127.0.0.1 now and never handed out before in this process."""
+    """A port free on 127.0.0.1 now and never handed out before in this process; from
+    ``FAIRQ_LOCAL_PORTS`` when it is set, else one the kernel picks."""
+    span = local_ports()
     with _TAKEN_LOCK:
         for _ in range(1000):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = int(s.getsockname()[1])
-            if port not in _TAKEN:
+            port = _bindable(span)
+            if port is not None and port not in _TAKEN:
                 _TAKEN.add(port)
                 return port
+    where = "the kernel's" if span is None else f"{LOCAL_PORTS_ENV}={span[0]}-{span[1]}"
     raise OSError(
-        f"no free port on 127.0.0.1 that this process has not handed out ({len(_TAKEN)} so far)"
+        f"no free port on 127.0.0.1 in {where} that this process has not handed out "
+        f"({len(_TAKEN)} so far)"
     )
+
+
+def local_ports() -> tuple[int, int] | None:
+    """``FAIRQ_LOCAL_PORTS`` as ``(low, high)``, both included; None when it is unset."""
+    raw = os.environ.get(LOCAL_PORTS_ENV, "").strip()
+    if not raw:
+        return None
+    found = re.fullmatch(r"(\d+)-(\d+)", raw)
+    low, high = (int(found[1]), int(found[2])) if found else (0, 0)
+    if not 1024 <= low < high <= 65535:
+        raise ValueError(
+            f"{LOCAL_PORTS_ENV}={raw!r}: give two ports as 'low-high' with "
+            "1024 <= low < high <= 65535 (e.g. 20000-25999), or unset it to let the "
+            "kernel pick"
+        )
+    return low, high
+
+
+def _bindable(span: tuple[int, int] | None) -> int | None:
+    """A port of ``span`` (the kernel's pick when None) that binds now, or None."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", 0 if span is None else random.randint(*span)))
+        except OSError:
+            if span is None:
+                raise
+            return None
+        return int(s.getsockname()[1])
 
 
 def claim_port(port: int) -> None:

@@ -1,9 +1,11 @@
 """Shared fixtures: one private Redis server per test session, flushed between tests; the
 process groups a test starts, and the net that kills what a test left running
-(tests/support/processes.py)."""
+(tests/support/processes.py). Each test process (one per pytest-xdist worker) hands out
+ports from a range of its own, below the kernel's ephemeral range."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 
 import fakeredis
@@ -11,12 +13,31 @@ import pytest
 import redis
 from redis.asyncio import Redis
 
-from fairq.localredis import LocalRedis
+from fairq.localredis import LOCAL_PORTS_ENV, LocalRedis
 from tests.support.processes import (  # noqa: F401 - fixtures
     for_the_session,
     no_process_left,
     processes,
 )
+
+# Below Linux's default ephemeral range (32768-60999), split among the test processes;
+# set here, at import, so that every child a test starts inherits its process's range.
+PORTS_LOW, PORTS_HIGH = 10000, 32767
+
+
+def ports_of_test_process(worker: str | None, workers: int) -> tuple[int, int]:
+    """The range of ports of the test process ``worker`` (``gw0``, ``gw1``, ...; None when
+    pytest-xdist is not running) among ``workers``."""
+    index = int(worker.removeprefix("gw")) if worker else 0
+    size = (PORTS_HIGH - PORTS_LOW + 1) // max(workers, 1)
+    low = PORTS_LOW + index * size
+    return low, low + size - 1
+
+
+_low, _high = ports_of_test_process(
+    os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+)
+os.environ[LOCAL_PORTS_ENV] = f"{_low}-{_high}"
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,9 @@ def test_a_small_scrape_run_measures_every_arm_and_the_lean_ones_keep_up(tmp_pat
     assert sorted(r["arm"] for r in rows) == sorted(scrape.ARMS)
     for row in rows:
         assert row["failures"] == 0 and row["scrapes"] > 0 and row["cpu_us_per_scrape"] > 0
+    # fairq's scrape keeps up; the httpx baselines are measured, not held to it (on a
+    # machine shared with other tests their parsing falls behind)
+    for row in (r for r in rows if r["arm"] in scrape.LEAN):
         assert row["scrapes"] >= scrape.DONE_AT_LEAST * row["scrapes_due"], row
     # Redis's CPU is counted in clock ticks: a second of a few scrapes may show none.
     assert next(r for r in rows if r["arm"] == "lean+redis")["redis_cores"] >= 0

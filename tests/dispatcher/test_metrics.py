@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
@@ -29,6 +28,7 @@ from dispatcher.engine_metrics import (
     recent_tpot_s,
 )
 from dispatcher.scraper import Scraper
+from fairq.localredis import free_port
 from tests.support.eventually import aeventually
 from tests.support.paths import FIXTURES
 from tests.support.servers import uvicorn_thread
@@ -398,9 +398,7 @@ async def running(scraper: Scraper) -> AsyncIterator[asyncio.Task[None]]:
 
 
 def closed_port_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+    return f"http://127.0.0.1:{free_port()}"  # free_port never hands it out again
 
 
 async def test_a_good_endpoints_view_follows_its_metrics_within_a_few_intervals(

@@ -41,6 +41,7 @@ from broker import (
     StreamMode,
     keys,
 )
+from fairq.localredis import free_port
 from gateway import outcomes, sse
 from tests.support.eventually import aeventually, eventually
 from tests.support.settings import (
@@ -805,9 +806,7 @@ async def test_a_redis_failure_reaches_its_client_without_redis_s_address_and_wi
 
 
 def test_serve_answers_queued_streams_and_exits_cleanly_on_sigterm(redis_url: str) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     code = (
         "from broker import Settings\nfrom fairq.services import run_gateway\n"
         f"run_gateway(Settings(redis_url={redis_url!r}, **{CONFIG!r}), '127.0.0.1', {port})\n"

@@ -188,5 +188,8 @@ def test_a_newcomer_of_one_name_takes_a_slot_from_the_other_names_flood(
         alice = [engine.alice.status(job_id) for job_id in long]
     assert {record.state for record in [bob, *alice]} == {JobState.COMPLETED}
     assert bob.first_token_ms is not None and bob.enqueued_ms is not None
-    assert bob.first_token_ms - bob.enqueued_ms < 500
+    # At once: within a small part of one of her answers (the machine's speed sets both;
+    # on two idle cores he waited 35 ms, her shortest answer took 1.6 s).
     assert all(a.ended_ms and a.ended_ms > (bob.ended_ms or 0) for a in alice)
+    shortest = min((a.ended_ms or 0) - (a.started_ms or 0) for a in alice)
+    assert bob.first_token_ms - bob.enqueued_ms < shortest / 3, shortest
