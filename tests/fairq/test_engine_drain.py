@@ -22,8 +22,11 @@ from tests.support.processes import ProcessGroups
 from tests.support.stack import wait_healthy
 
 MODEL = "m1"
-STEP_MS = 40.0  # one token per 40 ms: a 50-token answer streams for about 2 s
-TOKENS = 50
+# One token per 40 ms: a 150-token answer streams for about 6 s, longer than the drain
+# command's interpreter takes to start on a loaded machine (2.5 s seen beside the other
+# test processes; with 2 s, the drain's first read came after the stream had ended).
+STEP_MS = 40.0
+TOKENS = 150
 
 
 @pytest.fixture(scope="module")
