@@ -64,6 +64,7 @@ from broker.status import (
     read_queues,
     read_status,
 )
+from broker.tiers import ServiceTiers
 
 __all__ = [
     "ApiKeyConfig",
@@ -106,6 +107,7 @@ __all__ = [
     "Reroute",
     "ResultEvent",
     "ResultReader",
+    "ServiceTiers",
     "Settings",
     "Snapshot",
     "StreamMode",

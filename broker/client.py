@@ -26,6 +26,7 @@ from broker.requests import check_body, engine_payload, estimate_cost, stream_mo
 from broker.result_readers import result_reader
 from broker.results import ResultEvent
 from broker.settings import Settings, load_settings
+from broker.tiers import ServiceTiers, request_band
 
 if TYPE_CHECKING:
     from broker.result_readers import ClusterResultReader
@@ -38,6 +39,7 @@ class AsyncClient:
     def __init__(self, settings: Settings | None = None, *, api_key: str) -> None:
         self._settings = settings or load_settings()
         self._principal: Principal = KeyRing(self._settings).resolve(api_key)
+        self._tiers = ServiceTiers(self._settings.service_tiers, self._settings.bands)
         self._redis: Redis = connect(self._settings)
         self._link = lean_link(self._settings)  # enqueue.lua, as the gateway does
         self._queue = JobQueue(self._redis, self._settings, self._link)
@@ -57,7 +59,8 @@ class AsyncClient:
         await self._redis.aclose()
 
     async def submit(self, model: str, *, band: str | None = None, **body: Any) -> str:
-        """Queue a chat (``messages=``) or text completion (``prompt=``); returns the job id."""
+        """Queue a chat (``messages=``) or text completion (``prompt=``); returns the job id.
+        ``band`` wins over a ``service_tier=`` in the body, as ``X-Fairq-Band`` at the gateway."""
         config = self._settings.model(model)
         if config is None or not self._principal.may_use_model(model):
             raise UnknownModel(
@@ -72,7 +75,7 @@ class AsyncClient:
                 owner=self._principal.user,
                 user=self._principal.end_user(body.get("user")),
                 tenant=self._principal.tenant,
-                band=self._principal.band_for(band, self._settings.bands),
+                band=request_band(self._principal, band, body.get("service_tier"), self._tiers),
                 kind=kind,
                 stream_flag=stream_mode(body, config),
                 payload=engine_payload(body, job_id, config),

@@ -1,7 +1,8 @@
 """Validating OpenAI request bodies and turning them into the payload an engine gets.
 
 Only what fairq needs is checked (model, messages or prompt, stream, token
-limits); every other field passes through to the engine untouched. A body is parsed
+limits); every other field passes through to the engine untouched, except fairq's own
+(``user``, ``priority``, ``service_tier``), which stay inside fairq. A body is parsed
 once, where it is read (``parse_json``), and refused there if it nests deeper than
 ``MAX_DEPTH``: fairq serialises it again for the engine, and a body that parses but
 cannot be serialised again would fail downstream, after it was accepted.
@@ -28,6 +29,8 @@ class _Body(BaseModel):
     stream: bool = False
     max_tokens: int | None = Field(default=None, ge=1)
     user: str | None = None
+    # OpenAI's tier, one of the ``service_tiers`` setting (broker.tiers); never sent on.
+    service_tier: str | None = None
     # engine_payload merges into it: anything but an object would fail there, not here.
     stream_options: dict[str, Any] | None = None
 
@@ -157,6 +160,7 @@ def engine_payload(body: dict[str, Any], job_id: str, model: ModelConfig) -> byt
     payload = dict(body)
     payload.pop("user", None)  # the fairness identity stays inside fairq
     payload.pop("priority", None)  # a key never sets its own engine priority: fairq does
+    payload.pop("service_tier", None)  # fairq's band (broker.tiers); vLLM takes no such field
     if model.engine == "vllm":
         payload["request_id"] = job_id
     if stream_mode(body, model) is StreamMode.WHOLE:
@@ -232,7 +236,7 @@ WHOLE_FIELDS = frozenset(
         "structured_outputs", "guided_json", "guided_regex", "guided_choice",
         "guided_grammar", "add_generation_prompt", "continue_final_message",
         "add_special_tokens", "chat_template", "chat_template_kwargs", "reasoning_effort",
-        "truncate_prompt_tokens", "cache_salt", "metadata",
+        "truncate_prompt_tokens", "cache_salt", "metadata", "service_tier",
     }
 )  # fmt: skip
 

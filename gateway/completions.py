@@ -1,7 +1,8 @@
 """``POST /v1/chat/completions`` and ``POST /v1/completions``: queue, then answer.
 
 The request is checked in the order that costs least first: key, body size,
-body, model entitlement, band. The job id is generated before the payload (the
+body, model entitlement, band (an ``X-Fairq-Band`` header, else the body's
+``service_tier``: ``broker.tiers``). The job id is generated before the payload (the
 engine payload embeds it), the result stream is followed before the job is
 queued, and then:
 
@@ -13,6 +14,10 @@ queued, and then:
 * otherwise the request waits for the body and end events while it watches
   the connection; a client that leaves cancels its job. The answer it would
   have had is never sent; 499 (nginx's "client closed request") is used for it.
+
+Either way the answer says the ``service_tier`` it was served in: the worker writes it
+into every chunk and body (``workers.service_tier``), so what is relayed here, and to a
+resumed stream, passes as the bytes it is.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from broker.errors import InvalidRequest, UnknownModel
 from broker.jobs import RequestKind, Submission, new_job_id
 from broker.requests import engine_payload, estimate_cost, parse_body, stream_mode
 from broker.settings import ModelConfig
+from broker.tiers import request_band
 from gateway.auth import Caller
 from gateway.body import read_body
 from gateway.errors import JOB_HEADER, error_response
@@ -101,7 +107,7 @@ def _submission(
         owner=caller.user,
         user=caller.end_user(body.get("user")),
         tenant=caller.tenant,
-        band=caller.band_for(band or None, gateway.settings.bands),
+        band=request_band(caller, band, body.get("service_tier"), gateway.tiers),
         kind=kind,
         stream_flag=stream_mode(body, model),
         payload=engine_payload(body, job_id, model),

@@ -5,8 +5,8 @@ validated, every other completion field passed on to the engine), so FastAPI
 cannot see them; this module adds what it cannot: the request bodies (for the
 completions generated from the very pydantic models that validate them, with
 ``model`` limited to the configured models; for batches and files from the
-limits their routes enforce); the ``X-Fairq-Band`` and ``X-Fairq-Stream-Headers``
-headers; bearer
+limits their routes enforce; ``service_tier`` limited to the configured tiers); the
+``X-Fairq-Band`` and ``X-Fairq-Stream-Headers`` headers; bearer
 authentication; and the OpenAI error object of every error status. A fuzzer
 (tests/integration/test_schema.py) generates its requests from this document.
 """
@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from broker.batch import KINDS
 from broker.requests import ChatBody, CompletionBody
 from broker.settings import Settings
+from broker.tiers import ServiceTiers
 from gateway.batches import METADATA_LIMITS
 from gateway.completions import BAND_HEADER, STREAM_HEADERS_HEADER, STREAM_HEADERS_HOLD
 from gateway.connections import MAX_HEADER_BYTES
@@ -81,8 +82,9 @@ def build_schema(app: FastAPI, settings: Settings) -> dict[str, Any]:
     schemas["Error"] = _ERROR_SCHEMA
     components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     models = [m.name for m in settings.models]
+    tiers = list(ServiceTiers(settings.service_tiers, settings.bands).names)
     for path, body in _BODIES.items():
-        schemas[body.__name__] = _body_schema(body, models, schemas)
+        schemas[body.__name__] = _body_schema(body, models, tiers, schemas)
         _document_completion(schema["paths"][path]["post"], body.__name__, settings)
     schemas["BatchBody"] = _batch_schema(settings)
     _json_body(schema["paths"]["/v1/batches"]["post"], "BatchBody")
@@ -96,12 +98,19 @@ def build_schema(app: FastAPI, settings: Settings) -> dict[str, Any]:
 
 
 def _body_schema(
-    body: type[BaseModel], models: list[str], schemas: dict[str, Any]
+    body: type[BaseModel], models: list[str], tiers: list[str], schemas: dict[str, Any]
 ) -> dict[str, Any]:
     generated = body.model_json_schema(ref_template=_REF)
     schemas.update(generated.pop("$defs", {}))
     if models:
         generated["properties"]["model"]["enum"] = models
+    named = [{"type": "string", "enum": tiers}] if tiers else []
+    generated["properties"]["service_tier"] = {
+        "anyOf": [*named, {"type": "null"}],
+        "default": None,
+        "description": "the priority band to queue in, by OpenAI's tier (service_tiers); "
+        "the response says the tier it was served in",
+    }
     return generated
 
 

@@ -1,10 +1,10 @@
 """The per-process resources every route shares, opened and closed by the lifespan.
 
 One Redis client (pooled) for commands, one ``ResultReader`` that follows every
-job this process waits for over a single blocking connection, one ``JobQueue``
-and one ``KeyRing``. Work that must outlive the request that started it (the
-cancel of a job whose client has left) runs as a tracked task, so that shutdown
-can wait for it before closing Redis.
+job this process waits for over a single blocking connection, one ``JobQueue``,
+one ``KeyRing`` and the ``ServiceTiers``. Work that must outlive the request that
+started it (the cancel of a job whose client has left) runs as a tracked task, so
+that shutdown can wait for it before closing Redis.
 
 Shutdown, in order: ``drain`` (called by ``server`` as soon as a signal arrives)
 ends every request whose job is still queued with a "shutting down" error, so
@@ -34,6 +34,7 @@ from broker.redis.connect import connect, lean_link
 from broker.result_readers import result_reader
 from broker.results import ResultEvent
 from broker.settings import Settings
+from broker.tiers import ServiceTiers
 from gateway.outcomes import SHUTDOWN
 from gateway.restarts import RestartWatch
 
@@ -50,6 +51,7 @@ class Gateway:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.keyring = KeyRing(settings)
+        self.tiers = ServiceTiers(settings.service_tiers, settings.bands)
         self.redis: Redis = connect(settings, settings.redis_command_timeout_s)
         # Every request's enqueue.lua, pipelined with the others in flight (broker.redis.resp).
         self._link = lean_link(settings)

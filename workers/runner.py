@@ -23,7 +23,8 @@ back to it.
 
 A job taken back out of the engine mid-answer (``park.lua``) runs again from where its
 client is (``workers.attempt``): each attempt's request and the shaping of its events
-on their way to the writer (token ids taken out and recorded, chunks converted).
+on their way to the writer (token ids taken out and recorded, chunks converted). Last,
+everything written says the job's service tier (``workers.service_tier``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from workers.engine_info import ContextLengths
 from workers.errors import EngineError
 from workers.resume import Earlier
 from workers.resume_exact import needs_context_len, seam_of
+from workers.service_tier import TierStamps
 from workers.whole import WholeAnswer
 from workers.writer import ResultWriter
 
@@ -104,6 +106,7 @@ class JobRunner:
         self._settings = settings
         self._written = written  # None: a resumed job starts again from scratch
         self._contexts = ContextLengths()
+        self._stamps = TierStamps(settings)
         self.retries = 0  # engine calls made again
 
     async def run(
@@ -120,7 +123,7 @@ class JobRunner:
         plan = await self._attempt(job)
         if isinstance(plan, Whole):  # the answer had ended, or reached its limit, already
             if plan.usage is not None:
-                self._writer.chunk(job, plan.usage)
+                self._writer.chunk(job, self._stamps.of(job.band).events(plan.usage))
             return _already_whole(plan.earlier)
         payload = with_priority(plan.payload, job.engine_priority)
         tries = self._settings.engine_max_tries
@@ -184,7 +187,7 @@ class JobRunner:
         self, job: Claimed, plan: Attempt, payload: bytes, accounting: Accounting,
         progress: _Progress,
     ) -> None:  # fmt: skip
-        shape = plan.shape
+        shape, stamp = plan.shape, self._stamps.of(job.band)
 
         def on_events(events: bytes) -> None:  # runs inside the HTTP client's callback
             trail = None
@@ -192,6 +195,7 @@ class JobRunner:
                 events, trail = shape(events)
                 if not events:
                     return
+            events = stamp.events(events)
             if progress.first_ms is None:
                 progress.first_ms = int(time.time() * 1000)
                 self._writer.chunk(job, events, first=True, trail=trail)
@@ -237,7 +241,7 @@ class JobRunner:
             on_response=lambda _accepted: progress.sent_plain(),  # its client waits for a body
         )
         progress.first_ms = first_ms or int(time.time() * 1000)
-        self._writer.body(job, answer.body(accounting.usage))
+        self._writer.body(job, answer.body(accounting.usage, self._stamps.of(job.band).tier))
 
     async def _plain(
         self, job: Claimed, url: str, payload: bytes, accounting: Accounting, progress: _Progress
@@ -252,7 +256,7 @@ class JobRunner:
             on_sent=progress.sent_plain,
         )
         progress.first_ms = int(time.time() * 1000)
-        self._writer.body(job, body)
+        self._writer.body(job, self._stamps.of(job.band).body(body))
 
 
 def _already_whole(earlier: Earlier) -> Outcome:

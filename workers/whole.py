@@ -43,8 +43,9 @@ class WholeAnswer:
             if event.startswith(b"data: {"):
                 self._add_chunk(orjson.loads(event[6:]))
 
-    def body(self, usage: dict[str, Any] | None) -> bytes:
-        """The whole answer as the engine's JSON body."""
+    def body(self, usage: dict[str, Any] | None, service_tier: str | None = None) -> bytes:
+        """The whole answer as the engine's JSON body; ``service_tier``, the tier fairq
+        served it in, replaces any the engine streamed."""
         body: dict[str, Any] = {
             "id": self._head.get("id"),
             "object": _OBJECT[self._kind],
@@ -53,6 +54,8 @@ class WholeAnswer:
             "choices": [self._choice(i) for i in sorted(self._choices)],
         }
         body.update((key, self._head[key]) for key in _TOP_KEPT if key in self._head)
+        if service_tier is not None:
+            body["service_tier"] = service_tier
         body["usage"] = usage
         return orjson.dumps(body)
 

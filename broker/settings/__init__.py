@@ -19,12 +19,19 @@ from broker.settings.http import HttpSettings
 from broker.settings.keys import ApiKeyConfig
 from broker.settings.model import ModelConfig, ResumeStreams
 from broker.settings.resolve import ENGINE_ON_MODEL, SettingNote, split_entry
-from broker.settings.root import CONCERNS, DEFAULT_BANDS, Settings, load_settings
+from broker.settings.root import (
+    CONCERNS,
+    DEFAULT_BANDS,
+    DEFAULT_SERVICE_TIERS,
+    Settings,
+    load_settings,
+)
 
 __all__ = [
     "CONCERNS",
     "DEFAULT_BANDS",
     "DEFAULT_QUEUE_TARGETS",
+    "DEFAULT_SERVICE_TIERS",
     "ENGINE_ON_MODEL",
     "KINDS",
     "ApiKeyConfig",

@@ -28,6 +28,8 @@ class Checked(Protocol):
     @property
     def api_keys(self) -> tuple[ApiKeyConfig, ...]: ...
     @property
+    def service_tiers(self) -> Mapping[str, str | None]: ...
+    @property
     def queue_deadline_s(self) -> Mapping[str, float]: ...
     @property
     def model_fields_set(self) -> set[str]: ...
@@ -46,6 +48,7 @@ def check(settings: Checked) -> None:
     _engines_apart(settings.engines)
     check_engine_groups(settings.models, settings.bands)
     _key_bands(settings)
+    _service_tiers(settings)
     _queue_deadlines(settings)
     _leases(settings)
 
@@ -88,6 +91,20 @@ def _key_bands(settings: Checked) -> None:
                     f"api key of user {key.user!r} names unknown band {band!r}: the bands "
                     f"are {', '.join(settings.bands)}",
                 )
+
+
+def _service_tiers(settings: Checked) -> None:
+    # The defaults name the default bands: a tier of theirs whose band does not exist is not
+    # offered (broker.tiers). A mapping the deployment wrote must name its bands.
+    if "service_tiers" not in settings.model_fields_set:
+        return
+    for tier, band in settings.service_tiers.items():
+        if not tier or (band is not None and band not in settings.bands):
+            raise SettingError(
+                ("service_tiers", tier),
+                f"service tier {tier!r} must name one of the bands "
+                f"({', '.join(settings.bands)}), or be null for the key's default band",
+            )
 
 
 def _queue_deadlines(settings: Checked) -> None:

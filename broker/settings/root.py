@@ -39,6 +39,13 @@ from broker.settings.model import ModelConfig
 from broker.settings.resolve import SettingNote, resolve
 
 DEFAULT_BANDS = ("interactive", "default", "batch")
+# OpenAI's service_tier -> band (None: the key's default band); the Batch API is "flex".
+DEFAULT_SERVICE_TIERS: dict[str, str | None] = {
+    "priority": "interactive",
+    "default": None,
+    "auto": None,
+    "flex": "batch",
+}
 
 # The top-level settings by concern, in the order the generated docs show them
 # (fairq.config_docs); a test holds that each setting is in exactly one.
@@ -50,7 +57,7 @@ CONCERNS: dict[str, tuple[str, ...]] = {
         "redis_pool_timeout_s",
         "redis_command_timeout_s",
     ),
-    "Bands, engines, models, keys": ("bands", "engines", "models", "api_keys"),
+    "Bands, engines, models, keys": ("bands", "service_tiers", "engines", "models", "api_keys"),
     "The gateway": (
         "max_queued_per_user",
         "queue_full_retry_after_s",
@@ -139,6 +146,15 @@ class Settings(BaseSettings):
         default=DEFAULT_BANDS,
         description="The priority classes, highest first: strict priority between bands, "
         "fairness between users inside one.",
+    )
+    service_tiers: dict[str, str | None] = Field(
+        default_factory=lambda: dict(DEFAULT_SERVICE_TIERS),
+        description="OpenAI's service_tier -> the band it queues in; null: the key's "
+        "default band (also a request without one). A band the key may not use is served "
+        "in its allowed band nearest to it: priority in the key's highest. An X-Fairq-Band "
+        "header wins over it; a tier not named here is a 400. Every response says the tier "
+        "of the band it ran in (the first tier naming it, never auto; default where none "
+        "does). The defaults name the default bands: with other bands, name yours.",
     )
     engines: tuple[EngineConfig, ...] = Field(
         default=(),

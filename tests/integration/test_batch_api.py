@@ -90,6 +90,7 @@ def test_a_batch_runs_to_completion_through_the_openai_client(stack: Stack) -> N
     first = output[0]
     assert first["error"] is None and first["response"]["status_code"] == 200
     assert first["response"]["body"]["choices"][0]["message"]["content"]
+    assert {r["response"]["body"]["service_tier"] for r in output} == {"flex"}  # band batch
     assert first["response"]["request_id"]
     assert batch.id in [b.id for b in client.batches.list()]
 
