@@ -39,7 +39,7 @@ class AsyncClient:
     def __init__(self, settings: Settings | None = None, *, api_key: str) -> None:
         self._settings = settings or load_settings()
         self._principal: Principal = KeyRing(self._settings).resolve(api_key)
-        self._tiers = ServiceTiers(self._settings.service_tiers, self._settings.bands)
+        self._tiers = ServiceTiers.of(self._settings)
         self._redis: Redis = connect(self._settings)
         self._link = lean_link(self._settings)  # enqueue.lua, as the gateway does
         self._queue = JobQueue(self._redis, self._settings, self._link)

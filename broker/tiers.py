@@ -30,9 +30,13 @@ the bands that exist).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from broker.auth import Principal
 from broker.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from broker.settings import Settings
 
 _REQUEST_ONLY = "auto"  # OpenAI never answers "auto": it says the tier it chose
 UNNAMED_BAND_TIER = "default"  # what a response of a band no tier names says
@@ -49,6 +53,11 @@ class ServiceTiers:
         self._rank = {band: rank for rank, band in enumerate(bands)}  # 0: the highest
         self._bands = {t: b for t, b in tiers.items() if b is None or b in self._rank}
         self._said = {band: self._first_tier(band) for band in bands}
+
+    @classmethod
+    def of(cls, settings: Settings) -> ServiceTiers:
+        """The deployment's tiers: its ``service_tiers`` over its ``bands``."""
+        return cls(settings.service_tiers, settings.bands)
 
     @property
     def names(self) -> tuple[str, ...]:

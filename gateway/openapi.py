@@ -82,7 +82,7 @@ def build_schema(app: FastAPI, settings: Settings) -> dict[str, Any]:
     schemas["Error"] = _ERROR_SCHEMA
     components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     models = [m.name for m in settings.models]
-    tiers = list(ServiceTiers(settings.service_tiers, settings.bands).names)
+    tiers = list(ServiceTiers.of(settings).names)
     for path, body in _BODIES.items():
         schemas[body.__name__] = _body_schema(body, models, tiers, schemas)
         _document_completion(schema["paths"][path]["post"], body.__name__, settings)

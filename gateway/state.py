@@ -51,7 +51,7 @@ class Gateway:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.keyring = KeyRing(settings)
-        self.tiers = ServiceTiers(settings.service_tiers, settings.bands)
+        self.tiers = ServiceTiers.of(settings)
         self.redis: Redis = connect(settings, settings.redis_command_timeout_s)
         # Every request's enqueue.lua, pipelined with the others in flight (broker.redis.resp).
         self._link = lean_link(settings)

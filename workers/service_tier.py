@@ -55,12 +55,7 @@ class TierStamp:
 
     def body(self, body: bytes) -> bytes:
         """A whole JSON body with the tier as its ``service_tier``."""
-        try:
-            parsed = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return body  # not JSON: relayed as the engine sent it, unstamped
-        if not isinstance(parsed, dict):
-            return body  # not an answer (the engine's accounting refuses these first)
+        parsed = orjson.loads(body)  # an object: ``workers.engine.complete`` refuses others
         parsed["service_tier"] = self.tier
         return orjson.dumps(parsed)
 
@@ -71,7 +66,7 @@ class TierStamps:
     __slots__ = ("_by_band", "_unnamed")
 
     def __init__(self, settings: Settings) -> None:
-        tiers = ServiceTiers(settings.service_tiers, settings.bands)
+        tiers = ServiceTiers.of(settings)
         self._by_band = {band: TierStamp(tiers.tier_of(band)) for band in settings.bands}
         # A band this worker's settings lack (configurations out of step): says "default".
         self._unnamed = TierStamp(tiers.tier_of(""))

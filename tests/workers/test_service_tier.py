@@ -73,7 +73,3 @@ def test_each_band_gets_the_stamp_of_its_tier() -> None:
         "flex",
     ]
     assert stamps.of("not-configured").tier == "default"
-
-
-def test_a_body_that_is_not_json_is_kept_as_the_engine_sent_it() -> None:
-    assert TierStamp("flex").body(b"not json{") == b"not json{"
