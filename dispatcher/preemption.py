@@ -4,7 +4,9 @@ While a newcomer (a user with nothing in the engine) was sent beyond an endpoint
 or is still queued, the jobs beyond the batch are taken back (``DispatchStore.park``: the
 heaviest user's newest without output, else their oldest that can be resumed mid-answer;
 a user's only job never), so the newcomer is first in the engine's queue and, when one of
-those was running, gets its slot at the next step. Where a newcomer's prefill step is
+those was running, gets its slot at the next step. While the batch is still learned,
+a newcomer sent in this round has the jobs beyond a fresh scrape's running set taken back
+once (``room_for_take_back``). Where a newcomer's prefill step is
 kept clear (``dispatcher.newcomer_step``), the streamed jobs handed over within the last
 step without output are taken back too: they may still wait for that step, and would
 share it. On an engine shared by several models a job is taken from the model with the
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from broker import DispatchStore, ModelConfig, ModelSnapshot, Parked, telemetry
@@ -31,13 +33,15 @@ MAX_PARKS = 4  # jobs taken back out of one endpoint per round, of each kind
 @dataclass(frozen=True)
 class RoundEnd:
     """What a round of ``model`` left: its state, its endpoints' states, and the newcomers
-    it (or enqueue.lua, express) sent to each endpoint since the last round."""
+    it (or enqueue.lua, express) sent to each endpoint since the last round; of those,
+    ``carried`` were sent in an earlier round and carried on (``Round._add_unplaced``)."""
 
     model: ModelConfig
     snap: ModelSnapshot
     states: Sequence[EndpointState]
     config: AdmissionConfig
     newcomers_sent: Mapping[str, int]
+    carried: Mapping[str, int] = field(default_factory=dict)
 
 
 class TakeBack(Protocol):
@@ -68,8 +72,9 @@ class Preemption:
         queued = [u for u, _ in top.users if not snap.in_engine.get(u)] if top else []
         parked: set[str] = set()
         for state in end.states:
-            batch = config.room_in(state)
             sent = end.newcomers_sent.get(state.endpoint, 0)
+            fresh = sent - end.carried.get(state.endpoint, 0)
+            batch = room_for_take_back(config, state, fresh)
             if batch is None or not (sent or queued):
                 continue
             # Every job beyond the batch waits in the engine's queue, ahead of a newcomer
@@ -111,6 +116,23 @@ class Preemption:
                 log.debug("took job %s of %s back out of %s", taken.job_id, taken.user, endpoint)
                 return name, taken
         return None
+
+
+def room_for_take_back(config: AdmissionConfig, state: EndpointState, fresh: int) -> int | None:
+    """The requests the engine takes now, as the take-back stage counts them: the batch
+    admission knows (``AdmissionConfig.room_in``); while it is unknown, for newcomers sent
+    in this round (``fresh``; not those carried on), the running set of a fresh scrape
+    that found requests waiting: the jobs beyond it may wait ahead of the newcomer, for
+    room or for a prefill budget. Taken back once per newcomer, they go again behind it
+    (the engine's queue is first come, first served); a newcomer that lands while a
+    flood's ramp fills the batch waited out the learning before (16 slots: 300 ms,
+    against 40 ms). None: nothing to make room under."""
+    batch = config.room_in(state)
+    if batch is not None or fresh <= 0 or not state.fresh:
+        return batch
+    if state.waiting <= 0 or state.running <= 0:
+        return None
+    return int(state.running)
 
 
 class NoTakeBack:

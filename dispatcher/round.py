@@ -87,6 +87,7 @@ class Round:
         # then; it goes on once the capacity is learned
         self._unplaced: dict[str, tuple[int, float]] = {}
         self._carried: dict[str, float] = {}  # of those, carried into this round: since when
+        self._carried_counts: dict[str, int] = {}  # ... and how many
         self._pace_timer = False  # a wake-up is due when the pace lets refills go
         self._noted: set[str] = set()  # endpoints whose engine disagrees with batch_slots
 
@@ -262,7 +263,7 @@ class Round:
         views of the other models of the engine)."""
         env, s = self._env, self.stages
         states = self.states(snap)
-        end = RoundEnd(self.model, snap, states, s.config, newcomers_sent)
+        end = RoundEnd(self.model, snap, states, s.config, newcomers_sent, self._carried_counts)
         parked = await s.take_back.make_room(end)
         now = time.monotonic()
         for state in states:
@@ -288,11 +289,12 @@ class Round:
         metrics stay fresh), so that the take-back stage makes room for them once the
         capacity is learned, a few jobs a round."""
         unplaced, self._unplaced = self._unplaced, {}
-        self._carried = {}
+        self._carried, self._carried_counts = {}, {}
         for endpoint, (count, at) in unplaced.items():
             if now - at <= self._env.stale_s:
                 newcomers_sent[endpoint] = newcomers_sent.get(endpoint, 0) + count
                 self._carried[endpoint] = at
+                self._carried_counts[endpoint] = count
 
     async def _read(self, model: str) -> ModelSnapshot:
         s = self.stages
