@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 
 from broker.auth import KeyRing, Principal
 from broker.errors import JobFailed, UnknownModel
+from broker.idempotency import Idempotency, fingerprint
 from broker.jobs import JobRecord, JobState, RequestKind, Submission, new_job_id
 from broker.position import QueuePosition
 from broker.queue import JobQueue
@@ -58,9 +59,18 @@ class AsyncClient:
             self._link.close()
         await self._redis.aclose()
 
-    async def submit(self, model: str, *, band: str | None = None, **body: Any) -> str:
+    async def submit(
+        self,
+        model: str,
+        *,
+        band: str | None = None,
+        idempotency_key: str | None = None,
+        **body: Any,
+    ) -> str:
         """Queue a chat (``messages=``) or text completion (``prompt=``); returns the job id.
-        ``band`` wins over a ``service_tier=`` in the body, as ``X-Fairq-Band`` at the gateway."""
+        ``band`` wins over a ``service_tier=`` in the body, as ``X-Fairq-Band`` at the gateway.
+        ``idempotency_key``: as the gateway's ``Idempotency-Key`` (the same scope): the same
+        request sent again with it returns the first try's job id, never a second job."""
         config = self._settings.model(model)
         if config is None or not self._principal.may_use_model(model):
             raise UnknownModel(
@@ -82,7 +92,23 @@ class AsyncClient:
                 job_id=job_id,
                 cost=estimate_cost(body, config),
                 weight=self._principal.weight,
+                once=self._once(idempotency_key, kind, body, band),
             )
+        )
+
+    def _once(
+        self, key: str | None, kind: RequestKind, body: dict[str, Any], band: str | None
+    ) -> Idempotency | None:
+        """The submission's Idempotency-Key, fingerprinted as the gateway does a request
+        (route, body, band), so a retry through either finds the other's job."""
+        if key is None:
+            return None
+        return Idempotency.of(
+            key,
+            owner=self._principal.user,
+            route=kind.value,
+            fingerprint=fingerprint(kind.value, body, band),
+            window_s=self._settings.idempotency_window_s,
         )
 
     async def status(self, job_id: str) -> JobRecord:
@@ -162,8 +188,17 @@ class Client:
         self._thread.join()
         self._loop.close()
 
-    def submit(self, model: str, *, band: str | None = None, **body: Any) -> str:
-        return self._call(self._async.submit(model, band=band, **body))
+    def submit(
+        self,
+        model: str,
+        *,
+        band: str | None = None,
+        idempotency_key: str | None = None,
+        **body: Any,
+    ) -> str:
+        return self._call(
+            self._async.submit(model, band=band, idempotency_key=idempotency_key, **body)
+        )
 
     def status(self, job_id: str) -> JobRecord:
         return self._call(self._async.status(job_id))

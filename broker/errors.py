@@ -12,6 +12,8 @@ no field is (a header, the whole body, the server)::
     ├── NotFound                    404 not_found
     │   └── UnknownModel            404 model_not_found
     ├── Forbidden                   403 permission_denied
+    ├── IdempotencyKeyReused        409 idempotency_key_reused (another request's key)
+    ├── IdempotentResultGone        410 idempotent_result_expired (what the key made is gone)
     ├── BodyTooLarge                413 request_too_large
     ├── QueueFull                   429 queue_full (with retry_after_s)
     ├── NotSupported                501 not_supported (in this deployment)
@@ -95,6 +97,23 @@ class NotFound(FairqError):
 
 class UnknownModel(NotFound):
     code = "model_not_found"
+
+
+class IdempotencyKeyReused(FairqError):
+    """An Idempotency-Key sent before with another request (``broker.idempotency``)."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "idempotency_key_reused"
+
+
+class IdempotentResultGone(FairqError):
+    """An Idempotency-Key whose job ended and expired, or whose file was deleted: a
+    second one is not made in its place."""
+
+    status = 410
+    type = "invalid_request_error"
+    code = "idempotent_result_expired"
 
 
 class BodyTooLarge(FairqError):

@@ -18,11 +18,15 @@ import binascii
 import enum
 import secrets
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import orjson
 
 from broker import job_fields as jf
 from broker import keys
+
+if TYPE_CHECKING:
+    from broker.idempotency import Idempotency
 
 
 class JobState(enum.StrEnum):
@@ -86,6 +90,8 @@ class Submission:
     job_id: str | None = None
     cost: float = 0.0  # estimated service in weighted tokens (token-fair)
     weight: float = 1.0  # the key's fairness weight
+    # An Idempotency-Key: enqueue.lua makes the job once per key (``broker.idempotency``).
+    once: Idempotency | None = None
 
 
 def new_job_id(model: str, suffix: str | None = None) -> str:

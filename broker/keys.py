@@ -35,6 +35,15 @@ data they read (a job id popped from a queue).
     fq:{m}:status            string   the dispatcher's status snapshot (JSON, short TTL)
     fq:{m}:lat               stream   recent ended jobs' queue wait and time to first token
                                       (capped; read by the status snapshot's history)
+    fq:{m}:idem:{route}:{owner}:{key digest}
+                             hash     the job a request's Idempotency-Key made: 'f' the
+                                      request's fingerprint, 'j' the job id; written by
+                                      enqueue.lua with the job, expires after
+                                      idempotency_window_s (``broker.idempotency``)
+    fq:idem:{owner}:{route}:{key digest}
+                             string   the key's claim, in its owner's slot: the fingerprint
+                                      of the request that first sent it (chat, completion),
+                                      or "<fingerprint> <id>" of the file or batch it made
 
 A queued job's bytes. A million queued jobs must fit in a few hundred MB (at
 most 300 bytes per queued job beyond its payload), so while a job is queued its hash holds
@@ -208,6 +217,17 @@ def dead_letters(model: str) -> str:
 
 def sweep_lock(model: str) -> str:
     return f"{_tag(model)}:sweep"
+
+
+def idempotent_job(model: str, route: str, owner: str, key_digest: str) -> str:
+    """The job an Idempotency-Key made on a route, in the model's slot (enqueue.lua's)."""
+    return f"{_tag(model)}:idem:{route}:{owner}:{key_digest}"
+
+
+def idempotency_claim(owner: str, route: str, key_digest: str) -> str:
+    """An Idempotency-Key's claim, in its owner's slot: one key per owner and route,
+    whatever the model, so the same key with another model is seen as reused."""
+    return f"fq:idem:{{{owner}}}:{route}:{key_digest}"
 
 
 def job_pattern(model: str) -> str:

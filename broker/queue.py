@@ -2,15 +2,20 @@
 
 Used by the HTTP gateway and the Python client alike; both resolve the caller
 to a user first, and every lookup by id checks that the job is the caller's own
-(another user's job is reported as not found, never as forbidden).
+(another user's job is reported as not found, never as forbidden). A submission with
+an Idempotency-Key (``Submission.once``) makes its job once per key: its claim first,
+then enqueue.lua, which makes the job and records it in one call
+(``broker.idempotency``); a retry gets the first try's job id.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from broker import keys, telemetry
+from broker import idempotency, keys, telemetry
 from broker.errors import BrokerUnavailable, NotFound, QueueFull
 from broker.jobs import (
     JobRecord,
@@ -34,6 +39,11 @@ __all__ = ["JobQueue", "cancel_call"]  # cancel_call: for the batch worker's can
 _ROUTES = {Route.QUEUED: "queued", Route.EXPRESS: "express"}  # telemetry's labels
 
 
+class Submitted(NamedTuple):
+    job_id: str
+    replayed: bool = False  # the Idempotency-Key's job, made by an earlier try
+
+
 class JobQueue:
     def __init__(self, redis: Redis, settings: Settings, link: RespLink | None = None) -> None:
         """``link``: a lean connection (``broker.redis.resp``) for ``enqueue.lua``, which every
@@ -43,14 +53,41 @@ class JobQueue:
         self._enqueue_over: Redis | RespLink = redis if link is None else link
 
     async def submit(self, sub: Submission) -> str:
-        """Queue a job (or send it express, see ``broker.dispatching``) and return its id;
-        raises QueueFull when the user's queue is full."""
+        """Queue a job (or send it express, see ``broker.dispatching``) and return its id
+        (with an Idempotency-Key, of the job the key made); raises QueueFull when the
+        user's queue is full."""
+        if sub.once is not None:
+            return (await self.submit_once(sub)).job_id
+        job_id = sub.job_id or new_job_id(sub.model)
+        call = self.enqueue_call(sub, job_id, self._settings.max_queued_per_user)
+        try:  # awaited here, not in a helper: every request pays each coroutine frame
+            enqueued = await call.run(self._enqueue_over)
+        except RedisError as exc:
+            raise BrokerUnavailable(f"could not queue the request: {exc}") from exc
+        self._count(sub, enqueued)
+        return job_id
+
+    async def submit_once(self, sub: Submission) -> Submitted:
+        """``submit`` for a submission with an Idempotency-Key: the job the key made, if it
+        made one for this request (``replayed``), else a new one; IdempotencyKeyReused when
+        the key is another request's."""
+        assert sub.once is not None, "submit_once needs the submission's Idempotency-Key"
+        await idempotency.bind(self._redis, sub.once)
         job_id = sub.job_id or new_job_id(sub.model)
         call = self.enqueue_call(sub, job_id, self._settings.max_queued_per_user)
         try:
             enqueued = await call.run(self._enqueue_over)
         except RedisError as exc:
             raise BrokerUnavailable(f"could not queue the request: {exc}") from exc
+        if enqueued.route is Route.REUSED:
+            raise idempotency.reused(sub.once)
+        if enqueued.route is Route.REPLAYED:
+            return Submitted(enqueued.made, replayed=True)
+        self._count(sub, enqueued)
+        return Submitted(job_id)
+
+    def _count(self, sub: Submission, enqueued: Enqueued) -> None:
+        """Count the job in telemetry; QueueFull when the user's queue was full."""
         if route := _ROUTES.get(enqueued.route):
             telemetry.JOBS_SUBMITTED.labels(sub.model, sub.band, route).inc()
         if enqueued.full:
@@ -61,7 +98,6 @@ class JobQueue:
                 "retry after some of them have started",
                 retry_after_s=self._settings.queue_full_retry_after_s,
             )
-        return job_id
 
     def enqueue_call(
         self, sub: Submission, job_id: str, max_queued: int, keep_s: int | None = None

@@ -2,7 +2,9 @@
 
 Creating a batch only records it (status ``validating``); the batch workers
 (RQ, ``batch.jobs``) read the file, run its lines in band ``batch`` and
-write the output and error files. The key must be entitled to band ``batch``.
+write the output and error files. The key must be entitled to band ``batch``. A
+create with an ``Idempotency-Key`` makes its batch once per key (its fingerprint: the
+body); a retry gets the first try's batch as it is now (``Idempotent-Replayed: true``).
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
-from broker.batch import KINDS, BatchStore, FileStore
+from broker import idempotency
+from broker.auth import Principal
+from broker.batch import KINDS, BatchRecord, BatchStore, FileStore
 from broker.errors import InvalidRequest
 from broker.requests import parse_json
 from gateway.auth import Caller
 from gateway.body import read_body
 from gateway.errors import json_response, list_response
+from gateway.idempotency import idempotency_key, replay_headers, scoped
 from gateway.state import gateway_of
 
 _METADATA_PAIRS, _METADATA_KEY, _METADATA_VALUE = METADATA_LIMITS = 16, 64, 512
@@ -61,6 +66,7 @@ def _field(body: dict[str, Any], name: str) -> str:
 @router.post("/v1/batches")
 async def create_batch(request: Request, caller: Caller) -> Response:
     gateway = gateway_of(request)
+    key = idempotency_key(request)
     body = parse_json(await read_body(request, gateway.settings.max_body_bytes))
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
@@ -81,15 +87,30 @@ async def create_batch(request: Request, caller: Caller) -> Response:
         raise InvalidRequest(
             f"file {file.id} has purpose {file.purpose!r}, not 'batch'", param="input_file_id"
         )
-    batch = await _store(request).create(
+    batch, replayed = await _create(
+        request,
         caller,
+        key,
+        body,
         input_file_id=file.id,
         endpoint=endpoint,
         window=window,
         window_s=windows[window],
         metadata=metadata,
     )
-    return json_response(batch.public())
+    return json_response(batch.public(), headers=replay_headers(replayed))
+
+
+async def _create(
+    request: Request, caller: Principal, key: str | None, body: dict[str, Any], **fields: Any
+) -> tuple[BatchRecord, bool]:
+    """The batch, and whether it is an earlier try's (with an Idempotency-Key)."""
+    store = _store(request)
+    if key is None:
+        return await store.create(caller, **fields), False
+    once = scoped(request, caller, key, "batches", idempotency.fingerprint("batches", body))
+    batch, created = await store.create_once(once, caller, **fields)
+    return batch, not created
 
 
 @router.get("/v1/batches")

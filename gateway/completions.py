@@ -1,7 +1,7 @@
 """``POST /v1/chat/completions`` and ``POST /v1/completions``: queue, then answer.
 
-The request is checked in the order that costs least first: key, body size,
-body, model entitlement, band (an ``X-Fairq-Band`` header, else the body's
+The request is checked in the order that costs least first: key, Idempotency-Key, body
+size, body, model entitlement, band (an ``X-Fairq-Band`` header, else the body's
 ``service_tier``: ``broker.tiers``). The job id is generated before the payload (the
 engine payload embeds it), the result stream is followed before the job is
 queued, and then:
@@ -18,16 +18,23 @@ queued, and then:
 Either way the answer says the ``service_tier`` it was served in: the worker writes it
 into every chunk and body (``workers.service_tier``), so what is relayed here, and to a
 resumed stream, passes as the bytes it is.
+
+A request with an ``Idempotency-Key`` makes its job once per key (``broker.idempotency``:
+its fingerprint is the route, the body and the band header). A retry gets the first
+try's job: a stream replayed from its start, or from the retry's ``Last-Event-ID``; a
+whole answer once it is there. Its answer says ``Idempotent-Replayed: true``.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from broker import idempotency
 from broker.auth import Principal
 from broker.errors import InvalidRequest, UnknownModel
 from broker.jobs import RequestKind, Submission, new_job_id
@@ -36,10 +43,11 @@ from broker.settings import ModelConfig
 from broker.tiers import request_band
 from gateway.auth import Caller
 from gateway.body import read_body
-from gateway.errors import JOB_HEADER, error_response
+from gateway.errors import error_response
 from gateway.followed import FollowedJob
+from gateway.idempotency import idempotency_key, scoped
 from gateway.outcomes import ended_error, no_body
-from gateway.sse import JobStreamResponse
+from gateway.sse import JobStreamResponse, resume_point
 from gateway.state import Gateway, gateway_of
 
 BAND_HEADER = "X-Fairq-Band"
@@ -62,16 +70,36 @@ async def completions(request: Request, caller: Caller) -> Response:
 
 async def _complete(request: Request, caller: Principal, kind: RequestKind) -> Response:
     gateway = gateway_of(request)
+    key = idempotency_key(request)  # None without the header: all it costs then
     body = parse_body(kind, await read_body(request, gateway.settings.max_body_bytes))
-    sub = _submission(gateway, caller, kind, body, request.headers.get(BAND_HEADER))
+    band = request.headers.get(BAND_HEADER)
+    sub = _submission(gateway, caller, kind, body, band)
     hold = _hold_headers(request.headers.get(STREAM_HEADERS_HEADER))
-    job = await FollowedJob.submit(gateway, sub)
+    if key is None:
+        job = await FollowedJob.submit(gateway, sub)
+    else:
+        job = await _submit_once(request, caller, sub, key, (body, band))
+        hold = hold and not job.resumed  # a resumed stream had its 200 (``sse``)
     if sub.stream_flag.to_client:
         return JobStreamResponse(job, hold=hold)
     try:
         return await _wait_for_result(request, job)
     finally:
         await gateway.finish(job.release())
+
+
+async def _submit_once(
+    request: Request, caller: Principal, sub: Submission, key: str, sent: tuple[object, ...]
+) -> FollowedJob:
+    """The job of a request with an Idempotency-Key: new, or an earlier try's, followed
+    from the ``Last-Event-ID`` the retry of a stream may send. ``sent``: what decides the
+    job besides the route (the body, the band header), its fingerprint."""
+    route = sub.kind.value
+    once = scoped(request, caller, key, route, idempotency.fingerprint(route, *sent))
+    entry, skip = b"0-0", 0
+    if sub.stream_flag.to_client:  # checked before the job is made: a bad id makes none
+        entry, skip = resume_point(request.headers.get("last-event-id"))
+    return await FollowedJob.submit_once(gateway_of(request), replace(sub, once=once), entry, skip)
 
 
 def _hold_headers(value: str | None) -> bool:
@@ -135,7 +163,7 @@ async def _wait_for_result(request: Request, job: FollowedJob) -> Response:
     if result.cancelled() or result.exception() is not None:
         return Response(status_code=_CLIENT_CLOSED)  # job.ended is False: release cancels it
     body, end = result.result()
-    headers = {JOB_HEADER: job.id}
+    headers = job.headers()
     error = ended_error(end, job.id) or (no_body() if body is None else None)
     if error is not None:
         return error_response(error, headers)

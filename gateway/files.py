@@ -5,6 +5,11 @@ The multipart parser spools the file part to a temporary file past 1 MB, and the
 request is cut off with a 413 as soon as more than ``batch.max_file_bytes`` (plus
 the multipart framing) has arrived, so no upload is held in memory or grows a
 spool without bound. The file is then copied to Redis a block at a time.
+
+An upload with an ``Idempotency-Key`` stores its file once per key: its fingerprint is
+its purpose, its file name and its bytes (read from the spool, block by block, before
+anything reaches Redis), and a retry gets the first upload's file object
+(``Idempotent-Replayed: true``).
 """
 
 from __future__ import annotations
@@ -17,10 +22,13 @@ from starlette.datastructures import UploadFile
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Message
 
-from broker.batch import FileStore
+from broker.auth import Principal
+from broker.batch import FileRecord, FileStore
 from broker.errors import BodyTooLarge, InvalidRequest
+from broker.idempotency import Fingerprint
 from gateway.auth import Caller
 from gateway.errors import json_response, list_response
+from gateway.idempotency import idempotency_key, replay_headers, scoped
 from gateway.state import gateway_of
 
 _FRAMING_BYTES = 64 * 1024  # multipart boundaries and the other fields
@@ -64,9 +72,32 @@ async def _blocks(upload: UploadFile) -> AsyncIterator[bytes]:
         yield block
 
 
+async def _fingerprint(purpose: str, filename: str, upload: UploadFile) -> str:
+    """An upload's fingerprint: what it names and its bytes, read from the spool (which is
+    rewound for the upload itself)."""
+    found = Fingerprint("files", purpose, filename)
+    async for block in _blocks(upload):
+        found.add(block)
+    await upload.seek(0)
+    return found.hexdigest()
+
+
+async def _store_upload(
+    request: Request, caller: Principal, key: str | None, purpose: str, upload: UploadFile
+) -> tuple[FileRecord, bool]:
+    """The stored file, and whether it is an earlier try's (with an Idempotency-Key)."""
+    store, filename = _store(request), upload.filename or "upload.jsonl"
+    if key is None:
+        return await store.create(caller.user, filename, purpose, _blocks(upload)), False
+    once = scoped(request, caller, key, "files", await _fingerprint(purpose, filename, upload))
+    record, created = await store.create_once(once, caller.user, filename, purpose, _blocks(upload))
+    return record, not created
+
+
 @router.post("/v1/files")
 async def upload_file(request: Request, caller: Caller) -> Response:
     limit = gateway_of(request).settings.batch.max_file_bytes
+    key = idempotency_key(request)
     form = await _bounded(request, limit).form(max_files=1, max_fields=8)
     try:
         purpose, upload = form.get("purpose"), form.get("file")
@@ -81,12 +112,10 @@ async def upload_file(request: Request, caller: Caller) -> Response:
             )
         if upload.size is not None and upload.size > limit:
             raise _too_large(limit)
-        record = await _store(request).create(
-            caller.user, upload.filename or "upload.jsonl", str(purpose), _blocks(upload)
-        )
+        record, replayed = await _store_upload(request, caller, key, str(purpose), upload)
     finally:
         await form.close()
-    return json_response(record.public())
+    return json_response(record.public(), headers=replay_headers(replayed))
 
 
 @router.get("/v1/files")

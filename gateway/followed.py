@@ -14,6 +14,13 @@ job's hash (``HINCRBY cx``, the original is 0); the one that leaves cancels
 only while its generation is still the newest. The check and the cancel are
 two calls: a resume in the few microseconds between them finds its job
 cancelled, and its client sees that as the end event.
+
+A request with an ``Idempotency-Key`` (``submit_once``) is followed the same way,
+whether it made its job or found the one an earlier try made (``replayed``: followed
+from the start of its results, or from its ``Last-Event-ID``). Its client may send it
+again, so it is ``retriable`` from the start: leaving before the end, it cancels its
+job only after the grace, and only if no newer connection (a retry took a generation)
+follows the job. A gateway that dies cancels nothing: the retry finds the job as it is.
 """
 
 from __future__ import annotations
@@ -22,11 +29,12 @@ import asyncio
 import contextlib
 import logging
 
-from broker import job_fields, keys
-from broker.errors import FairqError, InvalidRequest
+from broker import idempotency, job_fields, keys
+from broker.errors import FairqError, InvalidRequest, NotFound
 from broker.jobs import JobRecord, Submission
 from broker.process.mailbox import Mailbox
 from broker.results import ResultEvent, read_after
+from gateway.errors import JOB_HEADER, REPLAYED_HEADER
 from gateway.outcomes import SHUTDOWN
 from gateway.state import Gateway
 
@@ -55,6 +63,8 @@ class FollowedJob:
         self.events = events
         self.ended = False  # set once the end event was read: nothing left to cancel
         self.delivered = False  # output went to the client: it may resume, so wait first
+        self.retriable = False  # sent with an Idempotency-Key: it may come again, so wait
+        self.replayed = False  # the job an earlier try with its Idempotency-Key made
         self.generation = 0
         self.resume_entry = b""  # resuming: the entry the client saw part of
         self.skip = 0  # ... and how many of its events it saw
@@ -78,6 +88,47 @@ class FollowedJob:
         )
 
     @classmethod
+    async def submit_once(
+        cls, gateway: Gateway, sub: Submission, entry: bytes = b"0-0", skip: int = 0
+    ) -> FollowedJob:
+        """``submit`` for a request with an Idempotency-Key (``sub.once``): its new job, or
+        the job an earlier try made, followed from ``entry`` and ``skip`` (``resume``)."""
+        # Its first lines are submit's, not shared through a helper: every request without
+        # a key runs submit, and a helper would cost each one more coroutine frame.
+        assert sub.job_id is not None, "the payload embeds the id: generate it first"
+        stack = contextlib.AsyncExitStack()
+        events = await stack.enter_async_context(gateway.reader.follow(sub.model, sub.job_id))
+        gateway.track(sub.job_id, events)
+        stack.callback(gateway.untrack, sub.job_id)
+        try:
+            submitted = await gateway.queue.submit_once(sub)
+        except BaseException:
+            await stack.aclose()
+            raise
+        if submitted.replayed:
+            await stack.aclose()  # nothing comes for the id this try would have had
+            return await cls.replay(gateway, submitted.job_id, sub.owner, entry, skip)
+        followed = cls(
+            gateway, model=sub.model, owner=sub.owner, job_id=sub.job_id, events=events, stack=stack
+        )
+        followed.retriable = True
+        return followed
+
+    @classmethod
+    async def replay(
+        cls, gateway: Gateway, job_id: str, owner: str, entry: bytes, skip: int
+    ) -> FollowedJob:
+        """Follow the job an Idempotency-Key made, streamed or not, from ``entry``;
+        IdempotentResultGone when it ended and expired."""
+        try:
+            job = await gateway.queue.get(job_id, owner)
+        except NotFound:
+            raise idempotency.job_gone(job_id) from None
+        followed = await cls._follow(gateway, job, owner, entry, skip)
+        followed.retriable = followed.replayed = True
+        return followed
+
+    @classmethod
     async def resume(
         cls, gateway: Gateway, job: JobRecord, owner: str, entry: bytes, skip: int
     ) -> FollowedJob:
@@ -90,6 +141,15 @@ class FollowedJob:
             raise InvalidRequest(
                 f"job {job.id!r} was not streamed: read its result with GET /v1/jobs/{job.id}"
             )
+        followed = await cls._follow(gateway, job, owner, entry, skip)
+        followed.delivered = True  # it is a reconnection: its client may come back again
+        return followed
+
+    @classmethod
+    async def _follow(
+        cls, gateway: Gateway, job: JobRecord, owner: str, entry: bytes, skip: int
+    ) -> FollowedJob:
+        """Follow a job that exists from ``entry`` (``resume``), as its newest connection."""
         after = _before(entry) if skip else entry
         stack = contextlib.AsyncExitStack()
         events: Mailbox[ResultEvent]
@@ -105,7 +165,6 @@ class FollowedJob:
             gateway, model=job.model, owner=owner, job_id=job.id, events=events, stack=stack
         )
         followed.resume_entry, followed.skip = entry, skip
-        followed.delivered = True  # it is a reconnection: its client may come back again
         followed.generation = int(
             await gateway.redis.hincrby(keys.job(job.model, job.id), _GENERATION, 1)
         )
@@ -123,11 +182,22 @@ class FollowedJob:
     async def _abandoned(self) -> bool:
         """True unless the client may still resume, or has (a newer connection follows)."""
         grace_s = self.gateway.settings.stream_resume_grace_s
-        if not self.delivered or grace_s <= 0:
+        if not (self.delivered or self.retriable) or grace_s <= 0:
             return True
         await asyncio.sleep(grace_s)
         newest = await self.gateway.redis.hget(keys.job(self.model, self.id), _GENERATION)
         return int(newest or 0) == self.generation
+
+    @property
+    def resumed(self) -> bool:
+        """Followed from past the start of its results (a ``Last-Event-ID``)."""
+        return self.resume_entry not in (b"", b"0-0")
+
+    def headers(self) -> dict[str, str]:
+        """The response headers that name the job (and say it was replayed)."""
+        if self.replayed:
+            return {JOB_HEADER: self.id, REPLAYED_HEADER: "true"}
+        return {JOB_HEADER: self.id}
 
     async def result(self) -> tuple[bytes | None, ResultEvent]:
         """The response body (if one was written) and the end event (or ``SHUTDOWN``)."""

@@ -6,7 +6,7 @@ cannot see them; this module adds what it cannot: the request bodies (for the
 completions generated from the very pydantic models that validate them, with
 ``model`` limited to the configured models; for batches and files from the
 limits their routes enforce; ``service_tier`` limited to the configured tiers); the
-``X-Fairq-Band`` and ``X-Fairq-Stream-Headers`` headers; bearer
+``X-Fairq-Band``, ``X-Fairq-Stream-Headers`` and ``Idempotency-Key`` headers; bearer
 authentication; and the OpenAI error object of every error status. A fuzzer
 (tests/integration/test_schema.py) generates its requests from this document.
 """
@@ -20,6 +20,8 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from broker.batch import KINDS
+from broker.idempotency import HEADER as IDEMPOTENCY_HEADER
+from broker.idempotency import MAX_KEY_CHARS
 from broker.requests import ChatBody, CompletionBody
 from broker.settings import Settings
 from broker.tiers import ServiceTiers
@@ -38,11 +40,29 @@ _ERRORS = {
     "403": "a band or model the key is not entitled to",
     "404": "unknown model, job or URL (another user's job is not found either)",
     "408": "the job expired in the queue, or the request did not arrive in time",
-    "409": "the job was cancelled",
+    "409": "the job was cancelled, or the Idempotency-Key was used with another request",
+    "410": "what the Idempotency-Key made is gone: its job's result expired (result_ttl_s)",
     "413": "request body over max_body_bytes",
     "429": "the user has max_queued_per_user jobs queued; see Retry-After",
     "431": f"the request line and headers are over {MAX_HEADER_BYTES // 1024} KiB",
     "503": "Redis is unavailable, the gateway is shutting down or holds its most connections",
+}
+# The routes that create work, each taking an Idempotency-Key (broker.idempotency).
+_IDEMPOTENT = ("/v1/chat/completions", "/v1/completions", "/v1/files", "/v1/batches")
+_IDEMPOTENCY_PARAMETER = {
+    "name": IDEMPOTENCY_HEADER,
+    "in": "header",
+    "required": False,
+    "description": "a key of your own (a UUID) that makes the request idempotent: sent "
+    "again with the same key and request within idempotency_window_s, it gets the job, "
+    "file or batch the first try made (Idempotent-Replayed: true); the same key with "
+    "another request is a 409 idempotency_key_reused",
+    "schema": {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": MAX_KEY_CHARS,
+        "pattern": "^[ -~]+$",
+    },
 }
 _ERROR_SCHEMA = {
     "type": "object",
@@ -89,6 +109,8 @@ def build_schema(app: FastAPI, settings: Settings) -> dict[str, Any]:
     schemas["BatchBody"] = _batch_schema(settings)
     _json_body(schema["paths"]["/v1/batches"]["post"], "BatchBody")
     schema["paths"]["/v1/files"]["post"]["requestBody"] = _UPLOAD
+    for path in _IDEMPOTENT:
+        schema["paths"][path]["post"].setdefault("parameters", []).append(_IDEMPOTENCY_PARAMETER)
     for path, operations in schema["paths"].items():
         for operation in operations.values():
             if path.startswith("/v1/"):

@@ -56,7 +56,7 @@ from broker.errors import InvalidRequest
 from broker.process.mailbox import Mailbox
 from broker.results import ResultEvent
 from gateway.body_writer import BodyWriter, body_writer
-from gateway.errors import JOB_HEADER, error_response
+from gateway.errors import JOB_HEADER, REPLAYED_HEADER, error_response
 from gateway.followed import FollowedJob
 from gateway.outcomes import SHUTDOWN, ended_error
 
@@ -269,6 +269,8 @@ class JobStreamResponse(Response):
             (b"x-accel-buffering", b"no"),
             (b"content-type", b"text/event-stream; charset=utf-8"),
         ]
+        if job.replayed:
+            self.raw_headers.append((REPLAYED_HEADER.lower().encode(), b"true"))
         self.job = job
         self.hold = hold
 
@@ -297,7 +299,7 @@ class JobStreamResponse(Response):
             if error is not None:
                 # As the same request not streamed is answered (``completions``).
                 job.ended = ended is not SHUTDOWN  # a shutdown's release cancels the job
-                await error_response(error, {JOB_HEADER: job.id})(scope, receive, send)
+                await error_response(error, job.headers())(scope, receive, send)
                 return
             start = {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
             await send(start)  # through every middleware: they see the response begin

@@ -5,6 +5,8 @@ memory cost in Redis is about its size. Uploads arrive and are written in
 blocks, and content is read back in blocks (``GETRANGE``): no process holds a
 whole file. Output files are written under a temporary key and renamed into
 place, so writing one again (a finalize that was interrupted) replaces it whole.
+An upload with an Idempotency-Key (``create_once``) stores its file in the transaction
+that records the key's claim (``broker.idempotency``), so a retry gets the first file.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from dataclasses import dataclass
 from typing import cast
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 
-from broker import keys
+from broker import idempotency, keys
 from broker.errors import NotFound
+from broker.idempotency import Idempotency
 from broker.redis import replies
 
 
@@ -61,6 +65,25 @@ class FileRecord:
         }
 
 
+def _store(pipe: Pipeline, record: FileRecord) -> None:
+    """Queue the commands that put an uploaded file (its temporary key) in place."""
+    if record.bytes:
+        pipe.rename(keys.file_tmp(record.id), keys.file_data(record.id))
+    else:
+        pipe.delete(keys.file_data(record.id))
+    pipe.hset(
+        keys.file_meta(record.id),
+        mapping={
+            "owner": record.owner,
+            "bytes": record.bytes,
+            "created_at": record.created_at,
+            "filename": record.filename,
+            "purpose": record.purpose,
+        },
+    )
+    pipe.zadd(keys.owner_files(record.owner), {record.id: time.time_ns() // 1000})
+
+
 class FileStore:
     def __init__(self, redis: Redis, block_bytes: int = 1 << 20) -> None:
         self._redis = redis
@@ -76,6 +99,42 @@ class FileStore:
     ) -> FileRecord:
         """Store a file from its blocks; replaces a file of the same id whole."""
         file_id = file_id or new_file_id()
+        size = await self._upload(file_id, blocks)
+        record = FileRecord(file_id, owner, size, int(time.time()), filename, purpose)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            _store(pipe, record)
+            await pipe.execute()
+        return record
+
+    async def create_once(
+        self,
+        once: Idempotency,
+        owner: str,
+        filename: str,
+        purpose: str,
+        blocks: AsyncIterable[bytes],
+    ) -> tuple[FileRecord, bool]:
+        """``create``, once per Idempotency-Key: (the file the key made, whether it was
+        made now). IdempotencyKeyReused when the key is another upload's; a file the key
+        made and that was deleted since is IdempotentResultGone, not made again."""
+        made = await idempotency.made(self._redis, once)
+        if made is None:  # most likely the first try: upload, then store it with the claim
+            file_id = new_file_id()
+            size = await self._upload(file_id, blocks)
+            record = FileRecord(file_id, owner, size, int(time.time()), filename, purpose)
+            made, created = await idempotency.create_once(
+                self._redis, once, file_id, lambda pipe: _store(pipe, record)
+            )
+            if created:
+                return record, True
+            await self._redis.delete(keys.file_tmp(file_id))  # another try stored it first
+        try:
+            return await self.get(made, owner), False
+        except NotFound:
+            raise idempotency.object_gone("file", made) from None
+
+    async def _upload(self, file_id: str, blocks: AsyncIterable[bytes]) -> int:
+        """The file's bytes, appended to its temporary key; their count."""
         tmp = keys.file_tmp(file_id)
         await self._redis.delete(tmp)
         size = 0
@@ -86,25 +145,7 @@ class FileStore:
         except BaseException:
             await self._redis.delete(tmp)
             raise
-        record = FileRecord(file_id, owner, size, int(time.time()), filename, purpose)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            if size:
-                pipe.rename(tmp, keys.file_data(file_id))
-            else:
-                pipe.delete(keys.file_data(file_id))
-            pipe.hset(
-                keys.file_meta(file_id),
-                mapping={
-                    "owner": owner,
-                    "bytes": size,
-                    "created_at": record.created_at,
-                    "filename": filename,
-                    "purpose": purpose,
-                },
-            )
-            pipe.zadd(keys.owner_files(owner), {file_id: time.time_ns() // 1000})
-            await pipe.execute()
-        return record
+        return size
 
     async def get(self, file_id: str, owner: str | None) -> FileRecord:
         """The file; NotFound if there is none or it is someone else's (``owner=None``: any)."""

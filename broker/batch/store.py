@@ -13,7 +13,9 @@ The hash keeps OpenAI's field names; internal fields: ``owner``, ``tenant``,
 ``weight``, ``models`` (the key's entitlement), ``off``/``line``/``queued`` (the
 ingest cursor: byte offset, lines read, lines queued), ``expiring``, ``xs``
 (expiry scheduled with RQ), ``step_fails``/``step_error`` (steps failed in a row and
-the last one's error: ``batch.failures``).
+the last one's error: ``batch.failures``). A batch created with an Idempotency-Key
+(``create_once``) is stored in the transaction that records the key's claim
+(``broker.idempotency``), so a retry gets the first batch.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from typing import Any, cast
 
 import orjson
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 
-from broker import keys, telemetry
+from broker import idempotency, keys, telemetry
 from broker.auth import Principal
 from broker.batch.errors import NotCancellable
 from broker.errors import NotFound
+from broker.idempotency import Idempotency
 from broker.lua.batch_lease import batch_lease_call
 from broker.lua.batch_record import batch_record_call
 from broker.lua.batch_status import batch_status_call
@@ -112,6 +116,46 @@ class BatchRecord:
         return out
 
 
+def _fields(
+    caller: Principal,
+    *,
+    input_file_id: str,
+    endpoint: str,
+    window: str,
+    window_s: int,
+    metadata: dict[str, str] | None,
+) -> dict[str, str | int | bytes]:
+    """A new batch's hash: status ``validating``, the caller's entitlement, no progress."""
+    now = int(time.time())
+    fields: dict[str, str | int | bytes] = {
+        "status": "validating",
+        "endpoint": endpoint,
+        "input_file_id": input_file_id,
+        "completion_window": window,
+        "created_at": now,
+        "expires_at": now + window_s,
+        "owner": caller.user,
+        "tenant": caller.tenant,
+        "weight": str(caller.weight),
+        "models": orjson.dumps(caller.models),
+        "off": 0,
+        "line": 0,
+        "queued": 0,
+        "completed": 0,
+        "failed": 0,
+    }
+    if metadata:
+        fields["metadata"] = orjson.dumps(metadata)
+    return fields
+
+
+def _store(pipe: Pipeline, batch_id: str, owner: str, fields: dict[str, str | int | bytes]) -> None:
+    """Queue the commands that store a new batch, listed for its owner and the workers."""
+    pipe.hset(keys.batch(batch_id), mapping=fields)  # type: ignore[arg-type]
+    pipe.zadd(keys.owner_batches(owner), {batch_id: time.time_ns() // 1000})
+    pipe.sadd(keys.ACTIVE_BATCHES, batch_id)
+
+
 class BatchStore:
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
@@ -126,33 +170,50 @@ class BatchStore:
         window_s: int,
         metadata: dict[str, str] | None,
     ) -> BatchRecord:
+        """A new batch, status ``validating``."""
         batch_id = new_batch_id()
-        now = int(time.time())
-        fields: dict[str, str | int | bytes] = {
-            "status": "validating",
-            "endpoint": endpoint,
-            "input_file_id": input_file_id,
-            "completion_window": window,
-            "created_at": now,
-            "expires_at": now + window_s,
-            "owner": caller.user,
-            "tenant": caller.tenant,
-            "weight": str(caller.weight),
-            "models": orjson.dumps(caller.models),
-            "off": 0,
-            "line": 0,
-            "queued": 0,
-            "completed": 0,
-            "failed": 0,
-        }
-        if metadata:
-            fields["metadata"] = orjson.dumps(metadata)
+        fields = _fields(
+            caller,
+            input_file_id=input_file_id,
+            endpoint=endpoint,
+            window=window,
+            window_s=window_s,
+            metadata=metadata,
+        )
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.hset(keys.batch(batch_id), mapping=fields)  # type: ignore[arg-type]
-            pipe.zadd(keys.owner_batches(caller.user), {batch_id: time.time_ns() // 1000})
-            pipe.sadd(keys.ACTIVE_BATCHES, batch_id)
+            _store(pipe, batch_id, caller.user, fields)
             await pipe.execute()
         return await self.get(batch_id, caller.user)
+
+    async def create_once(
+        self,
+        once: Idempotency,
+        caller: Principal,
+        *,
+        input_file_id: str,
+        endpoint: str,
+        window: str,
+        window_s: int,
+        metadata: dict[str, str] | None,
+    ) -> tuple[BatchRecord, bool]:
+        """``create``, once per Idempotency-Key: (the batch the key made, whether it was
+        made now). IdempotencyKeyReused when the key is another request's."""
+        batch_id = new_batch_id()
+        fields = _fields(
+            caller,
+            input_file_id=input_file_id,
+            endpoint=endpoint,
+            window=window,
+            window_s=window_s,
+            metadata=metadata,
+        )
+        made, created = await idempotency.create_once(
+            self._redis, once, batch_id, lambda pipe: _store(pipe, batch_id, caller.user, fields)
+        )
+        try:
+            return await self.get(made, caller.user), created
+        except NotFound:
+            raise idempotency.object_gone("batch", made) from None
 
     async def get(self, batch_id: str, owner: str | None) -> BatchRecord:
         """The batch; NotFound if there is none or it is someone else's (``owner=None``: any)."""

@@ -12,6 +12,8 @@
 -- KEYS[8] unstarted hash      fq:{m}:unstarted
 -- KEYS[9] user counts         fq:{m}:users
 -- KEYS[10] transit hash       fq:{m}:transit
+-- KEYS[11] optional: the job record of the request's Idempotency-Key
+--          fq:{m}:idem:{route}:{owner}:{key digest} (broker.idempotency)
 -- ARGV[1] job id   ARGV[2] user   ARGV[3] tenant (kept only inside ARGV[14])   ARGV[4] band
 -- ARGV[5] kind (chat|completion)   ARGV[6] stream flag (0|1|2|3: broker.jobs.StreamMode)
 -- ARGV[7] payload (JSON)
@@ -28,13 +30,26 @@
 -- ARGV[20+2B] 1: a streamed job that may go on where it was cut if taken back out of the
 --   engine mid-answer (park.lua); stored as 'rsm' 1 only then, and its ready entry asks
 --   the worker to record the answer's token ids ('tk' 1)
+-- ARGV[21+2B] with KEYS[11]: the request's fingerprint   ARGV[22+2B] seconds to keep the record
 -- The grant lives in meta: 'xep' endpoint, 'xexp' expiry (ms), 'xs' sequence (bumped by
 -- every express send, so the dispatcher's next grant is refused if computed before it),
 -- 'xsv' sends left to users who already have a job in the engine (free batch slots; -1 or
 -- absent: no bound): a user with nothing in the engine may take a kept slot, others not.
 -- Returns {1, queue entry id} when queued, {2, ready entry id} when sent express,
 -- {0, queue length} when the user's queue is full,
--- {-1} when the job id exists already (a retried submit: nothing is changed).
+-- {-1} when the job id exists already (a retried submit: nothing is changed),
+-- {3, job id} when the Idempotency-Key made a job already, for the same request, and
+-- {-2, job id} when it did for another request (nothing is changed either way).
+local bands = tonumber(ARGV[18])
+-- A request sent again with its Idempotency-Key gets the job the key made, even while its
+-- user's queue is full: that job was accepted before.
+local once = KEYS[11]
+if once then
+  local made = redis.call('HMGET', once, 'f', 'j')
+  if made[2] then
+    return {made[1] == ARGV[21 + 2 * bands] and 3 or -2, made[2]}
+  end
+end
 local qlen = redis.call('XLEN', KEYS[2])
 if qlen >= tonumber(ARGV[8]) then
   return {0, qlen}
@@ -44,7 +59,6 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 local now = now_ms()
 local band = tonumber(ARGV[17])
-local bands = tonumber(ARGV[18])
 
 -- Express only while a grant is live, has a credit for this band, and no job of this band
 -- or a more urgent one waits: then the dispatcher would pick this job next anyway.
@@ -76,6 +90,10 @@ if tonumber(ARGV[13]) ~= 1 then redis.call('HSET', KEYS[1], 'w', ARGV[13]) end
 local keep = ARGV[19 + 2 * bands]
 if keep and keep ~= '' then redis.call('HSET', KEYS[1], 'kt', keep) end
 if ARGV[20 + 2 * bands] == '1' then redis.call('HSET', KEYS[1], 'rsm', 1) end
+if once then  -- in the call that makes the job: two tries at once can never make two
+  redis.call('HSET', once, 'f', ARGV[21 + 2 * bands], 'j', ARGV[1])
+  redis.call('EXPIRE', once, ARGV[22 + 2 * bands])
+end
 
 if endpoint then  -- sent as dispatch.lua sends (prelude.lua's send and admit)
   local counts = {inflight = KEYS[7], unstarted = KEYS[8], transit = KEYS[10], users = KEYS[9]}

@@ -17,15 +17,18 @@ _SCRIPT = script("enqueue")
 class Route(enum.IntEnum):
     """How the job went on: the reply's first element."""
 
+    REUSED = -2  # its Idempotency-Key made a job for another request: nothing changed
     EXISTS = -1  # its id exists already (a retried submit): nothing changed
     FULL = 0  # the user's queue is full: nothing changed
     QUEUED = 1
     EXPRESS = 2  # straight to the ready stream
+    REPLAYED = 3  # its Idempotency-Key made a job for this request already: nothing changed
 
 
 class Enqueued(NamedTuple):
     route: Route
     queued: int = 0  # FULL: the jobs the user has queued
+    made: str = ""  # REPLAYED, REUSED: the id of the job the Idempotency-Key made
 
     @property
     def full(self) -> bool:
@@ -84,6 +87,9 @@ def enqueue_call(
         keep_s or "",
         int(resumable),
     ]
+    if sub.once is not None:  # KEYS[11], ARGV[21+2B], ARGV[22+2B]
+        job_keys.append(sub.once.job_record(m))
+        args += (sub.once.fingerprint, sub.once.window_s)
     return Call(_SCRIPT, job_keys, args, _enqueued)
 
 
@@ -92,4 +98,11 @@ _ROUTE = {route.value: route for route in Route}  # a look-up: every request dec
 
 def _enqueued(reply: Any) -> Enqueued:
     route = _ROUTE[reply[0]]
-    return Enqueued(route, int(reply[1]) if route is Route.FULL else 0)
+    if route is Route.QUEUED or route is Route.EXPRESS:
+        return Enqueued(route)
+    if route is Route.FULL:
+        return Enqueued(route, int(reply[1]))
+    if route is Route.EXISTS:
+        return Enqueued(route)
+    made = reply[1]
+    return Enqueued(route, made=made.decode() if isinstance(made, bytes) else str(made))

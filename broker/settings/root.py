@@ -64,6 +64,7 @@ CONCERNS: dict[str, tuple[str, ...]] = {
         "max_body_bytes",
         "http",
         "stream_resume_grace_s",
+        "idempotency_window_s",
     ),
     "Jobs and results": (
         "result_ttl_s",
@@ -195,7 +196,16 @@ class Settings(BaseSettings):
         default=2.0,
         ge=0,
         description="A streaming client that leaves after output began may resume "
-        "(Last-Event-ID) this long before its job is cancelled.",
+        "(Last-Event-ID), and one that sent an Idempotency-Key may send its request "
+        "again, this long before its job is cancelled.",
+    )
+    idempotency_window_s: int = Field(
+        default=86_400,
+        ge=1,
+        description="A request sent again with the same Idempotency-Key (per user and "
+        "route) within this long gets the job, file or batch its first try made, never a "
+        "second one; the same key with another request is a 409. 24 h, as Stripe and "
+        "OpenAI keep theirs; a retry after result_ttl_s finds the result gone (410).",
     )
 
     result_ttl_s: int = Field(
