@@ -17,6 +17,8 @@ import orjson
 from redis.asyncio import Redis
 
 from broker.auth import KeyRing, Principal
+from broker.deadlines import max_queue_s as checked_max_queue_s
+from broker.deadlines import own_deadline_ms
 from broker.errors import JobFailed, UnknownModel
 from broker.idempotency import Idempotency, fingerprint
 from broker.jobs import JobRecord, JobState, RequestKind, Submission, new_job_id
@@ -65,12 +67,16 @@ class AsyncClient:
         *,
         band: str | None = None,
         idempotency_key: str | None = None,
+        max_queue_s: float | None = None,
         **body: Any,
     ) -> str:
         """Queue a chat (``messages=``) or text completion (``prompt=``); returns the job id.
         ``band`` wins over a ``service_tier=`` in the body, as ``X-Fairq-Band`` at the gateway.
         ``idempotency_key``: as the gateway's ``Idempotency-Key`` (the same scope): the same
-        request sent again with it returns the first try's job id, never a second job."""
+        request sent again with it returns the first try's job id, never a second job.
+        ``max_queue_s``: as ``X-Fairq-Max-Queue-S``, the longest the job may wait queued
+        before it ends expired (clamped to its band's deadline: ``broker.deadlines``)."""
+        asked_s = None if max_queue_s is None else checked_max_queue_s(max_queue_s, "max_queue_s")
         config = self._settings.model(model)
         if config is None or not self._principal.may_use_model(model):
             raise UnknownModel(
@@ -79,13 +85,14 @@ class AsyncClient:
         kind = RequestKind.CHAT if "messages" in body else RequestKind.COMPLETION
         body = check_body(kind, {"model": model, **body})
         job_id = new_job_id(model)
+        queued_in = request_band(self._principal, band, body.get("service_tier"), self._tiers)
         return await self._queue.submit(
             Submission(
                 model=model,
                 owner=self._principal.user,
                 user=self._principal.end_user(body.get("user")),
                 tenant=self._principal.tenant,
-                band=request_band(self._principal, band, body.get("service_tier"), self._tiers),
+                band=queued_in,
                 kind=kind,
                 stream_flag=stream_mode(body, config),
                 payload=engine_payload(body, job_id, config),
@@ -93,6 +100,7 @@ class AsyncClient:
                 cost=estimate_cost(body, config),
                 weight=self._principal.weight,
                 once=self._once(idempotency_key, kind, body, band),
+                max_queue_ms=own_deadline_ms(asked_s, queued_in, self._settings.queue_deadline_s),
             )
         )
 
@@ -194,10 +202,17 @@ class Client:
         *,
         band: str | None = None,
         idempotency_key: str | None = None,
+        max_queue_s: float | None = None,
         **body: Any,
     ) -> str:
         return self._call(
-            self._async.submit(model, band=band, idempotency_key=idempotency_key, **body)
+            self._async.submit(
+                model,
+                band=band,
+                idempotency_key=idempotency_key,
+                max_queue_s=max_queue_s,
+                **body,
+            )
         )
 
     def status(self, job_id: str) -> JobRecord:

@@ -57,6 +57,11 @@ class FairqError(Exception):
     status = 500
     type = "internal_error"
     code: str | None = "internal_error"
+    # True: a client should not send the request again by itself (the gateway says
+    # ``x-should-retry: false``, which the openai clients honour; they retry a 408, a 409
+    # and any 5xx otherwise). The same request would get the same answer, or one the
+    # client asked for (a deadline of its own that passed).
+    final = False
 
     def __init__(self, message: str, *, code: str | None = None, param: str | None = None) -> None:
         super().__init__(message)
@@ -105,6 +110,7 @@ class IdempotencyKeyReused(FairqError):
     status = 409
     type = "invalid_request_error"
     code = "idempotency_key_reused"
+    final = True
 
 
 class IdempotentResultGone(FairqError):
@@ -114,6 +120,7 @@ class IdempotentResultGone(FairqError):
     status = 410
     type = "invalid_request_error"
     code = "idempotent_result_expired"
+    final = True
 
 
 class BodyTooLarge(FairqError):

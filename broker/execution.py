@@ -353,8 +353,11 @@ class ExecutionStore:
         idle_ms = self._settings.forget_consumer_after_ms
         return await forget_call(model, idle_ms).run(self._redis)
 
-    async def expire(self, model: str, band: str, deadline_ms: int, budget: int = 500) -> list[str]:
-        """End as expired the jobs of ``band`` queued longer than ``deadline_ms``."""
+    async def expire(
+        self, model: str, band: str, deadline_ms: int | None, budget: int = 500
+    ) -> list[str]:
+        """End as expired the jobs of ``band`` queued longer than ``deadline_ms`` (None: the
+        band has no deadline), or than their own deadline (``broker.deadlines``)."""
         expired: list[str] = []
         rank = 0
         while rank >= 0:

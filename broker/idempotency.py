@@ -15,7 +15,10 @@ What a key is, and what it is compared with:
 * the request's ``Fingerprint`` hashes its canonical form: the body as JSON with sorted
   keys (whitespace and key order do not count), plus what else decides the work (the
   band header; a file's purpose, name and bytes). The same key with another fingerprint
-  is a 409 ``idempotency_key_reused``: a key stands for one request.
+  is a 409 ``idempotency_key_reused``: a key stands for one request. A request's own
+  queue deadline (``X-Fairq-Max-Queue-S``) is not in it: it says how long to wait,
+  counted from the first try, not what to run, so a retry gets the first try's job with
+  the first try's deadline, whatever it sends (``broker.deadlines``).
 
 Where it lives (``broker.keys``), and why a job's key is written twice:
 

@@ -90,6 +90,9 @@ class Submission:
     job_id: str | None = None
     cost: float = 0.0  # estimated service in weighted tokens (token-fair)
     weight: float = 1.0  # the key's fairness weight
+    # Its own queue deadline, ms after it is queued: shorter than its band's, which holds
+    # where this is None (``broker.deadlines``).
+    max_queue_ms: int | None = None
     # An Idempotency-Key: enqueue.lua makes the job once per key (``broker.idempotency``).
     once: Idempotency | None = None
 

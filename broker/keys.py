@@ -29,6 +29,9 @@ data they read (a job id popped from a queue).
     fq:{m}:wake              channel  "something changed": new job, freed capacity
     fq:{m}:qf:{band}:{user}  list     jobs taken back out of the engine (park.lua), served
                                       before the user's queue
+    fq:{m}:dl:{band}         zset     queued jobs of a band with a deadline of their own,
+                                      shorter than the band's (X-Fairq-Max-Queue-S), score =
+                                      when it falls (ms); expire.lua drops each once due
     fq:{m}:cancel            channel  job ids cancelled, or taken back, while at a worker
     fq:{m}:dead              zset     dead-lettered job ids, score = when (ms)
     fq:{m}:sweep             string   TTL'd lock: the worker sweeping deadlines now
@@ -55,6 +58,8 @@ default, would turn the whole hash into a table of ~700 bytes):
     tnf the tenant's field of meta (``tenant_field``; the tenant is read back from it)
     qe the queue entry's id, whose time part is the enqueue time (no 'tq' while queued)
     only when not the default: o owner (default: u), w weight (1), kt keep seconds (batch)
+
+and a job with a queue deadline of its own has its id in ``fq:{m}:dl:{band}`` besides.
 
 The payload rides in the queue entry and moves to the ready entry at dispatch, which
 also records 'tq', 'td', 'ep', 're' (and 'nw' 1 when the user had nothing in the engine:
@@ -110,6 +115,11 @@ def backlog_prefix(model: str) -> str:
 
 def backlog(model: str, band: str) -> str:
     return f"{backlog_prefix(model)}{band}"
+
+
+def own_deadlines(model: str, band: str) -> str:
+    """The band's queued jobs with a deadline of their own (``broker.deadlines``)."""
+    return f"{_tag(model)}:dl:{band}"
 
 
 def meta(model: str) -> str:

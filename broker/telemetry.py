@@ -100,7 +100,8 @@ ENGINE_RETRIES = Counter(
     "Engine calls made again after a failure before the job's first output",
 )
 EXPIRED = Counter(
-    "fairq_worker_expired_total", "Queued jobs ended as expired (past their band's deadline)"
+    "fairq_worker_expired_total",
+    "Queued jobs ended as expired (past their band's deadline or their own)",
 )
 REROUTES = Counter(
     "fairq_worker_reroutes_total",

@@ -1,10 +1,10 @@
 """``POST /v1/chat/completions`` and ``POST /v1/completions``: queue, then answer.
 
-The request is checked in the order that costs least first: key, Idempotency-Key, body
-size, body, model entitlement, band (an ``X-Fairq-Band`` header, else the body's
-``service_tier``: ``broker.tiers``). The job id is generated before the payload (the
-engine payload embeds it), the result stream is followed before the job is
-queued, and then:
+The request is checked in the order that costs least first: key, Idempotency-Key,
+``X-Fairq-Max-Queue-S``, body size, body, model entitlement, band (an ``X-Fairq-Band``
+header, else the body's ``service_tier``: ``broker.tiers``). The job id is generated
+before the payload (the engine payload embeds it), the result stream is followed before
+the job is queued, and then:
 
 * ``stream: true`` answers ``text/event-stream`` once the first token or the job's
   end is there (``sse``): a job that fails before its first token gets the status
@@ -23,6 +23,12 @@ A request with an ``Idempotency-Key`` makes its job once per key (``broker.idemp
 its fingerprint is the route, the body and the band header). A retry gets the first
 try's job: a stream replayed from its start, or from the retry's ``Last-Event-ID``; a
 whole answer once it is there. Its answer says ``Idempotent-Replayed: true``.
+
+``X-Fairq-Max-Queue-S`` gives the job a queue deadline of its own, shorter than its
+band's (``broker.deadlines``: a longer one is clamped to the band's). It is not part of
+the fingerprint: it says how long to wait, counted from the first try, not what to run,
+so a retry that sends what is left of it (or none) gets the first try's job, with the
+first try's deadline.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from starlette.responses import Response
 
 from broker import idempotency
 from broker.auth import Principal
+from broker.deadlines import max_queue_s, own_deadline_ms
 from broker.errors import InvalidRequest, UnknownModel
 from broker.jobs import RequestKind, Submission, new_job_id
 from broker.requests import engine_payload, estimate_cost, parse_body, stream_mode
@@ -51,6 +58,7 @@ from gateway.sse import JobStreamResponse, resume_point
 from gateway.state import Gateway, gateway_of
 
 BAND_HEADER = "X-Fairq-Band"
+MAX_QUEUE_HEADER = "X-Fairq-Max-Queue-S"
 STREAM_HEADERS_HEADER = "X-Fairq-Stream-Headers"
 STREAM_HEADERS_HOLD = {"first-event": True, "early": False}  # value -> hold the headers
 _CLIENT_CLOSED = 499
@@ -71,9 +79,10 @@ async def completions(request: Request, caller: Caller) -> Response:
 async def _complete(request: Request, caller: Principal, kind: RequestKind) -> Response:
     gateway = gateway_of(request)
     key = idempotency_key(request)  # None without the header: all it costs then
+    max_queue = _max_queue_s(request)
     body = parse_body(kind, await read_body(request, gateway.settings.max_body_bytes))
     band = request.headers.get(BAND_HEADER)
-    sub = _submission(gateway, caller, kind, body, band)
+    sub = _submission(gateway, caller, kind, body, band_asked=band, max_queue=max_queue)
     hold = _hold_headers(request.headers.get(STREAM_HEADERS_HEADER))
     if key is None:
         job = await FollowedJob.submit(gateway, sub)
@@ -102,6 +111,20 @@ async def _submit_once(
     return await FollowedJob.submit_once(gateway_of(request), replace(sub, once=once), entry, skip)
 
 
+def _max_queue_s(request: Request) -> float | None:
+    """The request's ``X-Fairq-Max-Queue-S`` in seconds, checked (400 when it is not one:
+    ``broker.deadlines``), or None without the header."""
+    value = request.headers.get(MAX_QUEUE_HEADER)
+    if value is None:
+        return None
+    if len(request.headers.getlist(MAX_QUEUE_HEADER)) > 1:
+        raise InvalidRequest(
+            f"send one {MAX_QUEUE_HEADER} header, not several: a request has one deadline",
+            code="invalid_max_queue_s",
+        )
+    return max_queue_s(value, MAX_QUEUE_HEADER)
+
+
 def _hold_headers(value: str | None) -> bool:
     """Whether a streamed answer holds its headers back for its first event (default)."""
     if value is None:
@@ -126,22 +149,30 @@ def _model(gateway: Gateway, caller: Principal, name: str) -> ModelConfig:
 
 
 def _submission(
-    gateway: Gateway, caller: Principal, kind: RequestKind, body: dict[str, Any], band: str | None
+    gateway: Gateway,
+    caller: Principal,
+    kind: RequestKind,
+    body: dict[str, Any],
+    *,
+    band_asked: str | None,
+    max_queue: float | None,
 ) -> Submission:
     model = _model(gateway, caller, body["model"])
     job_id = new_job_id(model.name)
+    band = request_band(caller, band_asked, body.get("service_tier"), gateway.tiers)
     return Submission(
         model=model.name,
         owner=caller.user,
         user=caller.end_user(body.get("user")),
         tenant=caller.tenant,
-        band=request_band(caller, band, body.get("service_tier"), gateway.tiers),
+        band=band,
         kind=kind,
         stream_flag=stream_mode(body, model),
         payload=engine_payload(body, job_id, model),
         job_id=job_id,
         cost=estimate_cost(body, model),
         weight=caller.weight,
+        max_queue_ms=own_deadline_ms(max_queue, band, gateway.settings.queue_deadline_s),
     )
 
 

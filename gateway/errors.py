@@ -31,8 +31,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from broker.errors import (
     BrokerUnavailable,
     FairqError,
-    IdempotencyKeyReused,
-    IdempotentResultGone,
     InvalidRequest,
     NotFound,
     QueueFull,
@@ -45,8 +43,6 @@ JOB_HEADER = "X-Fairq-Job-Id"
 # On the answer to a request whose Idempotency-Key made its job, file or batch before (as
 # Stripe says it): the same job's answer, replayed.
 REPLAYED_HEADER = "Idempotent-Replayed"
-# OpenAI's clients retry a 409 unless told not to; the same request gets the same 409.
-_FINAL = (IdempotencyKeyReused, IdempotentResultGone)
 
 # Where the admin routes are. To anyone else they do not exist: a 405 for a wrong method
 # on one would say that it does.
@@ -78,7 +74,7 @@ def error_response(exc: FairqError, headers: dict[str, str] | None = None) -> Re
         headers["Retry-After"] = str(exc.retry_after_s)
     if isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = "Bearer"
-    if isinstance(exc, _FINAL):
+    if exc.final:  # OpenAI's clients retry a 408, a 409 and a 5xx unless told not to
         headers["x-should-retry"] = "false"
     return json_response(exc.to_body(), exc.status, headers)
 

@@ -6,8 +6,9 @@ cannot see them; this module adds what it cannot: the request bodies (for the
 completions generated from the very pydantic models that validate them, with
 ``model`` limited to the configured models; for batches and files from the
 limits their routes enforce; ``service_tier`` limited to the configured tiers); the
-``X-Fairq-Band``, ``X-Fairq-Stream-Headers`` and ``Idempotency-Key`` headers; bearer
-authentication; and the OpenAI error object of every error status. A fuzzer
+``X-Fairq-Band``, ``X-Fairq-Max-Queue-S``, ``X-Fairq-Stream-Headers`` and
+``Idempotency-Key`` headers; bearer authentication; and the OpenAI error object of every
+error status. A fuzzer
 (tests/integration/test_schema.py) generates its requests from this document.
 """
 
@@ -20,13 +21,19 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from broker.batch import KINDS
+from broker.deadlines import MAX_QUEUE_S, SECONDS_PATTERN
 from broker.idempotency import HEADER as IDEMPOTENCY_HEADER
 from broker.idempotency import MAX_KEY_CHARS
 from broker.requests import ChatBody, CompletionBody
 from broker.settings import Settings
 from broker.tiers import ServiceTiers
 from gateway.batches import METADATA_LIMITS
-from gateway.completions import BAND_HEADER, STREAM_HEADERS_HEADER, STREAM_HEADERS_HOLD
+from gateway.completions import (
+    BAND_HEADER,
+    MAX_QUEUE_HEADER,
+    STREAM_HEADERS_HEADER,
+    STREAM_HEADERS_HOLD,
+)
 from gateway.connections import MAX_HEADER_BYTES
 
 _REF = "#/components/schemas/{model}"
@@ -39,7 +46,8 @@ _ERRORS = {
     "401": "missing or invalid API key",
     "403": "a band or model the key is not entitled to",
     "404": "unknown model, job or URL (another user's job is not found either)",
-    "408": "the job expired in the queue, or the request did not arrive in time",
+    "408": "the job expired in the queue (its band's deadline, or its X-Fairq-Max-Queue-S), "
+    "or the request did not arrive in time",
     "409": "the job was cancelled, or the Idempotency-Key was used with another request",
     "410": "what the Idempotency-Key made is gone: its job's result expired (result_ttl_s)",
     "413": "request body over max_body_bytes",
@@ -190,6 +198,17 @@ def _document_completion(operation: dict[str, Any], body: str, settings: Setting
             "description": "queue in this priority band instead of the key's default "
             "(only a band the key is entitled to)",
             "schema": {"type": "string", "enum": list(settings.bands)},
+        }
+    )
+    operation["parameters"].append(
+        {
+            "name": MAX_QUEUE_HEADER,
+            "in": "header",
+            "required": False,
+            "description": "seconds the job may wait in the queue before it ends expired "
+            f"(408 job_expired), above 0 and at most {MAX_QUEUE_S}; a value beyond the "
+            "band's own deadline (queue_deadline_s) is clamped to it",
+            "schema": {"type": "string", "pattern": f"^(?:{SECONDS_PATTERN})$"},
         }
     )
     operation["parameters"].append(

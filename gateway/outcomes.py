@@ -8,8 +8,10 @@
                 cancelled (``DELETE /v1/jobs/{id}``, possibly from another connection)
                 while this request waited. 499 is nginx's private code and would
                 claim that the client closed the connection, which it did not.
-    expired     408 ``{"type": "timeout", "code": "job_expired"}``: it was not served
-                within its deadline.
+    expired     408 ``{"type": "timeout", "code": "job_expired"}``: it waited in the
+                queue past its deadline (its band's, or its own ``X-Fairq-Max-Queue-S``:
+                ``broker.deadlines``); with ``x-should-retry: false``, so that the openai
+                client does not queue it again by itself (it retries a 408).
 
     (shutdown)  503 ``{"type": "server_error", "code": "gateway_shutting_down"}``: the
                 gateway is stopping and the job had not left the queue (it is
@@ -36,12 +38,20 @@ class JobEnded(FairqError):
     """A job that reached a terminal state other than ``completed``."""
 
     def __init__(
-        self, message: str, *, status: int, type_: str, code: str | None, param: str | None = None
+        self,
+        message: str,
+        *,
+        status: int,
+        type_: str,
+        code: str | None,
+        param: str | None = None,
+        final: bool = False,
     ) -> None:
         super().__init__(message, param=param)
         self.status = status
         self.type = type_
         self.code = code
+        self.final = final
 
 
 def shown_message(error: dict[str, object], job_id: str) -> str:
@@ -86,10 +96,12 @@ def ended_error(event: ResultEvent, job_id: str) -> JobEnded | None:
         )
     if event.end is JobState.EXPIRED:
         return JobEnded(
-            "the request expired: it was not served within its deadline",
+            "the request expired: it waited in the queue past its deadline (its band's, or "
+            "its X-Fairq-Max-Queue-S) without starting",
             status=408,
             type_="timeout",
             code="job_expired",
+            final=True,
         )
     return None
 

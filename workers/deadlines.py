@@ -1,10 +1,12 @@
-"""Queue deadlines: jobs that waited longer than their band allows end ``expired``.
+"""Queue deadlines: jobs that waited longer than their band allows, or than their own
+deadline (a request's ``X-Fairq-Max-Queue-S``: ``broker.deadlines``), end ``expired``.
 
 Every worker runs this loop, but for each model only the one that takes the
 turn (a TTL'd ``SET NX PX`` lock that simply lapses, ``take_turn``) sweeps in a
 given interval; ``expire.lua`` is atomic per call, so two sweeps at once would
 still expire each job once. A waiting client gets its end event at once (408
-``job_expired`` from the gateway).
+``job_expired`` from the gateway). Every band is swept, one without a deadline of its own
+too: its jobs may have theirs.
 """
 
 from __future__ import annotations
@@ -28,15 +30,12 @@ class DeadlineSweeper:
         self._worker = worker
         self._models = list(models)
         self._interval_s = settings.deadline_sweep_s
+        limits = settings.queue_deadline_s
         self._deadlines = {
-            band: int(limit * 1000)
-            for band, limit in settings.queue_deadline_s.items()
-            if band in settings.bands
+            band: int(limits[band] * 1000) if band in limits else None for band in settings.bands
         }
 
     async def run(self) -> None:
-        if not self._deadlines:
-            return
         while True:
             try:
                 await self.sweep()

@@ -12,7 +12,8 @@
 -- KEYS[8] unstarted hash      fq:{m}:unstarted
 -- KEYS[9] user counts         fq:{m}:users
 -- KEYS[10] transit hash       fq:{m}:transit
--- KEYS[11] optional: the job record of the request's Idempotency-Key
+-- KEYS[11] own deadlines zset  fq:{m}:dl:{band} (the band's jobs with a deadline of their own)
+-- KEYS[12] optional: the job record of the request's Idempotency-Key
 --          fq:{m}:idem:{route}:{owner}:{key digest} (broker.idempotency)
 -- ARGV[1] job id   ARGV[2] user   ARGV[3] tenant (kept only inside ARGV[14])   ARGV[4] band
 -- ARGV[5] kind (chat|completion)   ARGV[6] stream flag (0|1|2|3: broker.jobs.StreamMode)
@@ -30,7 +31,9 @@
 -- ARGV[20+2B] 1: a streamed job that may go on where it was cut if taken back out of the
 --   engine mid-answer (park.lua); stored as 'rsm' 1 only then, and its ready entry asks
 --   the worker to record the answer's token ids ('tk' 1)
--- ARGV[21+2B] with KEYS[11]: the request's fingerprint   ARGV[22+2B] seconds to keep the record
+-- ARGV[21+2B] the job's own queue deadline in ms after now, shorter than its band's
+--   (broker.deadlines), or '': a queued job with one is in KEYS[11] until expire.lua takes it
+-- ARGV[22+2B] with KEYS[12]: the request's fingerprint   ARGV[23+2B] seconds to keep the record
 -- The grant lives in meta: 'xep' endpoint, 'xexp' expiry (ms), 'xs' sequence (bumped by
 -- every express send, so the dispatcher's next grant is refused if computed before it),
 -- 'xsv' sends left to users who already have a job in the engine (free batch slots; -1 or
@@ -43,11 +46,11 @@
 local bands = tonumber(ARGV[18])
 -- A request sent again with its Idempotency-Key gets the job the key made, even while its
 -- user's queue is full: that job was accepted before.
-local once = KEYS[11]
+local once = KEYS[12]
 if once then
   local made = redis.call('HMGET', once, 'f', 'j')
   if made[2] then
-    return {made[1] == ARGV[21 + 2 * bands] and 3 or -2, made[2]}
+    return {made[1] == ARGV[22 + 2 * bands] and 3 or -2, made[2]}
   end
 end
 local qlen = redis.call('XLEN', KEYS[2])
@@ -91,8 +94,8 @@ local keep = ARGV[19 + 2 * bands]
 if keep and keep ~= '' then redis.call('HSET', KEYS[1], 'kt', keep) end
 if ARGV[20 + 2 * bands] == '1' then redis.call('HSET', KEYS[1], 'rsm', 1) end
 if once then  -- in the call that makes the job: two tries at once can never make two
-  redis.call('HSET', once, 'f', ARGV[21 + 2 * bands], 'j', ARGV[1])
-  redis.call('EXPIRE', once, ARGV[22 + 2 * bands])
+  redis.call('HSET', once, 'f', ARGV[22 + 2 * bands], 'j', ARGV[1])
+  redis.call('EXPIRE', once, ARGV[23 + 2 * bands])
 end
 
 if endpoint then  -- sent as dispatch.lua sends (prelude.lua's send and admit)
@@ -123,6 +126,10 @@ end
 -- The queue entry's id is the enqueue time (dispatch.lua copies it to 'tq').
 local entry = redis.call('XADD', KEYS[2], '*', 'j', ARGV[1], 'p', ARGV[7])
 redis.call('HSET', KEYS[1], 'st', 'queued', 'qe', entry)
+local own_ms = ARGV[21 + 2 * bands]
+if own_ms ~= '' then  -- (one sent express above left no queue to wait in)
+  redis.call('ZADD', KEYS[11], now + tonumber(own_ms), ARGV[1])
+end
 join_queue({queued = KEYS[5], backlog = KEYS[3], meta = KEYS[4], join = ARGV[10], wake = ARGV[9]},
   ARGV[4], ARGV[2], ARGV[14])
 return {1, entry}

@@ -62,6 +62,7 @@ def enqueue_call(
         keys.unstarted(m),
         keys.user_counts(m),
         keys.transit(m),
+        keys.own_deadlines(m, band),
     ]
     args: list[Arg] = [
         job_id,
@@ -86,8 +87,9 @@ def enqueue_call(
         *(keys.grant_field(b) for b in bands),
         keep_s or "",
         int(resumable),
+        sub.max_queue_ms or "",
     ]
-    if sub.once is not None:  # KEYS[11], ARGV[21+2B], ARGV[22+2B]
+    if sub.once is not None:  # KEYS[12], ARGV[22+2B], ARGV[23+2B]
         job_keys.append(sub.once.job_record(m))
         args += (sub.once.fingerprint, sub.once.window_s)
     return Call(_SCRIPT, job_keys, args, _enqueued)

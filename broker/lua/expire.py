@@ -1,4 +1,5 @@
-"""``expire.lua``: end the jobs of one band that waited in the queue past its deadline."""
+"""``expire.lua``: end the jobs of one band that waited in the queue past their deadline
+(the band's, or their own: ``broker.deadlines``)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,24 @@ class Expired(NamedTuple):
 
 
 def expire_call(
-    model: str, band: str, *, deadline_ms: int, ttl_s: int, budget: int, rank: int, users: int
+    model: str,
+    band: str,
+    *,
+    deadline_ms: int | None,
+    ttl_s: int,
+    budget: int,
+    rank: int,
+    users: int,
 ) -> Call[Expired]:
-    """``ttl_s``: of the jobs ended; ``budget``: the most jobs to end; ``users``: how many
+    """``deadline_ms``: the band's (None: it has none, and only jobs' own deadlines end);
+    ``ttl_s``: of the jobs ended; ``budget``: the most jobs to end; ``users``: how many
     users to look at, from backlog rank ``rank``."""
     m = model
     model_keys = [keys.backlog(m, band), keys.queued_counts(m), keys.meta(m)]
+    model_keys.append(keys.own_deadlines(m, band))
     args: list[Arg] = [keys.queue_prefix(m, band), keys.job_prefix(m), keys.results_prefix(m)]
-    args += [band, deadline_ms, ttl_s, keys.wake_channel(m), budget, rank, users]
+    band_ms = "" if deadline_ms is None else deadline_ms
+    args += [band, band_ms, ttl_s, keys.wake_channel(m), budget, rank, users]
     args.append(keys.parked(m, band, ""))
     return Call(_SCRIPT, model_keys, args, _expired)
 

@@ -219,12 +219,14 @@ class Settings(BaseSettings):
     queue_deadline_s: dict[str, float] = Field(
         default_factory=lambda: {"interactive": 600.0, "default": 3600.0},
         description='Band -> seconds a job may wait queued before it ends "expired"; a band '
-        "not named waits as long as it takes.",
+        "not named waits as long as it takes. A request may ask for less with "
+        "X-Fairq-Max-Queue-S, never for more.",
     )
     deadline_sweep_s: float = Field(
         default=1.0,
         gt=0,
-        description="How often queued jobs are checked against their band's deadline.",
+        description="How often queued jobs are checked against their deadlines (their "
+        "band's, or their own X-Fairq-Max-Queue-S): a job expires at most this late.",
     )
 
     dispatcher_idle_tick_s: float = Field(
