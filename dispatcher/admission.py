@@ -216,8 +216,10 @@ _SLOTS_PER_KEPT = 32
 # KV-cache use from which waiting requests wait for KV blocks (vLLM allocates a request's
 # blocks as it grows: with little free, new ones wait while the running ones fill it)
 _KV_FULL = 0.9
-# One job waiting beyond the batch hides fairq's refill round trip, which takes a few
-# engine steps: without it short answers lose tokens/s (docs/performance.md).
+# One job waiting beyond the batch lets the engine refill a freed slot at once, not after
+# fairq's round trip of a few engine steps (end seen, next job sent, handed over), which
+# short answers would lose as tokens/s. Only with preemption: a newcomer behind that job
+# gets a slot by a take-back rather than waiting for the next end.
 _REFILL_AHEAD = 1
 
 
