@@ -2,23 +2,31 @@
 
 ``/admin/status`` answers admin API keys only (``auth.Admin``; to anyone else it is an
 unknown URL): every model's status snapshot as ``fairq status --json`` prints it
-(``broker.status``). ``/dashboard`` is one static page (no external assets: the
-chart is drawn on a canvas) that asks for an admin key, keeps it in the tab's
-session storage, and polls ``/admin/status``; the page itself holds no data, so it
-is served to anyone. ``/metrics`` is the gateway's own series, unauthenticated as
-Prometheus expects; do not route it through the public Ingress. None of them is part
-of the public API: the OpenAPI document leaves them out.
+(``broker.status``), and beside it ``wait_now``: per band, what a job queued now would be
+told of its wait (``broker.position.band_waits``), from a new user (whom fairness lets in
+soonest) and at the back of the band (behind every job queued in it and above).
+``/dashboard`` is one static page (no external assets: the chart is drawn on a canvas)
+that asks for an admin key, keeps it in the tab's session storage, and polls
+``/admin/status``; the page itself holds no data, so it is served to anyone. ``/metrics``
+is the gateway's own series, unauthenticated as Prometheus expects; do not route it
+through the public Ingress. None of them is part of the public API: the OpenAPI document
+leaves them out.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from importlib import resources
 
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from redis.asyncio import Redis
 from starlette.responses import HTMLResponse, Response
 
+from broker.demand import state_of
+from broker.position import read_band_waits
+from broker.settings import Settings
 from broker.status import read_status
 from gateway.auth import Admin
 from gateway.errors import json_response
@@ -40,7 +48,18 @@ async def admin_status(request: Request, caller: Admin) -> Response:
     now_ms = int(time.time() * 1000)
     # A Redis error is the app's 503 (``errors``), which keeps its text from the client.
     models = await read_status(gateway.redis, gateway.settings, now_ms)
+    waits = await asyncio.gather(*(_wait_now(gateway.redis, gateway.settings, m) for m in models))
+    for model, wait in zip(models, waits, strict=True):
+        model["wait_now"] = wait
     return json_response({"object": "fairq.status", "at_ms": now_ms, "models": models})
+
+
+async def _wait_now(redis: Redis, settings: Settings, model: dict[str, object]) -> list[object]:
+    """Per band, the positions of a job queued now; while the model is starting, without a
+    figure, as a queued job's (``gateway.jobs``)."""
+    waits = await read_band_waits(redis, str(model["model"]), settings.bands)
+    starting = model.get("source") == "dispatcher" and state_of(model) == "starting"
+    return [(w.starting() if starting else w).public() for w in waits]
 
 
 @router.get("/dashboard")

@@ -5,7 +5,8 @@ A queued job also says where it stands (``queue_position``) and whether its mode
 serve it now (``model_state``): "starting" while the model's dispatcher sees no ready
 engine endpoint (its engines are at zero and being woken, or none answers), so the job
 waits for an engine to start; its wait estimate is then ``null``, since what it waits
-for is the start-up, not the queue's drain.
+for is the start-up, not the queue's drain. A ``null`` estimate always comes with
+``estimated_wait_reason``, which says why (``broker.position``).
 
 ``GET /v1/jobs/{id}/stream`` resumes a streamed job's events: send the id of the
 last event received as ``Last-Event-ID`` (or none, for everything from the
@@ -40,8 +41,13 @@ router = APIRouter()
 class QueuePositionView(BaseModel):
     jobs_ahead: int = Field(description="jobs dispatched before this one, as things stand")
     estimated_wait_s: float | None = Field(
-        description="seconds until it is dispatched; null when unknown, and while the "
-        "model is starting (the wait is the engine's start-up)"
+        description="seconds until it is dispatched; null when fairq cannot back a figure "
+        "(estimated_wait_reason says why), and while the model is starting (the wait is the "
+        "engine's start-up)"
+    )
+    estimated_wait_reason: str | None = Field(
+        description="why estimated_wait_s is null, e.g. no job of the model has run yet, or "
+        "the model is starting; null when it is a number"
     )
 
 
@@ -74,10 +80,9 @@ async def get_job(job_id: str, request: Request, caller: Caller) -> Response:
     position = await gateway.queue.position(job)
     if position is not None:
         state = await read_model_state(gateway.redis, job.model)
-        shown = position.public()
         if state == "starting":  # the queue's drain says nothing of an engine's start-up
-            shown["estimated_wait_s"] = None
-        body["queue_position"] = shown
+            position = position.starting()
+        body["queue_position"] = position.public()
         body["model_state"] = state
     return json_response(body)
 

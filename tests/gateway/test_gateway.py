@@ -41,6 +41,7 @@ from broker import (
     StreamMode,
     keys,
 )
+from broker.position import NO_DRAIN
 from fairq.localredis import free_port
 from gateway import outcomes, sse
 from tests.support.eventually import aeventually, eventually
@@ -720,7 +721,11 @@ async def test_job_status_is_visible_to_its_owner_only(http: httpx.AsyncClient) 
         own = (await http.get(f"/v1/jobs/{job_id}", headers=ALICE)).json()
         assert own["id"] == job_id
         assert (own["object"], own["status"], own["model"]) == ("fairq.job", "queued", MODEL)
-        assert own["queue_position"] == {"jobs_ahead": 0, "estimated_wait_s": None}
+        assert own["queue_position"] == {
+            "jobs_ahead": 0,
+            "estimated_wait_s": None,
+            "estimated_wait_reason": NO_DRAIN,  # no dispatcher: no engine known to drain it
+        }
         assert_error(await http.get(f"/v1/jobs/{job_id}", headers=BOB), 404, "not_found")
         assert_error(await http.delete(f"/v1/jobs/{job_id}", headers=BOB), 404, "not_found")
         assert await job_status(http, job_id, ALICE) == "queued"

@@ -15,6 +15,7 @@ import pytest
 from redis.asyncio import Redis
 
 from broker import JobQueue, Latency, RequestKind, Settings, StreamMode, Submission, keys
+from broker.position import STARTING
 from broker.status import add_latency
 from tests.support import local_http
 from tests.support.dispatcher_process import dispatcher_process
@@ -94,7 +95,11 @@ def test_a_queued_job_of_a_model_without_a_ready_endpoint_says_it_is_starting(
             until=lambda b: b["model_state"] == "starting",
         )
         assert body["status"] == "queued"  # held in the queue, not failed
-        assert body["queue_position"] == {"jobs_ahead": 0, "estimated_wait_s": None}
+        assert body["queue_position"] == {
+            "jobs_ahead": 0,
+            "estimated_wait_s": None,
+            "estimated_wait_reason": STARTING,
+        }
 
 
 def test_a_queued_job_of_a_model_with_a_ready_endpoint_says_it_is_ready(

@@ -1,9 +1,9 @@
 """The gateway's ``/dashboard`` in a real headless chromium, against the real local stack.
 
 The page loads, asks ``/admin/status`` with the admin key from its URL fragment,
-shows a card per demo model with its endpoint, bands and newcomers' time to first
-token, and keeps updating (the poll counter and the status time move on); a non-admin
-key gets the 403 shown.
+shows a card per demo model with its endpoint, bands (with the wait a job queued now
+would be told) and newcomers' time to first token, and keeps updating (the poll counter
+and the status time move on); a non-admin key gets the 403 shown.
 ``FAIRQ_UPDATE_SCREENSHOT=1`` also writes the screenshot to docs/dashboard.png, taken
 ``FAIRQ_SCREENSHOT_AFTER_S`` (2) seconds later, when the chart has more to show.
 """
@@ -131,6 +131,13 @@ async def test_the_dashboard_loads_shows_both_models_and_updates(
                 "a backlog on the page",
             )
             await _until(page, "document.body.innerText.includes('alice')", "a top user")
+            # the wait a job queued now would be told, at the back of demo-code's backlog
+            await _until(
+                page,
+                'document.querySelector(\'section[data-model="demo-code"] '
+                'tr[data-band="default"] td.wait[data-who="back"]\')?.dataset.waitS',
+                "a wait estimate at the back of a band",
+            )
             # demo-code's cap of 1 sends every job while its user has nothing in the engine
             await _until(
                 page,
