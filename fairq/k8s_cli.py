@@ -49,43 +49,40 @@ def _shown(path: Path) -> str:
 @_DIR_OPTION
 @click.option("--check", is_flag=True, help="only compare; exit 1 if a generated file is stale")
 def render(k8s_dir: Path | None, check: bool) -> None:
-    """Write base/fairq.yaml, base/api-keys.yaml (the Secret of the API keys, their hashes
-    only), engines/ and the KEDA triggers from DIR/fairq.yaml; files that would not change
-    are left as they are and reported unchanged."""
+    """Write base/fairq.yaml, components/api-keys/api-keys.yaml (the Secret of the API keys,
+    their hashes only), the simulator's demo Secrets, engines/ and the KEDA triggers from
+    DIR/fairq.yaml; files that would not change are left as they are and reported
+    unchanged. Refuses (exit 2) while a known secret (a demo key's hash, a demo or
+    placeholder password) is anywhere but the simulator overlay, naming its line."""
     from pydantic import ValidationError
 
     from fairq import k8s as generator
+    from fairq import k8s_secrets
 
     directory = _k8s_dir(k8s_dir)
     shown = Path(_shown(directory))
+    known = k8s_secrets.problems(directory)
+    for problem in known:
+        click.echo(f"fairq k8s render: {shown / problem}", err=True)
+    if known:
+        sys.exit(2)
     try:
         if check:
             stale = generator.stale(directory)
             for path in stale:
                 click.echo(f"stale: {shown / path} (run `fairq k8s render`)", err=True)
             sys.exit(1 if stale else 0)
-        for path, what in generator.write(directory).items():
+        done = generator.write(directory)
+        for path, what in done.items():
             click.echo(f"{what:<9} {shown / path}")
     except (ValidationError, ValueError, KeyError) as exc:
         click.echo(f"fairq k8s render: {shown / 'fairq.yaml'}: {exc}", err=True)
         sys.exit(2)
-    _warn_of_demo_keys(directory)
-
-
-def _warn_of_demo_keys(directory: Path) -> None:
-    import yaml
-
-    from broker import hash_key
-    from fairq.stack import DEMO_ADMIN_KEY, DEMO_KEYS
-
-    demo = {hash_key(key): key for key in (*DEMO_KEYS, DEMO_ADMIN_KEY)}
-    entries = (yaml.safe_load((directory / "fairq.yaml").read_text()) or {}).get("api_keys")
-    known = [demo[e["sha256"]] for e in entries or [] if e.get("sha256") in demo]
-    if known:
+    if done.get(generator.API_KEYS_FILE, "removed") == "removed":
         click.echo(
-            f"fairq k8s render: warning: api_keys holds the public demo keys "
-            f"({', '.join(known)}): anyone can use them. Before a real deployment, make your "
-            f"own (`fairq k8s add-key USER`) and delete the demo entries.",
+            f"fairq k8s render: note: {shown / 'fairq.yaml'} lists no api_keys, so the "
+            "production overlays (overlays/production, overlays/external-redis) do not build: "
+            f"no request would be accepted. Make a key: fairq k8s add-key USER --dir {shown}",
             err=True,
         )
 

@@ -9,6 +9,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from fairq.k8s_secrets import ENGINE_SECRET
 from fairq.k8s_spec import ENGINE_PORT, ClusterSpec, Model, label_value
 
 _MODEL_LABEL = "fairq.io/model"
@@ -19,6 +20,15 @@ _DRAIN_DIR = "/opt/fairq-drain"  # where the vLLM pod's init container puts the 
 # kubernetes plugin answers with a 5 s TTL): the drain waits that long before it trusts
 # an idle engine.
 _DNS_TTL_S = 5
+_HF_HOME, _VLLM_HOME = "/models", "/home/vllm"
+# The vLLM pod runs as a user its image does not list: HOME and HF_HOME on volumes of its
+# own, and USER set, as torch's compile cache asks getpass.getuser(), which fails for an
+# unlisted user without it.
+_VLLM_WRITABLE_ENV = (
+    {"name": "HOME", "value": _VLLM_HOME},
+    {"name": "HF_HOME", "value": _HF_HOME},
+    {"name": "USER", "value": "vllm"},
+)
 
 
 def _labels(model: Model, runtime: str) -> dict[str, str]:
@@ -141,7 +151,15 @@ def vllm(cluster: ClusterSpec, model: Model) -> Iterator[dict[str, Any]]:
                 "valueFrom": {
                     "secretKeyRef": {"name": "hf-token", "key": "token", "optional": True}
                 },
-            }
+            },
+            # vLLM's --api-key, read from its environment so that the key is in no
+            # process's argv: /v1 answers only requests that carry it (the workers'
+            # FAIRQ_ENGINE_API_KEY, the same Secret).
+            {
+                "name": "VLLM_API_KEY",
+                "valueFrom": {"secretKeyRef": {"name": ENGINE_SECRET, "key": "api_key"}},
+            },
+            *_VLLM_WRITABLE_ENV,
         ],
         "resources": {
             "requests": {"cpu": engine.cpu, "memory": engine.memory, "nvidia.com/gpu": engine.gpus},
@@ -149,9 +167,12 @@ def vllm(cluster: ClusterSpec, model: Model) -> Iterator[dict[str, Any]]:
         },
         **_http_probes(startup_s=1800),  # downloading and loading weights takes minutes
         "lifecycle": {"preStop": {"exec": {"command": drain}}},
+        "securityContext": _FAIRQ_CONTAINER_SECURITY,
         "volumeMounts": [
             {"name": "shm", "mountPath": "/dev/shm"},
-            {"name": "hf-cache", "mountPath": "/root/.cache/huggingface"},
+            {"name": "hf-cache", "mountPath": _HF_HOME},
+            {"name": "home", "mountPath": _VLLM_HOME},
+            {"name": "tmp", "mountPath": "/tmp"},
             {"name": "drain", "mountPath": _DRAIN_DIR, "readOnly": True},
         ],
     }
@@ -164,11 +185,15 @@ def vllm(cluster: ClusterSpec, model: Model) -> Iterator[dict[str, Any]]:
         "volumeMounts": [{"name": "drain", "mountPath": _DRAIN_DIR}],
     }
     pod_spec = {
+        # fsGroup: the volumes below are the user's, the only places vLLM writes to.
+        "securityContext": {**_NON_ROOT, "fsGroup": _NON_ROOT["runAsGroup"]},
         "initContainers": [copier],
         "containers": [container],
         "volumes": [
             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}},
             {"name": "hf-cache", "emptyDir": {}},
+            {"name": "home", "emptyDir": {}},
+            {"name": "tmp", "emptyDir": {}},
             {"name": "drain", "emptyDir": {"sizeLimit": "1Mi"}},
         ],
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
@@ -182,6 +207,14 @@ _FAIRQ_CONTAINER_SECURITY = {
     "allowPrivilegeEscalation": False,
     "readOnlyRootFilesystem": True,
     "capabilities": {"drop": ["ALL"]},
+}
+# fairq's image's USER; vLLM's image runs as root unless told, and needs no root: it
+# writes only its caches (HOME), the weights (HF_HOME), /tmp and /dev/shm.
+_NON_ROOT = {
+    "runAsNonRoot": True,
+    "runAsUser": 10001,
+    "runAsGroup": 10001,
+    "seccompProfile": {"type": "RuntimeDefault"},
 }
 
 
@@ -204,12 +237,7 @@ def sim(cluster: ClusterSpec, model: Model) -> Iterator[dict[str, Any]]:
         "securityContext": _FAIRQ_CONTAINER_SECURITY,
     }
     pod_spec = {
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 10001,
-            "runAsGroup": 10001,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": dict(_NON_ROOT),
         "containers": [container],
         "terminationGracePeriodSeconds": _grace_s(cluster, model),
     }

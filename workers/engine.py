@@ -182,9 +182,16 @@ def _error_event(event: bytes) -> EngineError:
     )
 
 
+def engine_headers(settings: Settings) -> dict[str, str]:
+    """What every call of an engine's API carries: its key, when the engines have one."""
+    if settings.engine_api_key is None:
+        return {}
+    return {"Authorization": f"Bearer {settings.engine_api_key.get_secret_value()}"}
+
+
 def open_client(settings: Settings) -> EngineClient:
     """The worker's one HTTP client for every engine (create it inside the running loop)."""
-    return EngineClient(settings.engine_connect_timeout_s)
+    return EngineClient(settings.engine_connect_timeout_s, headers=engine_headers(settings))
 
 
 class _EventCutter:

@@ -90,6 +90,15 @@ def target_of(url: str) -> Target:
     return Target(parts.hostname, port, tls, netloc.encode(), path.encode())
 
 
+def _header_lines(headers: Mapping[str, str] | None) -> bytes:
+    if not headers:
+        return b""
+    for name, value in headers.items():
+        if any(c in f"{name}{value}" for c in "\r\n"):  # would split the request
+            raise ValueError(f"header {name!r} holds a line break")
+    return "".join(f"{name}: {value}\r\n" for name, value in headers.items()).encode()
+
+
 @dataclass(frozen=True)
 class Reply:
     """A finished call: its status, and its body unless ``on_body`` took it (status 200)."""
@@ -225,9 +234,17 @@ class _Connection(asyncio.Protocol):
 class EngineClient:
     """Pooled HTTP/1.1 connections to engines (create and use it inside one event loop)."""
 
-    def __init__(self, connect_timeout_s: float, keepalive_s: float = KEEPALIVE_S) -> None:
+    def __init__(
+        self,
+        connect_timeout_s: float,
+        keepalive_s: float = KEEPALIVE_S,
+        *,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """``headers`` go out with every request (the engine's API key), rendered once."""
         self._connect_timeout_s = connect_timeout_s
         self._keepalive_s = keepalive_s
+        self._own_head = _header_lines(headers)
         self._idle: dict[tuple[str, int, bool], list[_Connection]] = {}
         self._tls: ssl.SSLContext | None = None
 
@@ -271,9 +288,9 @@ class EngineClient:
         target = target_of(url)
         conn = await self._connection(target)
         head = _REQUEST_HEAD % (target.path, target.host_header, len(body))
-        if headers:
-            extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-            head = head[:-2] + extra.encode() + b"\r\n"
+        extra = self._own_head + _header_lines(headers)
+        if extra:
+            head = head[:-2] + extra + b"\r\n"
         done = conn.request(head + body, idle_timeout_s, on_body, on_headers)
         if on_written is not None:
             on_written()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 
 import httpx
 
@@ -21,7 +22,8 @@ _TIMEOUT_S = 5.0
 
 
 class ContextLengths:
-    def __init__(self) -> None:
+    def __init__(self, headers: Mapping[str, str] | None = None) -> None:
+        self._headers = dict(headers or {})  # the engine's API key (workers.engine)
         self._known: dict[tuple[str, str], int] = {}
         self._unknown_until: dict[tuple[str, str], float] = {}
 
@@ -32,7 +34,7 @@ class ContextLengths:
             return self._known[key]
         if self._unknown_until.get(key, 0.0) > time.monotonic():
             return None
-        length = await _ask(endpoint, model)
+        length = await _ask(endpoint, model, self._headers)
         if length is None:
             self._unknown_until[key] = time.monotonic() + RETRY_S
         else:
@@ -40,9 +42,9 @@ class ContextLengths:
         return length
 
 
-async def _ask(endpoint: str, model: str) -> int | None:
+async def _ask(endpoint: str, model: str, headers: Mapping[str, str]) -> int | None:
     try:
-        async with httpx.AsyncClient(timeout=_TIMEOUT_S) as client:
+        async with httpx.AsyncClient(timeout=_TIMEOUT_S, headers=headers) as client:
             reply = await client.get(f"{endpoint}/v1/models")
         reply.raise_for_status()
         listed = reply.json().get("data") or []

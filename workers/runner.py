@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from broker import Claimed, JobState, Outcome, Settings, StreamMode, WrittenEntry, telemetry
 from workers import attempt
 from workers.attempt import Attempt, Whole
-from workers.engine import Accounting, complete, stream_events
+from workers.engine import Accounting, complete, engine_headers, stream_events
 from workers.engine_http import EngineClient
 from workers.engine_info import ContextLengths
 from workers.errors import EngineError
@@ -105,7 +105,7 @@ class JobRunner:
         self._http = http
         self._settings = settings
         self._written = written  # None: a resumed job starts again from scratch
-        self._contexts = ContextLengths()
+        self._contexts = ContextLengths(engine_headers(settings))
         self._stamps = TierStamps(settings)
         self.retries = 0  # engine calls made again
 

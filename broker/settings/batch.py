@@ -13,7 +13,8 @@ class BatchSettings(Frozen):
     max_file_bytes: int = Field(
         default=200 * 1024 * 1024,
         ge=1024,
-        description="Largest upload, beyond which 413 (200 MB, OpenAI's limit). Files live "
+        description="Largest upload in bytes, beyond which 413 (200 MiB; OpenAI's limit is "
+        "200 MB). Files live "
         "in Redis: each costs about its size in memory.",
     )
     max_lines: int = Field(

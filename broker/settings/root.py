@@ -88,6 +88,7 @@ CONCERNS: dict[str, tuple[str, ...]] = {
         "worker_concurrency",
         "worker_drain_timeout_s",
         "stream_linger_ms",
+        "engine_api_key",
         "engine_connect_timeout_s",
         "engine_read_timeout_s",
         "engine_stream_idle_timeout_s",
@@ -295,6 +296,12 @@ class Settings(BaseSettings):
         description="Longest a streamed chunk waits to share a Redis write with other "
         "jobs' chunks.",
     )
+    engine_api_key: SecretStr | None = Field(
+        default=None,
+        description="The key every call of an engine's /v1 API carries (Authorization: "
+        "Bearer), for engines started with one (vLLM's --api-key, or VLLM_API_KEY); "
+        "usually set as FAIRQ_ENGINE_API_KEY from a Secret. null: none sent.",
+    )
     engine_connect_timeout_s: float = Field(
         default=5.0, gt=0, description="Longest wait for a connection to an engine."
     )
@@ -363,9 +370,10 @@ class Settings(BaseSettings):
         default=None,
         ge=0,
         le=65535,
-        description="The Prometheus /metrics port of dispatchers, workers and batch workers "
-        "(the gateway serves its own on its HTTP port). null: each component's own "
-        "(dispatcher 9464, worker 9465, batch worker 9466), or a free one, logged, when "
+        description="The Prometheus /metrics port of dispatchers, workers, batch workers and "
+        "the KEDA scaler (the gateway serves its own on its HTTP port). null: each "
+        "component's own (dispatcher 9464, worker 9465, batch worker 9466, KEDA scaler "
+        "9468), or a free one, logged, when "
         "another process on the host holds it; 0: no metrics server.",
     )
     metrics_host: str = Field(

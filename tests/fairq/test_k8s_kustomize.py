@@ -10,20 +10,20 @@ import pytest
 import yaml
 
 from tests.support.kustomize import (
-    K8S_DIR,
     OVERLAYS,
     by_identity,
     config_map_hash,
     has_kubectl,
     kubectl_kustomize,
     kustomize,
+    operator_k8s_dir,
 )
 
 
 @pytest.mark.skipif(not has_kubectl(), reason="kubectl is not installed: nothing to compare with")
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_python_renderer_gives_the_objects_kubectl_kustomize_gives(overlay: str) -> None:
-    path = K8S_DIR / "overlays" / overlay
+    path = operator_k8s_dir() / "overlays" / overlay
     ours, theirs = by_identity(kustomize(path)), by_identity(kubectl_kustomize(path))
     assert sorted(ours) == sorted(theirs)
     for identity, obj in theirs.items():

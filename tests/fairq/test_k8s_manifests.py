@@ -31,7 +31,14 @@ from broker.settings import Settings, load_settings
 from fairq import k8s
 from fairq.cli import main as fairq_cli
 from fairq.config_check import check_file
-from tests.support.kustomize import K8S_DIR, OVERLAYS, has_kubectl, kubectl_kustomize, kustomize
+from tests.support.kustomize import (
+    K8S_DIR,
+    OVERLAYS,
+    has_kubectl,
+    kubectl_kustomize,
+    kustomize,
+    operator_k8s_dir,
+)
 
 ROOT = K8S_DIR.parent.parent
 KUBERNETES_VERSIONS = ("1.29.0", "1.37.0")  # oldest supported (docs/operations.md), newest
@@ -40,7 +47,8 @@ Obj = dict[str, Any]
 
 @cache
 def _render(overlay: str) -> tuple[Obj, ...]:
-    path = K8S_DIR / "overlays" / overlay
+    """The overlay as an operator applies it: from a checkout with their secrets written."""
+    path = operator_k8s_dir() / "overlays" / overlay
     return tuple(kubectl_kustomize(path) if has_kubectl() else kustomize(path))
 
 

@@ -1,6 +1,7 @@
 """``fairq k8s render`` and ``fairq k8s add-key`` as an operator runs them: the API-key
-Secret rendered from the configuration (hashes only) or refused with the command that
-makes a key, from any directory, and unchanged files reported as unchanged."""
+Secret of the production overlays rendered from the configuration (hashes only), or none
+and a note naming the command that makes a key; from any directory, and unchanged files
+reported as unchanged."""
 
 from __future__ import annotations
 
@@ -9,47 +10,54 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from broker import Settings, hash_key
+from fairq.stack import demo_api_keys
 from tests.support.cli import fairq
-from tests.support.kustomize import K8S_DIR, kustomize
+from tests.support.kustomize import K8S_DIR, kustomize, operator_checkout
 
 SOURCE = K8S_DIR / "fairq.yaml"
+KEYS_SECRET = Path("components/api-keys/api-keys.yaml")
 
 
 def _source_without_keys() -> str:
-    """deploy/k8s/fairq.yaml with its comments and without its api_keys block."""
+    """deploy/k8s/fairq.yaml as it ships: its comments, and no api_keys."""
     text = SOURCE.read_text()
-    return text[: text.index("# API keys, each only as its SHA-256")]
+    assert "api_keys" not in yaml.safe_load(text)
+    return text
 
 
 def _secret_entries(k8s_dir: Path) -> list[dict[str, Any]]:
-    secret = yaml.safe_load((k8s_dir / "base" / "api-keys.yaml").read_text())
+    secret = yaml.safe_load((k8s_dir / KEYS_SECRET).read_text())
     assert (secret["kind"], secret["metadata"]["name"]) == ("Secret", "fairq-api-keys")
     entries: list[dict[str, Any]] = json.loads(secret["stringData"]["api_keys.json"])
     return entries
 
 
-def test_the_secret_a_first_apply_deploys_accepts_the_configured_keys() -> None:
+def test_the_simulators_first_apply_accepts_the_demo_keys_of_fairq_up() -> None:
     objects = kustomize(K8S_DIR / "overlays" / "simulator")
     (secret,) = [
         o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == "fairq-api-keys"
     ]
     entries = json.loads(secret["stringData"]["api_keys.json"])
-    assert entries == yaml.safe_load(SOURCE.read_text())["api_keys"]
+    assert entries == demo_api_keys()
     settings = Settings(api_keys=entries)  # as the gateway reads FAIRQ_API_KEYS
     assert hash_key("fq-demo-alice") in {k.sha256 for k in settings.api_keys}
-    assert all(set(entry) <= {"sha256", "user", "tenant", "admin"} for entry in entries)
 
 
-def test_render_refuses_a_configuration_without_keys_naming_the_command(tmp_path: Path) -> None:
-    (tmp_path / "fairq.yaml").write_text(_source_without_keys())
-    done = fairq("k8s", "render", "--dir", str(tmp_path))
-    assert done.returncode == 2
-    assert "lists no api_keys, so no request would be accepted after deploying" in done.stderr
-    assert f"fairq k8s add-key USER --dir {tmp_path}" in done.stderr
-    assert not (tmp_path / "base").exists()
+def test_without_keys_render_says_the_production_overlays_cannot_build(tmp_path: Path) -> None:
+    k8s_dir = operator_checkout(tmp_path / "k8s")  # every secrets file written
+    (k8s_dir / "fairq.yaml").write_text(_source_without_keys())
+    done = fairq("k8s", "render", "--dir", str(k8s_dir))
+    assert done.returncode == 0, done.stderr
+    assert f"removed   {k8s_dir / KEYS_SECRET}" in done.stdout.splitlines()
+    assert "lists no api_keys" in done.stderr and "no request would be accepted" in done.stderr
+    assert f"fairq k8s add-key USER --dir {k8s_dir}" in done.stderr
+    with pytest.raises(FileNotFoundError, match=r"api-keys\.yaml"):
+        kustomize(k8s_dir / "overlays" / "production")
+    assert kustomize(k8s_dir / "overlays" / "simulator")
 
 
 def test_render_refuses_a_key_in_the_clear(tmp_path: Path) -> None:
@@ -79,18 +87,22 @@ def test_add_key_prints_the_key_once_and_render_puts_only_its_hash_in_the_secret
     assert _secret_entries(tmp_path) == [
         {"sha256": hash_key(key), "user": "bob", "tenant": "team-b"}
     ]
-    assert key not in (tmp_path / "base" / "api-keys.yaml").read_text()
-    assert "public demo keys" not in rendered.stderr
+    assert key not in (tmp_path / KEYS_SECRET).read_text()
+    assert "lists no api_keys" not in rendered.stderr
 
 
 def test_add_key_appends_to_a_list_of_keys_and_keeps_the_file_as_written(tmp_path: Path) -> None:
     shutil.copy(SOURCE, tmp_path / "fairq.yaml")
-    done = fairq("k8s", "add-key", "ops", "--admin", "--dir", str(tmp_path))
-    assert done.returncode == 0, done.stderr
-    key = done.stdout.splitlines()[0].rsplit(" ", 1)[-1]
-    before = yaml.safe_load(SOURCE.read_text())["api_keys"]
+    made = []
+    for user in ("ops", "eve"):
+        done = fairq("k8s", "add-key", user, "--admin", "--dir", str(tmp_path))
+        assert done.returncode == 0, done.stderr
+        made.append(done.stdout.splitlines()[0].rsplit(" ", 1)[-1])
     after = yaml.safe_load((tmp_path / "fairq.yaml").read_text())["api_keys"]
-    assert after == [*before, {"sha256": hash_key(key), "user": "ops", "admin": True}]
+    assert after == [
+        {"sha256": hash_key(key), "user": user, "admin": True}
+        for key, user in zip(made, ("ops", "eve"), strict=True)
+    ]
     assert (tmp_path / "fairq.yaml").read_text().startswith(SOURCE.read_text())
 
 
@@ -107,12 +119,12 @@ def test_render_reports_unchanged_files_as_unchanged(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines and all(line.startswith("unchanged ") for line in lines), lines
-    assert "public demo keys" in done.stderr  # the shipped keys are the demo's
+    assert "lists no api_keys" in done.stderr  # none ships
 
     source = yaml.safe_load((k8s_dir / "fairq.yaml").read_text())
     source["models"][1]["k8s"] |= {"max_replicas": 2, "drain_timeout_s": 300}
     (k8s_dir / "fairq.yaml").write_text(yaml.safe_dump(source, sort_keys=False))
-    stamp = (k8s_dir / "base" / "api-keys.yaml").stat().st_mtime_ns
+    stamp = (k8s_dir / "overlays/simulator/demo-secrets.yaml").stat().st_mtime_ns
     done = fairq("k8s", "render", "--dir", str(k8s_dir))
     lines = done.stdout.splitlines()
     wrote = sorted(line.split()[-1] for line in lines if line.startswith("wrote"))
@@ -124,14 +136,13 @@ def test_render_reports_unchanged_files_as_unchanged(tmp_path: Path) -> None:
             "engines/vllm/qwen2-5-coder-7b.yaml",
         )
     )
-    assert (k8s_dir / "base" / "api-keys.yaml").stat().st_mtime_ns == stamp
+    assert (k8s_dir / "overlays/simulator/demo-secrets.yaml").stat().st_mtime_ns == stamp
 
 
 def test_switching_the_engine_trigger_to_prometheus_removes_the_scaler_and_back(
     tmp_path: Path,
 ) -> None:
-    k8s_dir = tmp_path / "k8s"
-    shutil.copytree(K8S_DIR, k8s_dir)
+    k8s_dir = operator_checkout(tmp_path / "k8s")
     source = yaml.safe_load((k8s_dir / "fairq.yaml").read_text())
     source["k8s"]["engine_trigger"] = "prometheus"
     (k8s_dir / "fairq.yaml").write_text(yaml.safe_dump(source, sort_keys=False))

@@ -5,17 +5,25 @@ The manifest tests render every overlay with ``kubectl kustomize`` where kubectl
 installed and with this renderer elsewhere. It implements only what deploy/k8s uses,
 and fails loudly on anything else: ``resources`` (files and directories),
 ``components``, ``configMapGenerator`` (``files``, with Kustomize's content-hash name
-suffix and the rewriting of the references to it), ``namespace``, ``labels``
+suffix and the rewriting of the references to it), ``secretGenerator`` (``envs``, with
+``generatorOptions.disableNameSuffixHash``), ``namespace``, ``labels``
 (``includeSelectors: false``) and JSON 6902 ``patches`` with a ``target``. Where
 kubectl exists, a test proves the renderer gives the same objects.
+
+``operator_checkout`` copies deploy/k8s as an operator has it before an apply: the
+production overlays build only from the secrets an operator writes.
 """
 
 from __future__ import annotations
 
+import atexit
+import base64
+import functools
 import hashlib
 import json
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +35,10 @@ K8S_DIR = REPO / "deploy" / "k8s"
 OVERLAYS = sorted(p.name for p in (K8S_DIR / "overlays").iterdir() if p.is_dir())
 _KNOWN_FIELDS = {
     "apiVersion", "kind", "namespace", "labels", "resources", "components",
-    "configMapGenerator", "patches",
+    "configMapGenerator", "secretGenerator", "generatorOptions", "patches",
 }  # fmt: skip
 _CLUSTER_SCOPED = {"Namespace"}
+_BASE64_LINE = 70
 _GENERATED = "_fairq_test_generated"  # marks a generated ConfigMap until its name is final
 
 Obj = dict[str, Any]
@@ -70,8 +79,39 @@ def _build(path: Path) -> list[Obj]:
     for component in spec.get("components", []):
         objects = _apply_component(path / component, objects)
     objects += [_generate_config_map(path, gen) for gen in spec.get("configMapGenerator", [])]
+    objects += [_generate_secret(path, spec, gen) for gen in spec.get("secretGenerator", [])]
     _transform(path, spec, objects)
     return objects
+
+
+def _generate_secret(path: Path, spec: Obj, generator: Obj) -> Obj:
+    if set(generator) - {"name", "envs"} or not spec.get("generatorOptions", {}).get(
+        "disableNameSuffixHash"
+    ):
+        raise NotImplementedError(f"{path}: secretGenerator {generator} (envs, unhashed only)")
+    data = {}
+    for entry in generator["envs"]:
+        for line in (path / entry).read_text().splitlines():  # a missing file fails, as there
+            if line.strip() and not line.lstrip().startswith("#"):
+                key, _, value = line.partition("=")
+                data[key.strip()] = _kustomize_base64(value.strip())
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": generator["name"]},
+        "type": "Opaque",
+        "data": data,
+    }
+
+
+def _kustomize_base64(value: str) -> str:
+    """Base64 as kustomize writes it: lines of 70 characters, in a YAML block (which
+    ends with a newline) once there is more than one."""
+    encoded = base64.b64encode(value.encode()).decode()
+    if len(encoded) <= _BASE64_LINE:
+        return encoded
+    lines = [encoded[i : i + _BASE64_LINE] for i in range(0, len(encoded), _BASE64_LINE)]
+    return "\n".join(lines) + "\n"
 
 
 def _apply_component(path: Path, objects: list[Obj]) -> list[Obj]:
@@ -212,3 +252,44 @@ def by_identity(objects: list[Obj]) -> dict[tuple[str, str, str, str], Obj]:
         (o["apiVersion"], o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o
         for o in objects
     }
+
+
+# What an operator supplies before `kubectl apply -k overlays/production` (the secrets files
+# of each production overlay), and the key `fairq k8s add-key` would have made.
+OPERATOR_REDIS_PASSWORD = "3f1c0e9a7b5d4c2e8f6a1b3d5c7e9f0a"
+OPERATOR_ENGINE_KEY = "9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b"
+OPERATOR_KEY_ENTRY = {"sha256": "5" * 64, "user": "ops", "admin": True}
+_OPERATOR_FILES = {
+    "production": {
+        "redis.env": f"password={OPERATOR_REDIS_PASSWORD}\n"
+        f"url=redis://:{OPERATOR_REDIS_PASSWORD}@redis:6379/0\n",
+        "engine.env": f"api_key={OPERATOR_ENGINE_KEY}\n",
+    },
+    "external-redis": {
+        "redis.env": f"url=rediss://:{OPERATOR_REDIS_PASSWORD}@my-redis.example.internal:6380/0\n",
+        "engine.env": f"api_key={OPERATOR_ENGINE_KEY}\n",
+    },
+}
+
+
+def operator_checkout(target: Path) -> Path:
+    """deploy/k8s copied to ``target``, with an API key of the operator's in fairq.yaml
+    (rendered) and the secrets files of each production overlay; its deploy/k8s."""
+    from fairq import k8s, k8s_keys
+
+    shutil.copytree(K8S_DIR, target, ignore=shutil.ignore_patterns("*.env"))
+    for overlay, files in _OPERATOR_FILES.items():
+        for name, text in files.items():
+            (target / "overlays" / overlay / "secrets" / name).write_text(text)
+    k8s_keys.add_key(target / "fairq.yaml", OPERATOR_KEY_ENTRY)
+    k8s.write(target)
+    return target
+
+
+@functools.cache
+def operator_k8s_dir() -> Path:
+    """One ``operator_checkout`` for the session (removed at exit): what the manifest
+    tests render each overlay from."""
+    folder = Path(tempfile.mkdtemp(prefix="fairq-k8s-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return operator_checkout(folder / "k8s")

@@ -171,6 +171,27 @@ async def test_headers_given_go_out_with_the_clients_own() -> None:
 
 
 @on_both_loops
+async def test_the_engine_api_key_of_the_settings_goes_out_on_every_call() -> None:
+    from broker import Settings
+    from workers.engine import open_client
+
+    settings = Settings(engine_api_key="engine-secret")
+    script = [fixed("200 OK", b"{}")]
+    async with scripted_server(script) as server, open_client(settings) as client:
+        assert await post(client, server.url) == (200, b"{}")
+        assert await post(client, server.url) == (200, b"{}")
+    for request in server.requests:
+        lines = request.partition(b"\r\n\r\n")[0].split(b"\r\n")
+        assert lines.count(b"Authorization: Bearer engine-secret") == 1
+    assert "engine-secret" not in repr(settings)
+
+
+def test_a_header_with_a_line_break_is_refused_rather_than_split_into_two() -> None:
+    with pytest.raises(ValueError, match="line break"):
+        EngineClient(5.0, headers={"Authorization": "Bearer k\r\nX-Evil: 1"})
+
+
+@on_both_loops
 async def test_an_error_status_returns_its_body_and_never_calls_on_body() -> None:
     error = b'{"error":{"message":"overloaded"}}'
     server_script = [fixed("503 Service Unavailable", error)]
