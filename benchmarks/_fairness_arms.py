@@ -205,6 +205,7 @@ def model_config(
     ``batch_slots``: the engine's batch, which an arm that is ``told_batch`` configures as
     an operator who knows it would (the arm's own settings win)."""
     config: dict[str, Any] = {"name": model, "engine": "vllm", "endpoints": [engine_url]}
+    config["allow_fields"] = ["ignore_eos"]  # vLLM's, which the load sends (_fairness_load)
     if spec.told_batch and batch_slots is not None:
         config["batch_slots"] = batch_slots
     config.update(spec.model_overrides)

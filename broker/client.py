@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from broker.auth import KeyRing, Principal
 from broker.deadlines import max_queue_s as checked_max_queue_s
 from broker.deadlines import own_deadline_ms
+from broker.engine_fields import check_fields
 from broker.errors import JobFailed, UnknownModel
 from broker.idempotency import Idempotency, fingerprint
 from broker.jobs import JobRecord, JobState, RequestKind, Submission, new_job_id
@@ -84,6 +85,7 @@ class AsyncClient:
             )
         kind = RequestKind.CHAT if "messages" in body else RequestKind.COMPLETION
         body = check_body(kind, {"model": model, **body})
+        check_fields(kind, body, config)
         job_id = new_job_id(model)
         queued_in = request_band(self._principal, band, body.get("service_tier"), self._tiers)
         return await self._queue.submit(

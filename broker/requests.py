@@ -1,8 +1,9 @@
 """Validating OpenAI request bodies and turning them into the payload an engine gets.
 
-Only what fairq needs is checked (model, messages or prompt, stream, token
-limits); every other field passes through to the engine untouched, except fairq's own
-(``user``, ``priority``, ``service_tier``), which stay inside fairq. A body is parsed
+Only what fairq needs is checked here (model, messages or prompt, stream, token
+limits); which other fields a request may carry is its model's (``broker.engine_fields``),
+and those pass through to the engine untouched, except fairq's own (``user``,
+``priority``, ``service_tier``), which stay inside fairq. A body is parsed
 once, where it is read (``parse_json``), and refused there if it nests deeper than
 ``MAX_DEPTH``: fairq serialises it again for the engine, and a body that parses but
 cannot be serialised again would fail downstream, after it was accepted.
@@ -224,7 +225,9 @@ def resumable(payload: bytes) -> bool:
 # chunk, so that the worker can rebuild it (``workers.whole``): text and finish reasons,
 # and the sampling, length and format options that shape them. A request with any other
 # field (tools, log probabilities, echo, best_of, token ids, a field unknown here) goes to
-# the engine as its client sent it, not streamed.
+# the engine as its client sent it, not streamed. Which fields may reach the engine at all
+# is another question, the model's (broker.engine_fields): these only shape how an answer
+# travels, and most of them pass only where a model's allow_fields lists them.
 WHOLE_FIELDS = frozenset(
     {
         "model", "messages", "prompt", "user", "stream", "n", "request_id",

@@ -1,7 +1,8 @@
 """``POST /v1/chat/completions`` and ``POST /v1/completions``: queue, then answer.
 
 The request is checked in the order that costs least first: key, Idempotency-Key,
-``X-Fairq-Max-Queue-S``, body size, body, model entitlement, band (an ``X-Fairq-Band``
+``X-Fairq-Max-Queue-S``, body size, body, model entitlement, the body's fields (only those
+the model lets reach its engine: ``broker.engine_fields``), band (an ``X-Fairq-Band``
 header, else the body's ``service_tier``: ``broker.tiers``). The job id is generated
 before the payload (the engine payload embeds it), the result stream is followed before
 the job is queued, and then:
@@ -43,6 +44,7 @@ from starlette.responses import Response
 from broker import idempotency
 from broker.auth import Principal
 from broker.deadlines import max_queue_s, own_deadline_ms
+from broker.engine_fields import check_fields
 from broker.errors import InvalidRequest, UnknownModel
 from broker.jobs import RequestKind, Submission, new_job_id
 from broker.requests import engine_payload, estimate_cost, parse_body, stream_mode
@@ -158,6 +160,7 @@ def _submission(
     max_queue: float | None,
 ) -> Submission:
     model = _model(gateway, caller, body["model"])
+    check_fields(kind, body, model)
     job_id = new_job_id(model.name)
     band = request_band(caller, band_asked, body.get("service_tier"), gateway.tiers)
     return Submission(

@@ -1,8 +1,9 @@
 """The gateway's OpenAPI schema, served at ``/openapi.json``.
 
 The completion, batch and file routes read their bodies by hand (size-capped,
-validated, every other completion field passed on to the engine), so FastAPI
-cannot see them; this module adds what it cannot: the request bodies (for the
+validated, the other completion fields a model allows passed on to the engine:
+``broker.engine_fields``), so FastAPI cannot see them; this module adds what it
+cannot: the request bodies (for the
 completions generated from the very pydantic models that validate them, with
 ``model`` limited to the configured models; for batches and files from the
 limits their routes enforce; ``service_tier`` limited to the configured tiers); the

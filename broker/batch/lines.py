@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from broker.engine_fields import check_fields
 from broker.errors import InvalidRequest
 from broker.failure_text import client_message
 from broker.jobs import RequestKind
@@ -72,7 +73,8 @@ def _custom_id(line: object) -> str | None:
 def check_line(
     number: int, raw: bytes, endpoint: str, settings: Settings, models: tuple[str, ...] | None
 ) -> ValidLine | LineError:
-    """Check one input line against the batch's endpoint and the owner's entitlement."""
+    """Check one input line against the batch's endpoint, the owner's entitlement and the
+    fields its model lets reach the engine (``broker.engine_fields``)."""
     try:
         line = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -92,6 +94,21 @@ def check_line(
             "invalid_request",
             f"line {number}: a batch request cannot be streamed (stream: true)",
         )
+    model = _model(number, custom_id, body, kind=KINDS[endpoint], settings=settings, models=models)
+    return model if isinstance(model, LineError) else ValidLine(number, custom_id, model, body)
+
+
+def _model(
+    number: int,
+    custom_id: str,
+    body: dict[str, Any],
+    *,
+    kind: RequestKind,
+    settings: Settings,
+    models: tuple[str, ...] | None,
+) -> ModelConfig | LineError:
+    """The line's model, if the batch's owner may use it and it lets the line's fields
+    reach its engine."""
     model = settings.model(body["model"])
     if model is None or (models is not None and model.name not in models):
         return LineError(
@@ -101,7 +118,11 @@ def check_line(
             f"line {number}: the model `{body['model']}` does not exist "
             "or you do not have access to it",
         )
-    return ValidLine(number, custom_id, model, body)
+    try:
+        check_fields(kind, body, model)
+    except InvalidRequest as exc:
+        return LineError(number, custom_id, exc.code or "invalid_request", f"line {number}: {exc}")
+    return model
 
 
 def line_id(batch_id: str, number: int) -> str:

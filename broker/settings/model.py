@@ -74,6 +74,24 @@ class ModelConfig(EngineSettings):
         "text and off.",
     )
 
+    allow_fields: tuple[str, ...] = Field(
+        default=(),
+        description="Request fields, beyond OpenAI's chat and completions fields, that "
+        "this model's requests may carry to its engine, such as vLLM's top_k, min_p or "
+        "ignore_eos (the simulator's sim_fault in fairq's tests); a request with any other "
+        "field is refused with 400. Every client of the model may then ask the engine for "
+        "it: leave out what a client should not steer, such as vLLM's chat_template, "
+        "mm_processor_kwargs, logits_processors and kv_transfer_params.",
+    )
+
+    @field_validator("allow_fields")
+    @classmethod
+    def _field_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        for name in names:
+            if not name or name != name.strip():
+                raise ValueError(f"{name!r} is not a field name: a request field, as in the body")
+        return names
+
     @field_validator("resume_streams", mode="before")
     @classmethod
     def _resume_from_bool(cls, value: object) -> object:

@@ -15,6 +15,7 @@ from openai import OpenAI
 from fairq.localredis import LocalRedis
 from fairq.stack import DEMO_MODELS
 from tests.support.eventually import eventually
+from tests.support.settings import SIM_FAULTS
 from tests.support.stack import demo_stack
 
 pytestmark = pytest.mark.integration
@@ -24,7 +25,7 @@ MODEL = DEMO_MODELS[1]
 
 @pytest.fixture(scope="module")
 def client(redis_server: LocalRedis) -> Iterator[OpenAI]:
-    with demo_stack(redis_url=redis_server.url) as stack:
+    with demo_stack(redis_url=redis_server.url, per_model={MODEL: SIM_FAULTS}) as stack:
         yield OpenAI(base_url=f"{stack.gateway_url}/v1", api_key="fq-demo-alice", max_retries=0)
 
 
@@ -87,6 +88,17 @@ def test_invalid_lines_go_to_the_error_file_and_the_valid_ones_still_run(client:
     assert errors[4]["custom_id"] == "ghost-1" and errors[6]["custom_id"] == "ok-1"
     assert "line 1" in errors[6]["error"]["message"]  # type: ignore[index]
     assert all(r["response"] is None for r in errors.values())
+
+
+def test_a_line_with_a_field_its_model_does_not_allow_fails_alone(client: OpenAI) -> None:
+    templated = orjson.loads(line("templated"))
+    templated["body"]["chat_template"] = "{{ 7 * 7 }}"  # vLLM's, refused by default
+    batch = run(client, b"\n".join([line("ok"), orjson.dumps(templated)]))
+    assert batch.status == "completed" and batch.request_counts is not None
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (1, 1)
+    [error] = [r["error"] for r in records(client, batch.error_file_id)]
+    assert error["code"] == "field_not_allowed" and error["line"] == 2  # type: ignore[index]
+    assert "'chat_template'" in error["message"]  # type: ignore[index]
 
 
 def test_a_line_the_engine_answered_with_an_error_records_the_engines_status(

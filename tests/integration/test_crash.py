@@ -19,7 +19,15 @@ from redis.asyncio import Redis
 from broker import AsyncClient, ExecutionStore, JobFailed, JobState, ResultEvent, keys
 from fairq.localredis import free_port
 from tests.support.eventually import WAIT_S, aeventually
-from tests.support.settings import ADMIN, ALICE, ALICE_KEY, MODEL, make_config, make_settings
+from tests.support.settings import (
+    ADMIN,
+    ALICE,
+    ALICE_KEY,
+    MODEL,
+    SIM_FAULTS,
+    make_config,
+    make_settings,
+)
 from tests.support.stack import WorkerProcesses, components, metric, sim, state_is
 from tests.support.stack import gateway as gateway_server
 
@@ -36,7 +44,7 @@ def engine() -> Iterator[str]:
 
 @pytest.fixture
 async def client(redis_url: str, engine: str) -> AsyncIterator[AsyncClient]:
-    settings = make_settings(redis_url, [engine], quick=True)
+    settings = make_settings(redis_url, [engine], quick=True, model_fields=SIM_FAULTS)
     async with AsyncClient(settings, api_key=ALICE_KEY) as c:
         yield c
 

@@ -22,7 +22,7 @@ from prometheus_client import REGISTRY
 from broker import AsyncClient, JobFailed, JobState, ResultEvent
 from fairq.localredis import free_port
 from tests.support.eventually import WAIT_S
-from tests.support.settings import ALICE_KEY, MODEL, make_settings
+from tests.support.settings import ALICE_KEY, MODEL, SIM_FAULTS, make_settings
 from tests.support.stack import components, gateway, sim
 
 pytestmark = pytest.mark.integration
@@ -39,7 +39,9 @@ def engine() -> Iterator[str]:
 
 @contextlib.asynccontextmanager
 async def fairq(redis_url: str, endpoint: str, **overrides: Any) -> AsyncIterator[AsyncClient]:
-    settings = make_settings(redis_url, [endpoint], quick=True, **overrides)
+    settings = make_settings(
+        redis_url, [endpoint], quick=True, model_fields=SIM_FAULTS, **overrides
+    )
     async with components(settings), AsyncClient(settings, api_key=ALICE_KEY) as client:
         yield client
 

@@ -18,7 +18,7 @@ import pytest
 
 from fairq.localredis import LocalRedis
 from fairq.stack import DEMO_MODELS, Stack, demo_api_keys
-from tests.support.settings import api_key
+from tests.support.settings import SIM_FAULTS, api_key
 from tests.support.stack import demo_stack
 
 pytestmark = pytest.mark.integration
@@ -34,7 +34,9 @@ Call = Callable[..., Any]
 @pytest.fixture(scope="module")
 def stack(redis_server: LocalRedis) -> Iterator[Stack]:
     keys = [*demo_api_keys(), api_key(BATCH_ONLY_KEY, "carol", bands=["batch"])]
-    with demo_stack(redis_url=redis_server.url, overrides={"api_keys": keys}) as running:
+    with demo_stack(
+        redis_url=redis_server.url, overrides={"api_keys": keys}, per_model={MODEL: SIM_FAULTS}
+    ) as running:
         yield running
 
 

@@ -49,7 +49,7 @@ from tests.support import local_http
 from tests.support.eventually import WAIT_S, aeventually
 from tests.support.processes import ProcessGroups, kill_group
 from tests.support.servers import uvicorn_thread
-from tests.support.settings import ALICE, ALICE_KEY, BOB_KEY, MODEL, make_settings
+from tests.support.settings import ALICE, ALICE_KEY, BOB_KEY, MODEL, SIM_FAULTS, make_settings
 from tests.support.stack import FAST, components, gateway, sim, wait_healthy
 from workers.sim import create_app as create_sim
 
@@ -253,7 +253,7 @@ async def test_a_job_with_output_when_its_replica_went_is_not_run_again(
     # reason and its client keeps the two tokens it had, once.
     before = reroutes("rerouted")
     with sim() as first, sim() as second:
-        settings = settings_of(redis_url, [first, second])
+        settings = settings_of(redis_url, [first, second], model_fields=SIM_FAULTS)
         cut = {"sim_fault": {"kind": "cut", "after_tokens": 2}}
         answer, record = await served(redis_url, settings, **cut)
     error = orjson.loads(record[b"err"])

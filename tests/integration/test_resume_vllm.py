@@ -56,7 +56,8 @@ def test_an_answer_taken_back_mid_way_goes_on_token_for_token(
 ) -> None:
     config = demo_config([1, 2])
     config["models"] = [{"name": MODEL, "engine": "vllm", "endpoints": [vllm_url],
-                         "batch_slots": BATCH, "reserved_slots": 0}]  # fmt: skip
+                         "batch_slots": BATCH, "reserved_slots": 0,
+                         "allow_fields": ["ignore_eos"]}]  # fmt: skip
     with Stack(config, gateway_port=0, redis_url=redis_url, gateway=False) as stack:
         settings = make_settings(redis_url, **stack.config)
         with Client(settings, api_key="fq-demo-alice") as alice, \

@@ -38,6 +38,11 @@ QUICK: dict[str, Any] = {
 }
 
 
+# Model fields that let a test's requests ask the simulator for a fault (``sim_fault``:
+# workers/sim/_faults.py), a field fairq refuses by default (broker.engine_fields).
+SIM_FAULTS: dict[str, Any] = {"allow_fields": ["sim_fault"]}
+
+
 def api_key(key: str, user: str, **fields: Any) -> dict[str, Any]:
     """One ``api_keys`` entry: ``key`` as configured, that is as its SHA-256."""
     return {"sha256": hash_key(key), "user": user, **fields}
