@@ -56,6 +56,7 @@ from broker.settings import (
     nameserver_address,
 )
 from broker.status import (
+    DISPATCH_RATE_WINDOW_S,
     BandQueue,
     Latency,
     ModelQueues,
@@ -69,6 +70,7 @@ from broker.status import (
 from broker.tiers import ServiceTiers
 
 __all__ = [
+    "DISPATCH_RATE_WINDOW_S",
     "ApiKeyConfig",
     "AsyncClient",
     "BandBacklog",

@@ -26,6 +26,8 @@ data they read (a job id popped from a queue).
     fq:{m}:bell:{reader}     stream   wakes a result reader's XREAD (one server: fq:bell:{reader})
     fq:{m}:owner             string   the dispatcher that owns the model (a lease, PX)
     fq:dispatchers           zset     live dispatchers, score = when their heartbeat lapses (ms)
+    fq:local-stack           string   in the private Redis of a ``fairq up``: that stack's pid,
+                                      gateway and configuration (JSON; ``fairq.stack_redis``)
     fq:{m}:wake              channel  "something changed": new job, freed capacity
     fq:{m}:qf:{band}:{user}  list     jobs taken back out of the engine (park.lua), served
                                       before the user's queue
@@ -89,6 +91,7 @@ READY_GROUP = "workers"
 
 
 DISPATCHERS = "fq:dispatchers"  # not per model: read and written one command at a time
+LOCAL_STACK = "fq:local-stack"  # written by the stack that started this Redis, read by others
 
 
 def _tag(model: str) -> str:

@@ -23,6 +23,7 @@ chart the last minutes, and a queued job's wait estimate reads the time in the e
 from __future__ import annotations
 
 import heapq
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -36,6 +37,9 @@ from broker.redis import replies
 from broker.settings import ModelConfig, Settings
 
 SCAN_USERS = 200  # per band: the users whose queue lengths are read to find the top ones
+# The dispatcher's rate is over this window; dispatch.lua stores it (meta 'rate') with when
+# ('rate_ms') at each dispatch, so once dispatching stops it is older by as much.
+DISPATCH_RATE_WINDOW_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -84,11 +88,11 @@ async def read_queues(redis: Redis, model: str, bands: Sequence[str], top: int) 
         pipe.hgetall(keys.inflight(model))
         pipe.hgetall(keys.unstarted(model))
         pipe.hgetall(keys.user_counts(model))
-        pipe.hget(keys.meta(model), "rate")
+        pipe.hmget(keys.meta(model), ["rate", "rate_ms"])
         for band in bands:
             pipe.zcard(keys.backlog(model, band))
             pipe.zrange(keys.backlog(model, band), 0, SCAN_USERS - 1)
-        queued, inflight, unstarted, users, rate, *per_band = await pipe.execute()
+        queued, inflight, unstarted, users, (rate, rate_ms), *per_band = await pipe.execute()
     cards, ranges = per_band[0::2], [[u.decode() for u in r] for r in per_band[1::2]]
     lengths = await _queue_lengths(redis, model, bands, ranges) if top else [{} for _ in bands]
     counts = _decoded(queued)
@@ -101,8 +105,22 @@ async def read_queues(redis: Redis, model: str, bands: Sequence[str], top: int) 
         inflight=_decoded(inflight),
         unstarted=_decoded(unstarted),
         in_engine=_top(_decoded(users), top),
-        dispatch_rate=float(rate) if rate else None,
+        # This host's clock against Redis's (the script's TIME): seconds matter here, not ms.
+        dispatch_rate=recent_rate(rate, rate_ms, int(time.time() * 1000)),
     )
+
+
+def recent_rate(rate: bytes | None, rate_ms: bytes | None, now_ms: int) -> float | None:
+    """The dispatch rate over the window that ends now, from the one stored at the last
+    dispatch: the jobs of its window that are still in the one ending now (taken as spread
+    evenly), none once a whole window passed without a dispatch; None if never measured."""
+    if not rate:
+        return None
+    if not rate_ms:
+        return float(rate)
+    age_s = max(0.0, (now_ms - int(rate_ms)) / 1000)
+    left = max(0.0, 1.0 - age_s / DISPATCH_RATE_WINDOW_S)
+    return round(float(rate) * left, 3)
 
 
 async def _queue_lengths(

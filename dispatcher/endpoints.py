@@ -19,7 +19,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
-from broker import ModelSnapshot
+from broker import DISPATCH_RATE_WINDOW_S, ModelSnapshot
 from dispatcher.admission import EndpointState
 from dispatcher.pacing import RefillPace, UnpacedRefills, starting_refills
 from dispatcher.scraper import EndpointView
@@ -38,7 +38,7 @@ class RateMeter:
     each time cost the dispatcher O(rounds in the window) per round (py-spy, 10,000 users).
     """
 
-    def __init__(self, window_s: float = 30.0) -> None:
+    def __init__(self, window_s: float = DISPATCH_RATE_WINDOW_S) -> None:
         self._window_s = window_s
         self._events: deque[tuple[float, int]] = deque()
         self._total = 0  # the sum of the counts in _events

@@ -89,10 +89,17 @@ def batch(ctx: click.Context, api_url: str, api_key: str | None) -> None:
     ctx.obj = {"api_url": api_url, "api_key": api_key}
 
 
-def _normalise(line: bytes, number: int, model: str | None, endpoint: str) -> bytes:
-    item = orjson.loads(line)
+_BAD_LINES_SHOWN = 5  # lines named one by one; the rest counted
+
+
+def _normalise(line: bytes, number: int, model: str | None, endpoint: str) -> bytes | str:
+    """The line in batch form, or why it cannot be put in it (it is then sent as it is)."""
+    try:
+        item = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        return f"is not valid JSON ({exc})"
     if not isinstance(item, dict):
-        raise click.ClickException(f"line {number} is not a JSON object")
+        return "is not a JSON object"
     if "body" not in item:
         item = {"custom_id": f"line-{number}", "method": "POST", "url": endpoint, "body": item}
     if model and isinstance(item["body"], dict):
@@ -100,17 +107,30 @@ def _normalise(line: bytes, number: int, model: str | None, endpoint: str) -> by
     return orjson.dumps(item) + b"\n"
 
 
-def _prepared(path: Path, model: str | None, endpoint: str) -> Path:
-    """A copy of the file with every line in batch form (line by line, never whole)."""
+def _prepared(path: Path, model: str | None, endpoint: str) -> tuple[Path, list[str]]:
+    """A copy of the file with every line in batch form (line by line, never whole), and
+    what is wrong with each line that is not: such a line is sent as it is, and the batch
+    records it as a failed line with that reason (its error file), as the server does for
+    any file; one bad line does not keep the others from running."""
     out = tempfile.NamedTemporaryFile("wb", suffix=".jsonl", delete=False)  # noqa: SIM115
+    bad: list[str] = []
     with path.open("rb") as src, out:
         for number, line in enumerate(src, start=1):
-            if line.strip():
-                try:
-                    out.write(_normalise(line, number, model, endpoint))
-                except orjson.JSONDecodeError as exc:
-                    raise click.ClickException(f"line {number} is not valid JSON: {exc}") from exc
-    return Path(out.name)
+            if not line.strip():
+                continue
+            normal = _normalise(line, number, model, endpoint)
+            if isinstance(normal, str):
+                bad.append(f"line {number} {normal}")
+                normal = line if line.endswith(b"\n") else line + b"\n"
+            out.write(normal)
+    return Path(out.name), bad
+
+
+def _warn(bad: list[str]) -> None:
+    for problem in bad[:_BAD_LINES_SHOWN]:
+        click.echo(f"fairq batch: {problem}: sent as it is, a failed line of the batch", err=True)
+    if len(bad) > _BAD_LINES_SHOWN:
+        click.echo(f"fairq batch: and {len(bad) - _BAD_LINES_SHOWN} more such lines", err=True)
 
 
 def _upload(client: httpx.Client, path: Path, name: str) -> str:
@@ -137,8 +157,10 @@ def _upload(client: httpx.Client, path: Path, name: str) -> str:
 @_gateway_options
 @click.pass_context
 def submit(ctx: click.Context, file: Path, model: str | None, endpoint: str, wait: bool) -> None:
-    """Upload FILE and start a batch over it; prints the batch id."""
-    prepared = _prepared(file, model, endpoint)
+    """Upload FILE and start a batch over it; prints the batch id. A line that is not a
+    JSON object is sent as it is (and named): the batch records it as a failed line."""
+    prepared, bad = _prepared(file, model, endpoint)
+    _warn(bad)
     try:
         with _client(ctx) as client:
             file_id = _upload(client, prepared, file.name)

@@ -188,7 +188,7 @@ for _command in (status, top, jobs, job):
 
 @main.group(epilog=runtime.environment())
 def demo() -> None:
-    """Demos against a running `fairq up` (they need the openai client: `make install`)."""
+    """Demos against a running `fairq up` (`make run`: nothing more to install)."""
 
 
 @demo.command(epilog=runtime.environment())
@@ -203,16 +203,9 @@ def newcomer(
 ) -> None:
     """alice floods the model with long answers, then bob sends one request: prints his
     time to first token and the estimated_wait_s his job showed while he waited."""
-    try:
-        from fairq.demo import Flood
-        from fairq.demo import newcomer as run_demo
-    except ImportError as exc:  # openai is a test extra, not a runtime dependency
-        click.echo(
-            f"fairq demo: {exc}: the demo needs the openai client, which `make run` does not "
-            "install: `make install`, or `.venv/bin/pip install openai`",
-            err=True,
-        )
-        sys.exit(2)
+    from fairq.demo import Flood
+    from fairq.demo import newcomer as run_demo
+
     flood = Flood(model=model, requests=requests, max_tokens=max_tokens)
     try:
         asyncio.run(run_demo(url.rstrip("/"), alice_key, bob_key, flood, say=click.echo))

@@ -66,6 +66,9 @@ def check_file(path: Path) -> tuple[Settings | None, list[Problem]]:
         text = path.read_text()
     except OSError as exc:
         return None, [Problem(f"cannot read the file ({exc.strerror or exc})")]
+    except UnicodeDecodeError as exc:
+        at = exc.object[: exc.start].count(b"\n") + 1
+        return None, [Problem(f"not UTF-8 text (byte {exc.object[exc.start]:#04x})", line=at)]
     try:
         root = yaml.compose(text)
         data = yaml.safe_load(text)
@@ -76,7 +79,9 @@ def check_file(path: Path) -> tuple[Settings | None, list[Problem]]:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        return None, [Problem("must be a mapping of settings (name: value): fairq.example.yaml")]
+        first = root.start_mark.line + 1 if root is not None else 1
+        message = "must be a mapping of settings (name: value): fairq.example.yaml"
+        return None, [Problem(message, line=first)]
     try:
         return _FileOnly(**data), []
     except ValidationError as exc:

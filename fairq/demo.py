@@ -7,11 +7,11 @@ first token and the ``estimated_wait_s`` his job showed while he waited (``GET
 /v1/jobs/{id}`` with his key, polled until his first token), then cancels alice's
 requests (``DELETE /v1/jobs/{id}``) so the engine is free again.
 
-It talks to the gateway as a user would: the official ``openai`` client for the
-completions (the job id comes in the ``X-Fairq-Job-Id`` header, read through
-``with_streaming_response``; ``X-Fairq-Stream-Headers: early`` has it sent while the
-job is queued, not with the first token), plain HTTP for the job routes, which
-OpenAI's API lacks.
+It talks to the gateway as any OpenAI-compatible client would, over plain HTTP (httpx,
+which fairq needs anyway: the demo runs right after ``make run``, without the ``openai``
+package): streamed chat completions read as server-sent events, the job id from the
+``X-Fairq-Job-Id`` header (``X-Fairq-Stream-Headers: early`` has it sent while the job
+is queued, not with the first token), and the job routes, which OpenAI's API lacks.
 alice's streams are read as bytes, unparsed: the demo shares the machine with the stack,
 and parsing her 150,000 chunks would take CPU from the engine bob is measured on.
 """
@@ -20,21 +20,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import openai
-from openai.types.chat import ChatCompletionUserMessageParam
 
 JOB_HEADER = "X-Fairq-Job-Id"
 _EARLY = {"X-Fairq-Stream-Headers": "early"}  # the job id before the first token
 _POLL_S = 0.01  # bob's job is read this often while he waits
 _SETTLED_S = 0.5  # alice's batch is full once none of her requests started for this long
 _FILL_TIMEOUT_S = 60.0
-_PROMPT = [ChatCompletionUserMessageParam(role="user", content="Tell me about queues.")]
+_PROMPT = [{"role": "user", "content": "Tell me about queues."}]
+# An answer of 1,500 tokens streams for minutes; the openai client's own bounds.
+_STREAM_TIMEOUT = httpx.Timeout(600.0, connect=5.0)
 
 
 @dataclass(frozen=True)
@@ -120,23 +121,49 @@ async def newcomer(
     return run
 
 
-def _client(base_url: str, key: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=key, max_retries=0)
+def _client(base_url: str, key: str) -> httpx.AsyncClient:
+    """One user's client of the completions: each of alice's requests its own connection
+    (httpx's default pool of 100 would queue her 101st in the demo, not in fairq)."""
+    return httpx.AsyncClient(
+        base_url=f"{base_url}/v1",
+        headers={**_auth(key), **_EARLY},
+        timeout=_STREAM_TIMEOUT,
+        limits=httpx.Limits(max_connections=None),
+    )
+
+
+@contextlib.asynccontextmanager
+async def _stream(
+    client: httpx.AsyncClient, model: str, max_tokens: int
+) -> AsyncIterator[httpx.Response]:
+    """A streamed chat completion's response, once its headers came with a 200 (else
+    ``httpx.HTTPStatusError`` with the gateway's own message)."""
+    body = {"model": model, "messages": _PROMPT, "stream": True, "max_tokens": max_tokens}
+    async with client.stream("POST", "/chat/completions", json=body) as response:
+        if response.status_code != httpx.codes.OK:
+            await response.aread()
+            message = _error_message(response.text) or response.reason_phrase
+            raise httpx.HTTPStatusError(
+                f"{response.status_code} {message}", request=response.request, response=response
+            )
+        yield response
+
+
+def _error_message(text: str) -> str | None:
+    """The message of an OpenAI error object, if ``text`` is one."""
+    try:
+        return str(json.loads(text)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 async def _alice_request(
-    client: openai.AsyncOpenAI, flood: Flood, jobs: list[str], started: list[float]
+    client: httpx.AsyncClient, flood: Flood, jobs: list[str], started: list[float]
 ) -> None:
-    async with client.chat.completions.with_streaming_response.create(
-        model=flood.model,
-        messages=_PROMPT,
-        stream=True,
-        max_tokens=flood.max_tokens,
-        extra_headers=_EARLY,
-    ) as response:
+    async with _stream(client, flood.model, flood.max_tokens) as response:
         jobs.append(response.headers[JOB_HEADER])
         first = True
-        async for piece in response.iter_bytes():
+        async for piece in response.aiter_bytes():
             if first and b"data:" in piece:  # the first event comes with the first token
                 started.append(time.monotonic())  # (a heartbeat is a comment line)
                 first = False
@@ -154,7 +181,7 @@ async def _until_full(run: NewcomerRun, requests: int, started: list[float]) -> 
 
 
 async def _bob(
-    client: openai.AsyncOpenAI,
+    client: httpx.AsyncClient,
     http: httpx.AsyncClient,
     request: tuple[str, str, int],  # bob's key, the model, max_tokens
     run: NewcomerRun,
@@ -163,14 +190,12 @@ async def _bob(
     key, model, max_tokens = request
     say("bob: sends one streamed request")
     sent = time.monotonic()
-    async with client.chat.completions.with_streaming_response.create(
-        model=model, messages=_PROMPT, stream=True, max_tokens=max_tokens, extra_headers=_EARLY
-    ) as response:
+    async with _stream(client, model, max_tokens) as response:
         run.bob_job = response.headers[JOB_HEADER]
         watcher = asyncio.create_task(_watch(http, key, run.bob_job, sent, run.bob_seen))
         try:
-            async for chunk in await response.parse():  # to its end: his job completes
-                if run.bob_ttft_s is None and chunk.choices and chunk.choices[0].delta.content:
+            async for content in _contents(response):  # to its end: his job completes
+                if run.bob_ttft_s is None and content:
                     run.bob_ttft_s = time.monotonic() - sent
                     watcher.cancel()  # he waits no more
         finally:
@@ -181,6 +206,19 @@ async def _bob(
     ttft = "none" if run.bob_ttft_s is None else f"{run.bob_ttft_s:.3f} s"
     say(f"bob: first token after {ttft}")
     say(f"bob: estimated_wait_s while he waited: {_waits(run)}")
+
+
+async def _contents(response: httpx.Response) -> AsyncIterator[str]:
+    """The text of each chunk of a streamed chat completion, as its events come (an
+    error event raises, as the openai client's stream does)."""
+    async for line in response.aiter_lines():
+        if not line.startswith("data:") or line == "data: [DONE]":
+            continue  # a heartbeat (a comment line), a blank line, the end
+        chunk = json.loads(line.removeprefix("data:"))
+        if "error" in chunk:
+            raise RuntimeError(f"the stream ended with an error: {chunk['error'].get('message')}")
+        for choice in chunk.get("choices") or ():
+            yield (choice.get("delta") or {}).get("content") or ""
 
 
 async def _watch(

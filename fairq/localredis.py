@@ -169,7 +169,7 @@ class LocalRedis:
         assert self._dir is not None, "the server has no data directory yet"
         return Path(self._dir.name) / "redis.log"
 
-    def _last_words(self) -> str:
+    def last_words(self) -> str:
         """The server's last two log lines, as one line without their pid and time."""
         try:
             lines = self.log_path.read_text(errors="replace").splitlines()
@@ -230,7 +230,7 @@ class LocalRedis:
         try:
             while time.monotonic() < deadline:
                 if self.process is not None and self.process.poll() is not None:
-                    raise RedisServerError(f"redis server exited at start: {self._last_words()}")
+                    raise RedisServerError(f"redis server exited at start: {self.last_words()}")
                 try:
                     # Another server on the port would answer too: ours is the one whose
                     # pid it says (it exits soon, the port being taken).

@@ -7,7 +7,9 @@ PR_SET_PDEATHSIG), and ``stop`` ends them all, so nothing is left behind. The ke
 sends that signal when the *thread* that started the child ends, so every child is
 started by one thread the stack owns until ``stop`` (``fairq.children``): a child
 restarted from a short-lived thread (a test's ``asyncio.to_thread``) would otherwise be
-stopped with it. The private Redis is started by that thread too, and dies with the stack.
+stopped with it. The private Redis is started by that thread too, and dies with the stack;
+it carries the stack's claim (``fairq.stack_redis``), so that no other ``fairq up`` joins
+it, and ``restart_redis`` brings it back over its files if it dies first.
 Tests and benchmarks use the same class; a stack of simulators alone (no
 dispatcher, worker or gateway, as in a benchmark's direct arm) starts no Redis.
 
@@ -38,6 +40,7 @@ from broker import hash_key
 from fairq.answering import wait_answering
 from fairq.children import start_child
 from fairq.localredis import LocalRedis, free_port
+from fairq.stack_redis import StackOwner, claim
 
 DEMO_MODELS = ("demo-chat", "demo-code")
 DEMO_BATCH_SLOTS = 32  # max_num_seqs of the simulator's default profile (fairq learns it)
@@ -125,17 +128,7 @@ class Stack:
         return Path(self._dir.name) / "fairq.yaml"
 
     def _start(self, timeout_s: float) -> None:
-        if self.redis_url is None and self.runs_fairq:
-            redis = self._redis = LocalRedis(die_with_parent=True)
-            self._spawner_thread().submit(redis.start).result()
-            self.redis_url = redis.url
-            self._event("redis", f"ready at {self.redis_url} (private: gone at exit)")
-        self._dir = tempfile.TemporaryDirectory(prefix="fairq-up-")
-        if self.config_file is None:
-            self.config_path.write_text(yaml.safe_dump(self.config))
-        self.env = {**os.environ, **self.env, "FAIRQ_CONFIG": str(self.config_path)}
-        if self.redis_url is not None:
-            self.env["FAIRQ_REDIS_URL"] = self.redis_url
+        self._prepare()
         for port, model in self.sims.items():
             self._spawn(f"sim-{model}", self._sim_args(port, model))
         for port, model in self.sims.items():
@@ -152,6 +145,48 @@ class Stack:
             self._spawn("api", ["api", "--host", "127.0.0.1", "--port", str(self.gateway_port)])
             self._wait_http(f"{self.gateway_url}/readyz", timeout_s)
             self._event("api", f"ready at {self.gateway_url}")
+
+    def _prepare(self) -> None:
+        """The private Redis (claimed as this stack's once the configuration is written)
+        and what every child's environment names."""
+        if self.redis_url is None and self.runs_fairq:
+            redis = self._redis = LocalRedis(die_with_parent=True)
+            self._spawner_thread().submit(redis.start).result()
+            self.redis_url = redis.url
+            self._event("redis", f"ready at {self.redis_url} (private: gone at exit)")
+        self._dir = tempfile.TemporaryDirectory(prefix="fairq-up-")
+        if self.config_file is None:
+            self.config_path.write_text(yaml.safe_dump(self.config))
+        if self._redis is not None:
+            self._claim_redis()
+        self.env = {**os.environ, **self.env, "FAIRQ_CONFIG": str(self.config_path)}
+        if self.redis_url is not None:
+            self.env["FAIRQ_REDIS_URL"] = self.redis_url
+
+    def _claim_redis(self) -> None:
+        assert self.redis_url is not None
+        owner = StackOwner(os.getpid(), self.gateway_url, str(self.config_path))
+        claim(self.redis_url, owner)
+
+    def redis_exit_code(self) -> int | None:
+        """The private Redis's exit status once it has exited on its own; None while it
+        runs, and for a stack without one."""
+        process = None if self._redis is None else self._redis.process
+        return None if process is None else process.poll()
+
+    def redis_last_words(self) -> str:
+        """The private Redis's last two log lines, as one line."""
+        return "no private Redis" if self._redis is None else self._redis.last_words()
+
+    def restart_redis(self, timeout_s: float = 10.0) -> None:
+        """Start the private Redis again on its port over its files (what it had fsynced,
+        as a pod restart would), from the thread that starts every child, so that it dies
+        with the stack again; raises ``RedisServerError`` if it does not come back."""
+        assert self._redis is not None, "the stack has no private Redis"
+        redis = self._redis
+        redis.halt()
+        self._spawner_thread().submit(redis.start, timeout_s).result()
+        self._claim_redis()
 
     def _event(self, name: str, what: str) -> None:
         if self.on_event is not None:

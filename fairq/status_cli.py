@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 import click
 import orjson
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
+from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
@@ -78,45 +80,70 @@ def _health(ep: dict[str, Any]) -> Text:
     return Text("stale", style="yellow") if ep.get("fresh") is False else Text("ok", style="green")
 
 
-def _endpoints(model: dict[str, Any]) -> Table:
-    bands = [b["band"] for b in model["bands"]]
-    table = Table(title="endpoints", title_justify="left", expand=True)
-    columns = ("endpoint", "health", "waiting", "running", "batch", "KV", "TPOT ms", "in flight")
-    for name in columns:
-        table.add_column(name, justify="left" if name in ("endpoint", "health") else "right")
-    table.add_column("admission: room per band (limit)")
-    notes = []
-    for ep in model["endpoints"]:
-        kv = ep.get("kv_usage")
-        table.add_row(
-            ep["url"],
-            _health(ep),
-            _num(ep.get("waiting")),
-            _num(ep.get("running")),
-            _num(ep.get("batch_slots")),
-            "-" if kv is None else f"{kv * 100:.0f}%",
-            _num(ep.get("tpot_ms"), 1),
-            _num(ep.get("inflight")),
-            _admission(ep.get("admission") or {}, bands),
-        )
-        if ep.get("batch_slots_disagree"):
-            notes.append(
-                f"{ep['url']}: batch_slots {ep['batch_slots']}, but {ep['batch_slots_disagree']}"
-            )
+_SLIM: dict[str, Any] = {"box": box.SIMPLE_HEAD, "show_edge": False, "collapse_padding": True}
+_ENDPOINT_COLUMNS = ("health", "waiting", "running", "batch", "KV", "TPOT\nms", "in\nflight")
+
+
+def _url_table(
+    title: str, urls: list[str], columns: dict[str, list[str | Text]], width: int
+) -> Table:
+    """A table of one row per endpoint, its URL first and then ``columns`` (header -> the
+    column's cells, right-aligned but the health). The URL column takes what the others
+    leave of ``width`` (their widest cell or header line, and the two characters each
+    column is apart in ``_SLIM``): all of it for a local stack's URL at 80 columns, and
+    a longer URL is folded over lines, every character kept; none is ever cut."""
+    beside = sum(
+        max(len(str(text)) for text in [*header.splitlines(), *cells]) + 2
+        for header, cells in columns.items()
+    )
+    longest = max((len(u) for u in urls), default=len("endpoint"))
+    table = Table(title=title, title_justify="left", expand=True, **_SLIM)
+    table.add_column("endpoint", overflow="fold", width=max(16, min(longest, width - beside - 2)))
+    for header in columns:
+        table.add_column(header, justify="left" if header == "health" else "right")
+    for row, url in enumerate(urls):
+        table.add_row(url, *(cells[row] for cells in columns.values()))
+    return table
+
+
+def _endpoints(model: dict[str, Any], width: int) -> Table:
+    rows = [_endpoint_cells(ep) for ep in model["endpoints"]]
+    columns = {header: [row[i] for row in rows] for i, header in enumerate(_ENDPOINT_COLUMNS)}
+    table = _url_table("endpoints", [ep["url"] for ep in model["endpoints"]], columns, width)
+    notes = [
+        f"{ep['url']}: batch_slots {ep['batch_slots']}, but {ep['batch_slots_disagree']}"
+        for ep in model["endpoints"]
+        if ep.get("batch_slots_disagree")
+    ]
     if notes:
         table.caption = "\n".join(notes)
         table.caption_justify = "left"
     return table
 
 
-def _admission(admission: dict[str, Any], bands: list[str]) -> str:
-    """``interactive=3 default=3 batch=1 (queue_target)``; a limit per band where they differ."""
-    shown = [b for b in bands if b in admission]
-    limits = {admission[b]["limit"] for b in shown}
-    if len(limits) == 1:
-        rooms = " ".join(f"{b}={admission[b]['room']}" for b in shown)
-        return f"{rooms} ({limits.pop()})"
-    return " ".join(f"{b}={admission[b]['room']} ({admission[b]['limit']})" for b in shown) or "-"
+def _endpoint_cells(ep: dict[str, Any]) -> list[str | Text]:
+    kv = ep.get("kv_usage")
+    return [
+        _health(ep),
+        _num(ep.get("waiting")),
+        _num(ep.get("running")),
+        _num(ep.get("batch_slots")),
+        "-" if kv is None else f"{kv * 100:.0f}%",
+        _num(ep.get("tpot_ms"), 1),
+        _num(ep.get("inflight")),
+    ]
+
+
+def _admission(model: dict[str, Any], width: int) -> Table:
+    """Per endpoint and band: the room admission gives it now, and its limit."""
+    bands = [b["band"] for b in model["bands"]]
+    admissions = [ep.get("admission") or {} for ep in model["endpoints"]]
+    columns: dict[str, list[str | Text]] = {
+        band: [f"{a[band]['room']} ({a[band]['limit']})" if band in a else "-" for a in admissions]
+        for band in bands
+    }
+    urls = [ep["url"] for ep in model["endpoints"]]
+    return _url_table("admission: room per band (limit)", urls, columns, width)
 
 
 def _console() -> Console:
@@ -126,7 +153,7 @@ def _console() -> Console:
 
 
 def _bands(model: dict[str, Any]) -> Table:
-    table = Table(title="queues", title_justify="left", expand=True)
+    table = Table(title="queues", title_justify="left", expand=True, **_SLIM)
     table.add_column("band")
     table.add_column("queued", justify="right")
     table.add_column("users", justify="right")
@@ -137,7 +164,7 @@ def _bands(model: dict[str, Any]) -> Table:
     return table
 
 
-def _model_view(model: dict[str, Any]) -> RenderableType:
+def _model_view(model: dict[str, Any], width: int) -> RenderableType:
     source = (
         f"dispatcher {model['dispatcher']}"
         if model["source"] == "dispatcher"
@@ -152,7 +179,11 @@ def _model_view(model: dict[str, Any]) -> RenderableType:
         _newcomers(model.get("newcomer_ttft_ms")),
     )
     return Group(
-        head, _endpoints(model), _bands(model), Text(f"in the engines: {in_engine or '-'}")
+        head,
+        _endpoints(model, width),
+        _admission(model, width),
+        _bands(model),
+        Text(f"in the engines: {in_engine or '-'}"),
     )
 
 
@@ -166,12 +197,13 @@ def _newcomers(ttft: dict[str, Any] | None) -> str:
     )
 
 
-def render_status(status: dict[str, Any]) -> RenderableType:
-    """The text view of a ``/admin/status`` body: one block per model."""
+def render_status(status: dict[str, Any], width: int = 80) -> RenderableType:
+    """The text view of a ``/admin/status`` body for a console ``width`` wide: one block
+    per model."""
     when = time.strftime("%H:%M:%S", time.localtime(status["at_ms"] / 1000))
     parts: list[RenderableType] = [Text(f"fairq status at {when}", style="dim")]
     for model in status["models"]:
-        parts += [Text(""), _model_view(model)]
+        parts += [Text(""), _model_view(model, width)]
     return Group(*parts)
 
 
@@ -187,7 +219,8 @@ def status(as_json: bool) -> None:
     if as_json:
         click.echo(_dumps(body))
     else:
-        _console().print(render_status(body))
+        console = _console()
+        console.print(render_status(body, console.width))
 
 
 @click.command(epilog=_ENV)
@@ -197,13 +230,42 @@ def top(interval: float) -> None:
     settings = stack_settings_or_exit("top")
 
     async def watch(redis: Redis) -> None:
+        view = _TopView()
         with Live(Text("loading…"), auto_refresh=False, screen=False) as live:
             while True:
-                live.update(render_status(await _status(redis, settings)), refresh=True)
+                await view.read(redis, settings)
+                live.update(view.render(live.console.width, interval), refresh=True)
                 await asyncio.sleep(interval)
 
     with contextlib.suppress(KeyboardInterrupt):
         _run(settings, watch)
+
+
+class _TopView:
+    """What ``fairq top`` shows: the last status read, and, while Redis does not answer,
+    since when and why above it (the stack's Redis restarting, or gone: ``top`` goes on
+    asking, and shows the stack again once it answers)."""
+
+    def __init__(self) -> None:
+        self.status: dict[str, Any] | None = None
+        self.lost: tuple[float, str] | None = None  # since (epoch s), the error's line
+
+    async def read(self, redis: Redis, settings: Settings) -> None:
+        try:
+            self.status, self.lost = await _status(redis, settings), None
+        except (RedisError, FairqError, OSError) as exc:
+            since = self.lost[0] if self.lost else time.time()
+            self.lost = (since, f"{type(exc).__name__}: {exc}")
+
+    def render(self, width: int, interval: float) -> RenderableType:
+        parts: list[RenderableType] = []
+        if self.lost is not None:
+            since = time.strftime("%H:%M:%S", time.localtime(self.lost[0]))
+            line = f"Redis does not answer since {since} ({self.lost[1]}); asking again every "
+            parts.append(Text(f"{line}{interval:g} s", style="bold red"))
+        if self.status is not None:
+            parts.append(render_status(self.status, width))
+        return Group(*parts)
 
 
 async def _scan_jobs(redis: Redis, model: str, scan: int) -> list[JobRecord]:

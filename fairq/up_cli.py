@@ -4,6 +4,8 @@ or the user's engine (``fairq.upconfig``), with a console that keeps its banner 
 
 from __future__ import annotations
 
+import math
+import os
 import shlex
 import shutil
 import signal
@@ -16,9 +18,10 @@ import click
 from click.core import ParameterSource
 
 from fairq.console import Console, watch_enter
-from fairq.localredis import claim_port
+from fairq.localredis import RedisServerError, claim_port
 from fairq.runtime import environment
 from fairq.stack import Stack
+from fairq.stack_redis import owner_of
 from fairq.upconfig import ENGINES, Plan, PlanError, demo_plan, engine_plan, file_plan
 
 _HELP = """Run the whole stack locally: Redis, the engines, a dispatcher, workers, a batch
@@ -34,7 +37,12 @@ What it serves:
                         its /metrics scraped when it has vLLM's or TGI's
 
 It prints the export lines that let `fairq status`, `top` and `jobs` see this stack.
+Its private Redis is its own: another `fairq up` given its URL (a shell holding those
+export lines) refuses to start. If that Redis dies, it is started again over its files;
+if it dies again within a minute, or any component exits, the stack stops (exit 1).
 """
+_WATCH_S = 0.5  # how often the children and the private Redis are looked at
+REDIS_RESTART_WINDOW_S = 60.0  # the private Redis exiting again this soon ends the stack
 _ENV = environment(
     ("FAIRQ_CONFIG", "as --config [none: the demo]"),
     ("FAIRQ_REDIS_URL", "as --redis-url [none: a private Redis, gone at exit]"),
@@ -95,6 +103,7 @@ def up(
         for line in exc.lines:
             click.echo(f"fairq up: {line}", err=True)
         sys.exit(2)
+    _refuse_another_stacks_redis(ctx, redis_url or plan.redis_url, plan)
     # Started with SIGINT ignored (a shell's background job), Ctrl-C would never stop it.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -144,22 +153,74 @@ def _plan(
     return file_plan(config_file)
 
 
+def _refuse_another_stacks_redis(ctx: click.Context, url: str | None, plan: Plan) -> None:
+    """Exit 2 when ``url`` is another ``fairq up``'s private Redis (``fairq.stack_redis``
+    says why a second stack never joins it), naming what to undo."""
+    owner = None if url is None else owner_of(url)
+    if owner is None:
+        return
+    source = ctx.get_parameter_source("redis_url")
+    if source == ParameterSource.ENVIRONMENT:
+        ours = os.environ.get("FAIRQ_CONFIG") == owner.config
+        what, undo = "FAIRQ_REDIS_URL", f"`unset FAIRQ_REDIS_URL{' FAIRQ_CONFIG' * ours}`"
+    elif source == ParameterSource.COMMANDLINE:
+        what, undo = "--redis-url", "leave out --redis-url"
+    else:
+        what, undo = f"redis_url of {plan.config_file}", "remove it from the file"
+    click.echo(
+        f"fairq up: {what} is the private Redis of the fairq up at pid {owner.pid} "
+        f"({owner.gateway_url}), gone when it stops: a second stack would mix its jobs into "
+        f"that stack's queues; {undo} to start a stack of its own",
+        err=True,
+    )
+    sys.exit(2)
+
+
 def _run(stack: Stack, plan: Plan, console: Console) -> None:
     try:
         stack.start()
         console.show_banner(banner(stack, plan))
         watch_enter(console)
-        while (dead := stack.dead()) is None:
-            time.sleep(0.5)
-            console.tick()
-        code = stack.processes[dead].returncode
-        console.say(f"fairq up: {dead} exited (code {code}); stopping the stack")
+        console.say(f"fairq up: {_watch(stack, console)}; stopping the stack")
         sys.exit(1)
     except KeyboardInterrupt:
         console.say("fairq up: stopping")
     finally:
         stack.stop()
     console.say("fairq up: stopped")
+
+
+def _watch(stack: Stack, console: Console) -> str:
+    """Watch the stack until it cannot go on; returns why, as a line. A child that exits
+    ends it; the private Redis that exits is started again over its files, but exiting
+    again within ``REDIS_RESTART_WINDOW_S`` of that ends it (a Redis that cannot stay up)."""
+    restarted_at = -math.inf
+    while True:
+        time.sleep(_WATCH_S)
+        console.tick()
+        if (dead := stack.dead()) is not None:
+            return f"{dead} {_ended(stack.processes[dead].returncode)}"
+        if (code := stack.redis_exit_code()) is None:
+            continue
+        if time.monotonic() - restarted_at < REDIS_RESTART_WINDOW_S:
+            # A server killed logs nothing of it; one that exited logged why.
+            why = "" if code < 0 else f" (its log: {stack.redis_last_words()})"
+            return f"redis {_ended(code)} again within {REDIS_RESTART_WINDOW_S:g} s{why}"
+        console.event("redis", f"{_ended(code)}: starting it again over its files "
+                      "(what it wrote in its last second may be lost)")  # fmt: skip
+        try:
+            stack.restart_redis()
+        except RedisServerError as exc:
+            return f"redis {_ended(code)} and did not start again ({exc})"
+        restarted_at = time.monotonic()
+        console.event("redis", f"ready at {stack.redis_url} again")
+
+
+def _ended(code: int | None) -> str:
+    """How a process ended: ``exited (code 1)``, ``was killed (SIGKILL)``."""
+    if code is not None and code < 0:
+        return f"was killed ({signal.Signals(-code).name})"
+    return f"exited (code {code})"
 
 
 def banner(stack: Stack, plan: Plan) -> list[str]:

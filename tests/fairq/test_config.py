@@ -266,3 +266,82 @@ def test_fairq_up_names_where_a_models_replicas_are_found(tmp_path: Path) -> Non
         "both  vllm (metrics admission) at http://10.0.0.5:8000, the replicas of DNS "
         "engine-both.fairq.svc.cluster.local port 8000",
     )
+
+
+ONE_KEY_TWICE = """\
+api_keys:
+  - sha256: ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad
+    user: alice
+  - user: bob
+    sha256: ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad
+"""
+
+
+def test_config_check_refuses_one_key_listed_twice_at_the_second(tmp_path: Path) -> None:
+    # The gateway keeps one entry per key: the other's user, bands and models would be
+    # dropped without a word.
+    path = tmp_path / "fairq.yaml"
+    path.write_text(ONE_KEY_TWICE)
+    done = fairq("config", "check", str(path))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"{path}:{line_of(ONE_KEY_TWICE, '    sha256')}: api_keys[1].sha256: the same key as "
+        "api_keys[0] (user 'alice'): list each key once; each user its own key "
+        "(`fairq hash-key KEY`)"
+    ]
+
+
+UNKNOWN_TARGET_BAND = """\
+engines:
+  - name: gpu-a
+    endpoints: ["http://10.0.0.1:8000"]
+    queue_targets:
+      interactive: 2
+      interactiv: 4
+models:
+  - name: chat
+    engine: gpu-a
+  - name: old
+    endpoints: ["http://10.0.0.2:8000"]
+    queue_targets: {bulk: 1}
+"""
+
+
+@pytest.mark.parametrize("fixed", ["", "interactiv"])
+def test_config_check_refuses_a_queue_target_of_an_unknown_band(tmp_path: Path, fixed: str) -> None:
+    text = UNKNOWN_TARGET_BAND.replace(f"      {fixed}: 4\n", "") if fixed else UNKNOWN_TARGET_BAND
+    path = tmp_path / "fairq.yaml"
+    path.write_text(text)
+    done = fairq("config", "check", str(path))
+    assert done.returncode == 2
+    where, band = (
+        ("models[1].queue_targets.bulk", "bulk") if fixed else
+        ("engines[0].queue_targets.interactiv", "interactiv")
+    )  # fmt: skip
+    line = line_of(text, "    queue_targets: {bulk" if fixed else "      interactiv:")
+    assert done.stderr.splitlines() == [
+        f"{path}:{line}: {where}: {band!r} is not a band, so this target would never apply: "
+        "the bands are interactive, default, batch"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "message"),
+    [
+        ("# a list, not settings\n- a\n- b\n", 2, "must be a mapping of settings"),
+        ('models: []\nuser: "\xff"\n', 2, "not UTF-8 text (byte 0xff)"),
+        (
+            "models: []\nlease_ms: 1000\n",
+            2,
+            "lease_ms: 1000 is less than twice lease_renew_ms (3000, its default)",
+        ),
+    ],
+)
+def test_config_check_names_the_line_of_every_problem_of_the_file(
+    tmp_path: Path, text: str, line: int, message: str
+) -> None:
+    path = tmp_path / "fairq.yaml"
+    path.write_bytes(text.encode("latin-1"))
+    done = fairq("config", "check", str(path))
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"{path}:{line}: {message}"), done.stderr

@@ -18,6 +18,7 @@ from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 
 from broker import (
+    DISPATCH_RATE_WINDOW_S,
     DispatchStore,
     ExecutionStore,
     JobQueue,
@@ -91,6 +92,21 @@ async def test_read_queues_counts_each_band_and_ranks_the_top_users(
     assert by_band["batch"].top_users == [("dave", 3)]
     assert by_band["interactive"].queued == 0 and by_band["interactive"].top_users == []
     assert queues.inflight == {} and queues.in_engine == []
+
+
+async def test_the_dispatch_rate_decays_over_its_window_once_dispatching_stops(
+    aredis: Redis, redis_url: str
+) -> None:
+    # dispatch.lua stores the rate only when it dispatches: an idle model kept its last.
+    s = make_settings(redis_url, **CONFIG)
+    window_ms = int(DISPATCH_RATE_WINDOW_S * 1000)
+    for age_ms, shown in ((0, 4.0), (window_ms // 2, 2.0), (window_ms + 1000, 0.0)):
+        stored_ms = int(time.time() * 1000) - age_ms
+        await aredis.hset(keys.meta(MODEL), mapping={"rate": "4.0", "rate_ms": stored_ms})
+        queues = await read_queues(aredis, MODEL, s.bands, top=0)
+        assert queues.dispatch_rate == pytest.approx(shown, abs=0.05), age_ms
+    await aredis.hdel(keys.meta(MODEL), "rate", "rate_ms")
+    assert (await read_queues(aredis, MODEL, s.bands, top=0)).dispatch_rate is None
 
 
 async def test_status_without_a_snapshot_shows_replicas_found_through_dns_that_have_jobs(

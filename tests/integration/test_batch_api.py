@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import orjson
@@ -15,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fairq.localredis import LocalRedis
 from fairq.stack import DEMO_MODELS, Stack
 from tests.support import local_http
+from tests.support.cli import fairq
 from tests.support.eventually import eventually
 from tests.support.settings import api_key, make_settings
 from tests.support.stack import demo_stack, gateway
@@ -157,6 +159,30 @@ def test_a_cancelled_batch_keeps_every_line_once_in_its_files(stack: Stack) -> N
     assert done.request_counts.failed == len(errors)
     with pytest.raises(openai.ConflictError):
         client.batches.cancel(batch.id)
+
+
+def test_fairq_batch_submit_sends_a_file_with_a_bad_line_which_alone_fails(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # The server records a line that is not JSON as a failed line of the batch: the CLI
+    # sends it as it is (and says so), not refusing the whole file for it.
+    lines = tmp_path / "requests.jsonl"
+    good = b'{"max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}\n'
+    lines.write_bytes(good + b'{"messages": [\n' + good + b"[1, 2]")
+    done = fairq(
+        "batch", "submit", str(lines), "--model", MODEL, "--wait",
+        env={"FAIRQ_API_URL": stack.gateway_url, "FAIRQ_API_KEY": "fq-demo-alice"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    warned = [x for x in done.stderr.splitlines() if x.startswith("fairq batch: line")]
+    assert [x.split(" ")[3] for x in warned] == ["2", "4"], done.stderr
+    assert "is not valid JSON" in warned[0] and "is not a JSON object" in warned[1]
+    client = client_of(stack)
+    batch = wait_for(client, done.stdout.splitlines()[0], ("completed",))
+    assert batch.request_counts is not None
+    assert (batch.request_counts.completed, batch.request_counts.failed) == (2, 2)
+    errors = records(client, batch.error_file_id)
+    assert sorted(e["error"]["line"] for e in errors) == [2, 4]  # type: ignore[index]
 
 
 def test_a_key_sees_only_its_own_files_and_batches(stack: Stack) -> None:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
 from fairq.demo import Flood, newcomer
 from fairq.stack import DEMO_BATCH_SLOTS, DEMO_MODELS, Stack
+from tests.support.cli import fairq
 from tests.support.stack import demo_stack
 
 pytestmark = pytest.mark.integration
@@ -47,3 +49,21 @@ def test_bob_gets_his_first_token_within_a_second_of_alices_long_flood(stack: St
     with httpx.Client(base_url=stack.gateway_url, headers=headers, timeout=10) as client:
         states = [client.get(f"/v1/jobs/{job}").json()["status"] for job in run.alice_jobs]
     assert set(states) <= _ENDED, states
+
+
+def test_fairq_demo_newcomer_runs_right_after_make_run_without_openai(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # `make run` installs what running needs, not the openai client: a package of that
+    # name that cannot be imported stands in for its absence.
+    (tmp_path / "openai").mkdir()
+    (tmp_path / "openai" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'openai'\", name='openai')\n"
+    )
+    done = fairq(
+        "demo", "newcomer", "--url", stack.gateway_url, "--requests", "40", "--max-tokens", "600",
+        env={"PYTHONPATH": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "bob: first token after" in done.stdout, done.stdout
+    assert "of her 40 jobs cancelled" in done.stdout, done.stdout

@@ -19,14 +19,16 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import httpx
 import openai
 import psutil
 import pytest
 import yaml
 
 from fairq.console import QUIET_S, rows
-from fairq.localredis import free_port
+from fairq.localredis import LocalRedis, free_port
 from fairq.stack import Stack
 from tests.support import local_http
 from tests.support.eventually import eventually
@@ -103,6 +105,29 @@ class Up:
         """Ctrl-C, as the terminal sends it to the foreground process group."""
         os.killpg(self.process.pid, signal.SIGINT)
         return self.process.wait(timeout=30)
+
+    def ended(self, timeout_s: float = 30.0) -> int:
+        """Its exit status once it exits by itself, every line it printed read."""
+        code = self.process.wait(timeout=timeout_s)
+        self._reader.join(timeout=5)
+        return code
+
+    def said(self, text: str) -> list[str]:
+        """Its own lines (``fairq up: ...``) that contain ``text``."""
+        return [x for x in self.lines if x.startswith("fairq up:") and text in x]
+
+    def child(self, text: str) -> psutil.Process:
+        """Its child process whose command line (as ``ps`` shows it) holds ``text``."""
+        for process in psutil.Process(self.process.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if text in " ".join(process.cmdline()):
+                    return process
+        raise AssertionError(f"no child of fairq up runs {text!r}")
+
+    def redis(self) -> psutil.Process:
+        """Its private Redis (the server names itself after its address in ``ps``)."""
+        port = urlsplit(self.exports()["FAIRQ_REDIS_URL"]).port
+        return self.child(f"127.0.0.1:{port}")
 
 
 def test_fairq_up_serves_the_openai_client_and_ctrl_c_leaves_no_process(
@@ -229,6 +254,70 @@ def test_engine_url_puts_the_demo_keys_in_front_of_the_engine_and_scrapes_it(
                               until=lambda ep: ep.get("fresh") and ep.get("healthy"))  # fmt: skip
         assert endpoint["url"] == engine
         assert up.interrupt() == 0
+
+
+def test_a_second_fairq_up_in_a_shell_holding_the_first_ones_exports_refuses_in_one_line(
+    processes: ProcessGroups,
+) -> None:
+    # The shell still holds the first stack's export lines: FAIRQ_REDIS_URL names its
+    # private Redis, FAIRQ_CONFIG its configuration. Joined, the second stack's engines
+    # would serve the first's queues.
+    first = Up(processes, env={})
+    second = Up(processes, env=first.exports())
+    assert second.ended() == 2, "\n".join(second.lines)
+    (refusal,) = second.said("private Redis")
+    assert f"the fairq up at pid {first.process.pid}" in refusal
+    assert "`unset FAIRQ_REDIS_URL FAIRQ_CONFIG`" in refusal
+    assert not [x for x in second.lines if "started (pid" in x or "ready at" in x]
+    assert first.process.poll() is None
+    assert first.interrupt() == 0
+
+
+def test_fairq_up_shares_a_redis_the_user_runs(processes: ProcessGroups) -> None:
+    with LocalRedis() as mine:  # the user's own: no stack claims it
+        up = Up(processes, "--redis-url", mine.url, env={})
+        assert up.exports()["FAIRQ_REDIS_URL"] == mine.url
+        assert not [x for x in up.lines if " redis " in x and "ready at" in x]
+        assert up.interrupt() == 0
+
+
+def test_fairq_up_starts_its_dead_redis_again_and_stops_naming_it_when_it_dies_again(
+    processes: ProcessGroups,
+) -> None:
+    up = Up(processes, env={})
+    up.banner()
+    first = up.redis()
+    first.kill()
+    eventually(lambda: [x for x in up.lines if " redis " in x and "ready at" in x and "again" in x],
+               "the line that says the Redis is back", 20)  # fmt: skip
+    assert [x for x in up.lines if " redis " in x and "was killed (SIGKILL): starting" in x]
+    body = {"model": "demo-chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    url = f"http://127.0.0.1:{up.port}/v1/chat/completions"
+    auth = {"Authorization": "Bearer fq-demo-alice"}
+    eventually(lambda: local_http.post(url, json=body, headers=auth, timeout=10).status_code,
+               "a completion after the restart", 30, until=lambda code: code == 200,
+               ignoring=(httpx.HTTPError,))  # fmt: skip
+    again = up.redis()
+    assert again.pid != first.pid
+    again.kill()
+    assert up.ended() == 1, "\n".join(up.lines[-20:])
+    (line,) = up.said("stopping the stack")
+    assert line == "fairq up: redis was killed (SIGKILL) again within 60 s; stopping the stack"
+
+
+def test_a_component_that_exits_stops_the_stack_with_exit_1_and_a_line_naming_it(
+    processes: ProcessGroups,
+) -> None:
+    up = Up(processes, env={})
+    up.banner()
+    children = psutil.Process(up.process.pid).children(recursive=True)
+    up.child("-m fairq worker").kill()
+    assert up.ended() == 1, "\n".join(up.lines[-20:])
+    assert up.said("stopping the stack") == [
+        "fairq up: worker-0 was killed (SIGKILL); stopping the stack"
+    ]
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive
 
 
 def test_fairq_up_started_with_sigint_ignored_still_stops_on_ctrl_c(
