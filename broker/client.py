@@ -25,6 +25,7 @@ from broker.idempotency import Idempotency, fingerprint
 from broker.jobs import JobRecord, JobState, RequestKind, Submission, new_job_id
 from broker.position import QueuePosition
 from broker.queue import JobQueue
+from broker.quotas import estimate_tokens
 from broker.redis.connect import connect, lean_link
 from broker.requests import check_body, engine_payload, estimate_cost, stream_mode
 from broker.result_readers import result_reader
@@ -100,6 +101,7 @@ class AsyncClient:
                 payload=engine_payload(body, job_id, config),
                 job_id=job_id,
                 cost=estimate_cost(body, config),
+                tokens=estimate_tokens(body, config),
                 weight=self._principal.weight,
                 once=self._once(idempotency_key, kind, body, band),
                 max_queue_ms=own_deadline_ms(asked_s, queued_in, self._settings.queue_deadline_s),

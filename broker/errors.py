@@ -16,6 +16,7 @@ no field is (a header, the whole body, the server)::
     ├── IdempotentResultGone        410 idempotent_result_expired (what the key made is gone)
     ├── BodyTooLarge                413 request_too_large
     ├── QueueFull                   429 queue_full (with retry_after_s)
+    ├── OverQuota                   429 rate_limit_exceeded (with the quotas' reading)
     ├── NotSupported                501 not_supported (in this deployment)
     ├── BrokerUnavailable           503 redis_unavailable
     └── JobFailed                   the job's own status (502 by default)
@@ -28,6 +29,11 @@ names the setting to change.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from broker.quotas import Reading
 
 SettingPath = tuple[str | int, ...]
 
@@ -136,9 +142,30 @@ class QueueFull(FairqError):
     type = "rate_limit_error"
     code = "queue_full"
 
-    def __init__(self, message: str, *, retry_after_s: int) -> None:
+    def __init__(self, message: str, *, retry_after_s: int, quota: Reading | None = None) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.quota = quota  # the key's quotas as the refusing call found them, if it has any
+
+
+class OverQuota(FairqError):
+    """A limit of the key's tenant's or user's quota would be passed (``broker.quotas``):
+    ``quota`` is how the refusing call found them, for the x-ratelimit-* headers and
+    Retry-After. One that the request alone passes (``never``) is final: retrying is no
+    use, whenever."""
+
+    status = 429
+    type = "tokens"  # as OpenAI's: the unit of the limit passed, "tokens" or "requests"
+    code = "rate_limit_exceeded"
+
+    def __init__(
+        self, message: str, *, unit: str, quota: Reading, retry_after_ms: int, never: bool
+    ) -> None:
+        super().__init__(message)
+        self.type = unit
+        self.quota = quota
+        self.retry_after_ms = retry_after_ms
+        self.final = never
 
 
 class NotSupported(FairqError):

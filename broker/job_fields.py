@@ -20,6 +20,11 @@ TENANT = b"tn"  # the tenant, in records from before TENANT_FIELD
 QUEUE_ENTRY = b"qe"  # the queue entry's id, whose time part is the enqueue time
 KEEP_S = b"kt"  # keep the ended job this long (a batch line), not the results' TTL
 RESUMABLE = b"rsm"  # 1: may go on from its text if taken back out of the engine
+# A job counted by quotas (``broker.quotas``): what it was charged, to settle at its end
+QUOTA_CHARGED = b"qc"  # its estimated tokens
+QUOTA_MINUTE = b"qm"  # the UTC minute (from the epoch) charged in; absent: a batch line
+QUOTA_FIRST = b"q1"  # the key of its first quota's counters
+QUOTA_SECOND = b"q2"  # ... and of its second's (a tenant's and a user's)
 # Dispatched (dispatch.lua, or enqueue.lua's express send: prelude.lua's send)
 QUEUED_MS = b"tq"
 DISPATCHED_MS = b"td"

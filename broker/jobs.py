@@ -89,6 +89,7 @@ class Submission:
     payload: bytes
     job_id: str | None = None
     cost: float = 0.0  # estimated service in weighted tokens (token-fair)
+    tokens: int = 0  # estimated prompt and output tokens, charged to quotas (broker.quotas)
     weight: float = 1.0  # the key's fairness weight
     # Its own queue deadline, ms after it is queued: shorter than its band's, which holds
     # where this is None (``broker.deadlines``).

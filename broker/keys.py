@@ -49,6 +49,12 @@ data they read (a job id popped from a queue).
                              string   the key's claim, in its owner's slot: the fingerprint
                                       of the request that first sent it (chat, completion),
                                       or "<fingerprint> <id>" of the file or batch it made
+    fq:quota:tenant:{tenant} hash     a tenant's quota counters (``broker.quotas``), and
+    fq:quota:user:{user}     hash     a user's: the UTC minute and day counted ('mi', 'di':
+                                      window numbers) and the tokens and requests of each
+                                      ('mt', 'mr', 'dt', 'dr'); a job charged keeps the names
+                                      ('qt', 'qu') to settle with at its end. Not a model's:
+                                      quotas need a single Redis. Expire after the next day
 
 A queued job's bytes. A million queued jobs must fit in a few hundred MB (at
 most 300 bytes per queued job beyond its payload), so while a job is queued its hash holds
@@ -60,6 +66,8 @@ default, would turn the whole hash into a table of ~700 bytes):
     tnf the tenant's field of meta (``tenant_field``; the tenant is read back from it)
     qe the queue entry's id, whose time part is the enqueue time (no 'tq' while queued)
     only when not the default: o owner (default: u), w weight (1), kt keep seconds (batch)
+    a job counted by quotas: qc its estimated tokens, qm the minute charged (not a batch
+    line's), q1 (and q2) its quotas' counters
 
 and a job with a queue deadline of its own has its id in ``fq:{m}:dl:{band}`` besides.
 
@@ -241,6 +249,16 @@ def idempotency_claim(owner: str, route: str, key_digest: str) -> str:
     """An Idempotency-Key's claim, in its owner's slot: one key per owner and route,
     whatever the model, so the same key with another model is seen as reused."""
     return f"fq:idem:{{{owner}}}:{route}:{key_digest}"
+
+
+def tenant_quota(tenant: str) -> str:
+    """A tenant's quota counters (``broker.quotas``)."""
+    return f"fq:quota:tenant:{{{tenant}}}"
+
+
+def user_quota(user: str) -> str:
+    """A user's quota counters (``broker.quotas``)."""
+    return f"fq:quota:user:{{{user}}}"
 
 
 def job_pattern(model: str) -> str:

@@ -27,6 +27,7 @@ from broker.settings import (
     EngineConfig,
     EngineSettings,
     ModelConfig,
+    QuotaConfig,
     Settings,
 )
 
@@ -80,6 +81,9 @@ _OTHER_KEYS = (
         "admin": True,
     },
 )
+# The quotas: none by default, so the example shows an entry in a comment.
+_QUOTA_EXAMPLE = "- {tenant: research, tokens_per_minute: 200000, tokens_per_day: 20000000}"
+_QUOTA_NOTE = "One entry per tenant or user, each with its limits; for example:"
 # A model's entry: its name, its engine, then its own settings (the rest is its engine's).
 _MODEL_OWN = [name for name in ModelConfig.model_fields if name not in {"name", *ENGINE_ON_MODEL}]
 
@@ -109,7 +113,19 @@ def _top(name: str) -> list[str]:
     lists = {"engines": _engines, "models": _models, "api_keys": _api_keys}
     if name in lists:
         return [*_comment(Settings.model_fields[name].description, ""), f"{name}:", *lists[name]()]
+    if name == "quotas":
+        return [*_comment(Settings.model_fields[name].description, ""), "quotas: []", *_quotas()]
     return _settings(Settings, {name: _defaults(Settings)[name]}, "")
+
+
+def _quotas() -> list[str]:
+    return [
+        *_comment(_QUOTA_NOTE, "  "),
+        f"  #   {_QUOTA_EXAMPLE}",
+        "  # An entry's settings, each at its default:",
+        "  #",
+        *_settings(QuotaConfig, _defaults(QuotaConfig), "  ", commented=True),
+    ]
 
 
 def _engines() -> list[str]:

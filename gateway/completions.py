@@ -47,6 +47,7 @@ from broker.deadlines import max_queue_s, own_deadline_ms
 from broker.engine_fields import check_fields
 from broker.errors import InvalidRequest, UnknownModel
 from broker.jobs import RequestKind, Submission, new_job_id
+from broker.quotas import estimate_tokens
 from broker.requests import engine_payload, estimate_cost, parse_body, stream_mode
 from broker.settings import ModelConfig
 from broker.tiers import request_band
@@ -174,6 +175,7 @@ def _submission(
         payload=engine_payload(body, job_id, model),
         job_id=job_id,
         cost=estimate_cost(body, model),
+        tokens=estimate_tokens(body, model),
         weight=caller.weight,
         max_queue_ms=own_deadline_ms(max_queue, band, gateway.settings.queue_deadline_s),
     )

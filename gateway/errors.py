@@ -33,9 +33,11 @@ from broker.errors import (
     FairqError,
     InvalidRequest,
     NotFound,
+    OverQuota,
     QueueFull,
     Unauthorized,
 )
+from gateway.ratelimit import ratelimit_headers, refusal_headers
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,10 @@ def error_response(exc: FairqError, headers: dict[str, str] | None = None) -> Re
     headers = dict(headers or {})
     if isinstance(exc, QueueFull):
         headers["Retry-After"] = str(exc.retry_after_s)
+        if exc.quota is not None:
+            headers.update(ratelimit_headers(exc.quota))
+    if isinstance(exc, OverQuota):
+        headers.update(refusal_headers(exc))
     if isinstance(exc, Unauthorized):
         headers["WWW-Authenticate"] = "Bearer"
     if exc.final:  # OpenAI's clients retry a 408, a 409 and a 5xx unless told not to

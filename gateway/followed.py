@@ -21,6 +21,9 @@ from the start of its results, or from its ``Last-Event-ID``). Its client may se
 again, so it is ``retriable`` from the start: leaving before the end, it cancels its
 job only after the grace, and only if no newer connection (a retry took a generation)
 follows the job. A gateway that dies cancels nothing: the retry finds the job as it is.
+
+A job of a key with a quota carries the quota's ``x-ratelimit-*`` headers as queueing it
+left them (``gateway.ratelimit``), for whichever answer its request gets.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from broker.process.mailbox import Mailbox
 from broker.results import ResultEvent, read_after
 from gateway.errors import JOB_HEADER, REPLAYED_HEADER
 from gateway.outcomes import SHUTDOWN
+from gateway.ratelimit import ratelimit_headers
 from gateway.state import Gateway
 
 log = logging.getLogger(__name__)
@@ -68,6 +72,7 @@ class FollowedJob:
         self.generation = 0
         self.resume_entry = b""  # resuming: the entry the client saw part of
         self.skip = 0  # ... and how many of its events it saw
+        self.quota_headers: dict[str, str] = {}  # its key's quotas' x-ratelimit-*
         self._stack = stack
 
     @classmethod
@@ -79,13 +84,16 @@ class FollowedJob:
         gateway.track(sub.job_id, events)
         stack.callback(gateway.untrack, sub.job_id)
         try:
-            await gateway.queue.submit(sub)
+            submitted = await gateway.queue.submit_job(sub)
         except BaseException:
             await stack.aclose()
             raise
-        return cls(
+        followed = cls(
             gateway, model=sub.model, owner=sub.owner, job_id=sub.job_id, events=events, stack=stack
         )
+        if submitted.quota is not None:
+            followed.quota_headers = ratelimit_headers(submitted.quota)
+        return followed
 
     @classmethod
     async def submit_once(
@@ -107,11 +115,19 @@ class FollowedJob:
             raise
         if submitted.replayed:
             await stack.aclose()  # nothing comes for the id this try would have had
-            return await cls.replay(gateway, submitted.job_id, sub.owner, entry, skip)
-        followed = cls(
-            gateway, model=sub.model, owner=sub.owner, job_id=sub.job_id, events=events, stack=stack
-        )
-        followed.retriable = True
+            followed = await cls.replay(gateway, submitted.job_id, sub.owner, entry, skip)
+        else:
+            followed = cls(
+                gateway,
+                model=sub.model,
+                owner=sub.owner,
+                job_id=sub.job_id,
+                events=events,
+                stack=stack,
+            )
+            followed.retriable = True
+        if submitted.quota is not None:
+            followed.quota_headers = ratelimit_headers(submitted.quota)
         return followed
 
     @classmethod
@@ -194,10 +210,11 @@ class FollowedJob:
         return self.resume_entry not in (b"", b"0-0")
 
     def headers(self) -> dict[str, str]:
-        """The response headers that name the job (and say it was replayed)."""
+        """The response headers that name the job (and say it was replayed), and its
+        quotas' x-ratelimit-*."""
         if self.replayed:
-            return {JOB_HEADER: self.id, REPLAYED_HEADER: "true"}
-        return {JOB_HEADER: self.id}
+            return {JOB_HEADER: self.id, REPLAYED_HEADER: "true", **self.quota_headers}
+        return {JOB_HEADER: self.id, **self.quota_headers}
 
     async def result(self) -> tuple[bytes | None, ResultEvent]:
         """The response body (if one was written) and the end event (or ``SHUTDOWN``)."""

@@ -52,7 +52,8 @@ _ERRORS = {
     "409": "the job was cancelled, or the Idempotency-Key was used with another request",
     "410": "what the Idempotency-Key made is gone: its job's result expired (result_ttl_s)",
     "413": "request body over max_body_bytes",
-    "429": "the user has max_queued_per_user jobs queued; see Retry-After",
+    "429": "the user has max_queued_per_user jobs queued (queue_full), or a quota of the "
+    "key's tenant or user would be passed (rate_limit_exceeded); see Retry-After",
     "431": f"the request line and headers are over {MAX_HEADER_BYTES // 1024} KiB",
     "503": "Redis is unavailable, the gateway is shutting down or holds its most connections",
 }

@@ -271,6 +271,7 @@ class JobStreamResponse(Response):
         ]
         if job.replayed:
             self.raw_headers.append((REPLAYED_HEADER.lower().encode(), b"true"))
+        self.raw_headers += [(k.lower().encode(), v.encode()) for k, v in job.quota_headers.items()]
         self.job = job
         self.hold = hold
 

@@ -26,6 +26,9 @@ end
 if st ~= 'queued' and st ~= 'dispatched' and st ~= 'running' then
   return st
 end
+-- Read before `release` marks the job: its quotas keep the estimate of one that produced
+-- output, and refund one that never did (prelude.lua's finish).
+local spent = had_output(KEYS[1])
 if st == 'queued' then
   if qentry then  -- not a job taken back (park.lua) that was sent express: never queued
     redis.call('XDEL', KEYS[5], qentry)
@@ -39,6 +42,6 @@ else
   drop_entry(KEYS[3], ARGV[2], rentry)
   redis.call('PUBLISH', ARGV[5], ARGV[1])
 end
-finish(KEYS[1], KEYS[2], ARGV[7], '', ARGV[3], now_ms())
+finish(KEYS[1], KEYS[2], ARGV[7], '', ARGV[3], now_ms(), spent)
 redis.call('PUBLISH', ARGV[4], 'e')
 return st

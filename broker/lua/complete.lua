@@ -61,7 +61,9 @@ if ARGV[13] ~= '' then
   redis.call('ZADD', KEYS[8], now, ARGV[13])
   redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now - ARGV[3] * 1000)  -- their jobs expired
 end
-finish(KEYS[1], KEYS[2], ARGV[1], ARGV[5], ARGV[3], now)
+-- Its quotas are settled to its usage, or to whether it produced output (prelude.lua).
+local spent = ARGV[6] ~= '' and ARGV[6] or ARGV[8] ~= '' or had_output(KEYS[1])
+finish(KEYS[1], KEYS[2], ARGV[1], ARGV[5], ARGV[3], now, spent)
 if endpoint then
   release({inflight = KEYS[4], unstarted = KEYS[5], transit = KEYS[9], users = KEYS[7]},
     KEYS[1], st, endpoint, ARGV[11])

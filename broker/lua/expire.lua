@@ -34,7 +34,7 @@ local function leave(job_id)
   local job = ARGV[2] .. job_id
   redis.call('HINCRBY', KEYS[2], ARGV[4], -1)
   if redis.call('HGET', job, 'st') == 'queued' then
-    finish(job, ARGV[3] .. job_id, 'expired', '', ARGV[6], now)
+    finish(job, ARGV[3] .. job_id, 'expired', '', ARGV[6], now, false)  -- never ran
     out[#out + 1] = job_id
   end
   return job

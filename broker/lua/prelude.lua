@@ -114,15 +114,100 @@ local function first_output(results, taken)
   return nil
 end
 
+-- Quotas (broker.quotas). A tenant's or a user's counters are one hash of the UTC minute
+-- and day it counts, numbered from the epoch ('mi', 'di'), and the tokens and requests of
+-- each ('mt', 'mr', 'dt', 'dr'); a window that has passed counts 0, and the next charge
+-- starts the window of now in its place. The hash lasts to the end of the day after the
+-- day of its last charge. The windows' lengths are broker.quotas's MINUTE_MS and DAY_MS.
+local MINUTE_MS, DAY_MS = 60000, 86400000
+
+local function quota_windows(now)
+  return math.floor(now / MINUTE_MS), math.floor(now / DAY_MS)
+end
+
+-- The counters of `key` in the windows `minute` and `day`: {tokens this minute, tokens this
+-- day, requests this minute, requests this day}.
+local function quota_counts(key, minute, day)
+  local h = redis.call('HMGET', key, 'mi', 'mt', 'mr', 'di', 'dt', 'dr')
+  local m, d = tonumber(h[1]) == minute, tonumber(h[4]) == day
+  return {m and tonumber(h[2]) or 0, d and tonumber(h[5]) or 0,
+    m and tonumber(h[3]) or 0, d and tonumber(h[6]) or 0}
+end
+
+-- Charge `tokens` and one request to `key`'s windows `minute` and `day` (its `counts` in
+-- them, raised in place); `minute` nil: to the day alone (a batch line, as it ends).
+local function quota_charge(key, minute, day, counts, tokens)
+  counts[2], counts[4] = counts[2] + tokens, counts[4] + 1
+  redis.call('HSET', key, 'di', day, 'dt', counts[2], 'dr', counts[4])
+  if minute then
+    counts[1], counts[3] = counts[1] + tokens, counts[3] + 1
+    redis.call('HSET', key, 'mi', minute, 'mt', counts[1], 'mr', counts[3])
+  end
+  redis.call('PEXPIREAT', key, (day + 2) * DAY_MS)
+end
+
+-- Whether a job that ends without a usage report produced output: a first output ('ft',
+-- read before `release` marks a job that left without one), or output of an attempt
+-- taken back mid-answer ('pkm'). Its quota then keeps its estimate, else refunds it.
+local function had_output(job)
+  local f = redis.call('HMGET', job, 'ft', 'pkm')
+  return f[1] == '1' or (tonumber(f[2]) or 0) > 0
+end
+
+-- A job charged to quotas (enqueue.lua: 'qc' its estimate, 'qm' the minute it was charged
+-- in, 'q1' and 'q2' its counters' keys) ends, exactly once: `spent` is the usage JSON it
+-- reported, true when it produced output without one, false when it never produced output.
+-- Its charge is corrected to the usage, stays (true), or is refunded with its request
+-- (false), in the windows it was made in while they are counted (a window that has passed
+-- keeps what it had). A batch line ('qm' absent) was not charged: it is now, its usage (or
+-- its estimate) and one request, in the day it ends.
+local function quota_settle(charged, minute, quotas, now, spent)
+  local tokens, requests = -charged, -1
+  if type(spent) == 'string' then
+    local ok, usage = pcall(cjson.decode, spent)  -- a job must end, whatever it reported
+    local used = ok and type(usage) == 'table' and ((tonumber(usage['prompt_tokens']) or 0)
+      + (tonumber(usage['completion_tokens']) or 0)) or charged
+    tokens, requests = used - charged, 0
+  elseif spent then
+    tokens, requests = 0, 0
+  end
+  if not minute then
+    if spent then
+      local m, day = quota_windows(now)
+      for _, key in ipairs(quotas) do
+        quota_charge(key, nil, day, quota_counts(key, m, day), charged + tokens)
+      end
+    end
+    return
+  end
+  local day = math.floor(minute * MINUTE_MS / DAY_MS)
+  for _, key in ipairs(quotas) do
+    local w = redis.call('HMGET', key, 'mi', 'di')
+    for i, window in ipairs({minute, day}) do
+      if tonumber(w[i]) == window then
+        local unit = i == 1 and 'm' or 'd'
+        if tokens ~= 0 then redis.call('HINCRBY', key, unit .. 't', tokens) end
+        if requests ~= 0 then redis.call('HINCRBY', key, unit .. 'r', requests) end
+      end
+    end
+  end
+end
+
 -- The job ends as `state` (the caller checked it had not ended): its times, its end entry
--- (`err`: the error JSON, or ''), and the expiry of its record and results after `ttl`
--- seconds; a batch line ('kt') is kept until its batch has collected the result. A payload
--- still in the hash (a job taken back by park.lua) goes.
-local function finish(job, results, state, err, ttl, now)
+-- (`err`: the error JSON, or ''), its quotas settled (`spent`: quota_settle's), and the
+-- expiry of its record and results after `ttl` seconds; a batch line ('kt') is kept until
+-- its batch has collected the result. A payload still in the hash (a job taken back by
+-- park.lua) goes.
+local function finish(job, results, state, err, ttl, now, spent)
+  local f = redis.call('HMGET', job, 'kt', 'qc', 'qm', 'q1', 'q2')
+  if f[2] then
+    local quotas = {f[4], f[5] or nil}
+    quota_settle(tonumber(f[2]), tonumber(f[3]), quotas, now, spent)
+  end
   redis.call('HSET', job, 'st', state, 'te', now)
   redis.call('HDEL', job, 'p')
   redis.call('XADD', results, '*', 'end', state, 'e', err)
-  local keep = redis.call('HGET', job, 'kt') or ttl
+  local keep = f[1] or ttl
   redis.call('EXPIRE', results, keep)
   redis.call('EXPIRE', job, keep)
 end

@@ -8,8 +8,8 @@ masked. Every field has a description, which ``fairq.config_docs`` renders into
 
 One module per concern: ``root`` (``Settings``, its top-level settings by concern),
 ``engine`` (an entry of ``engines``), ``model`` (a model, its engine's settings
-resolved), ``discovery``, ``keys``, ``http``, ``batch``; ``resolve`` makes each model
-that names an engine whole, ``checks`` holds the dependencies between settings.
+resolved), ``discovery``, ``keys``, ``quotas``, ``http``, ``batch``; ``resolve`` makes each
+model that names an engine whole, ``checks`` holds the dependencies between settings.
 """
 
 from broker.settings.batch import BatchSettings
@@ -18,6 +18,7 @@ from broker.settings.engine import DEFAULT_QUEUE_TARGETS, KINDS, EngineConfig, E
 from broker.settings.http import HttpSettings
 from broker.settings.keys import ApiKeyConfig
 from broker.settings.model import ModelConfig, ResumeStreams
+from broker.settings.quotas import QuotaConfig
 from broker.settings.resolve import ENGINE_ON_MODEL, SettingNote, split_entry
 from broker.settings.root import (
     CONCERNS,
@@ -41,6 +42,7 @@ __all__ = [
     "EngineSettings",
     "HttpSettings",
     "ModelConfig",
+    "QuotaConfig",
     "ResumeStreams",
     "SettingNote",
     "Settings",

@@ -10,9 +10,10 @@ from typing import Protocol
 
 from broker.engines import check_engine_groups, share_engine
 from broker.errors import SettingError
-from broker.settings.engine import EngineConfig
+from broker.settings.engine import EngineConfig, EngineSettings
 from broker.settings.keys import ApiKeyConfig
 from broker.settings.model import ModelConfig
+from broker.settings.quotas import QuotaConfig
 
 
 class Checked(Protocol):
@@ -37,6 +38,10 @@ class Checked(Protocol):
     def lease_ms(self) -> int: ...
     @property
     def lease_renew_ms(self) -> int: ...
+    @property
+    def quotas(self) -> tuple[QuotaConfig, ...]: ...
+    @property
+    def redis_cluster(self) -> bool: ...
 
 
 def check(settings: Checked) -> None:
@@ -46,11 +51,14 @@ def check(settings: Checked) -> None:
     _unique("models", [model.name for model in settings.models])
     _unique("engines", [engine.name for engine in settings.engines])
     _engines_apart(settings.engines)
+    _queue_target_bands(settings)
     check_engine_groups(settings.models, settings.bands)
+    _unique_keys(settings.api_keys)
     _key_bands(settings)
     _service_tiers(settings)
     _queue_deadlines(settings)
     _leases(settings)
+    _quotas(settings)
 
 
 def _bands(bands: Sequence[str]) -> None:
@@ -80,6 +88,38 @@ def _engines_apart(engines: Sequence[EngineConfig]) -> None:
                     f"engine (their {shared} meet): describe it in one entry, and let every "
                     "model it serves name that one",
                 )
+
+
+def _queue_target_bands(settings: Checked) -> None:
+    # An engine entry first: a model that names it carries its targets too, and the line
+    # to change is the engine's.
+    entries: list[tuple[str, int, EngineSettings]] = [
+        *(("engines", i, e) for i, e in enumerate(settings.engines)),
+        *(("models", i, m) for i, m in enumerate(settings.models)),
+    ]
+    for section, index, entry in entries:
+        for band in entry.queue_targets:
+            if band not in settings.bands:
+                raise SettingError(
+                    (section, index, "queue_targets", band),
+                    f"{band!r} is not a band, so this target would never apply: the bands "
+                    f"are {', '.join(settings.bands)}",
+                )
+
+
+def _unique_keys(api_keys: Sequence[ApiKeyConfig]) -> None:
+    # One key is one user's: listed twice, the gateway would keep one entry and drop the
+    # other's user, bands and models without a word.
+    first: dict[str, int] = {}
+    for index, key in enumerate(api_keys):
+        if key.sha256 in first:
+            place = first[key.sha256]
+            raise SettingError(
+                ("api_keys", index, "sha256"),
+                f"the same key as api_keys[{place}] (user {api_keys[place].user!r}): list "
+                "each key once; each user its own key (`fairq hash-key KEY`)",
+            )
+        first[key.sha256] = index
 
 
 def _key_bands(settings: Checked) -> None:
@@ -120,10 +160,49 @@ def _queue_deadlines(settings: Checked) -> None:
 
 
 def _leases(settings: Checked) -> None:
-    if settings.lease_renew_ms * 2 > settings.lease_ms:
+    renew, lease = settings.lease_renew_ms, settings.lease_ms
+    if renew * 2 <= lease:
+        return
+    lost = "so a live worker could lose its jobs between renewals"
+    if "lease_renew_ms" not in settings.model_fields_set:  # the line to change: lease_ms's
         raise SettingError(
-            ("lease_renew_ms",),
-            f"{settings.lease_renew_ms} is more than half of lease_ms ({settings.lease_ms}), "
-            "so a live worker could lose its jobs between renewals: renew at most every "
-            f"{settings.lease_ms // 2} ms",
+            ("lease_ms",),
+            f"{lease} is less than twice lease_renew_ms ({renew}, its default), {lost}: "
+            f"a lease of at least {renew * 2} ms, or a shorter lease_renew_ms",
         )
+    raise SettingError(
+        ("lease_renew_ms",),
+        f"{renew} is more than half of lease_ms ({lease}), {lost}: renew at most every "
+        f"{lease // 2} ms",
+    )
+
+
+def _quotas(settings: Checked) -> None:
+    tenants = {key.tenant or key.user for key in settings.api_keys}
+    users = {key.user for key in settings.api_keys}
+    seen: dict[str, int] = {}
+    for index, quota in enumerate(settings.quotas):
+        if settings.redis_cluster:
+            # Its counters are shared by every model, and a cluster's script touches one slot.
+            raise SettingError(
+                ("quotas", index),
+                "quotas need a single Redis: a tenant's counters are shared by all its "
+                "models, and on a Redis Cluster each model's keys live in a slot of their "
+                "own; remove the quotas, or run this deployment on a single Redis",
+            )
+        field, name, known = (
+            ("tenant", quota.tenant, tenants) if quota.tenant is not None else
+            ("user", quota.user, users)
+        )  # fmt: skip
+        if name not in known:
+            raise SettingError(
+                ("quotas", index, field),
+                f"no API key has {field} {name!r}: its quota would never count a request",
+            )
+        if quota.scope in seen:
+            raise SettingError(
+                ("quotas", index, field),
+                f"quotas[{seen[quota.scope]}] is the {quota.scope}'s too: give each one "
+                "entry, with all its limits",
+            )
+        seen[quota.scope] = index

@@ -36,6 +36,7 @@ from broker.settings.engine import EngineConfig
 from broker.settings.http import HttpSettings
 from broker.settings.keys import ApiKeyConfig
 from broker.settings.model import ModelConfig
+from broker.settings.quotas import QuotaConfig
 from broker.settings.resolve import SettingNote, resolve
 
 DEFAULT_BANDS = ("interactive", "default", "batch")
@@ -58,6 +59,7 @@ CONCERNS: dict[str, tuple[str, ...]] = {
         "redis_command_timeout_s",
     ),
     "Bands, engines, models, keys": ("bands", "service_tiers", "engines", "models", "api_keys"),
+    "Quotas": ("quotas",),
     "The gateway": (
         "max_queued_per_user",
         "queue_full_retry_after_s",
@@ -175,6 +177,14 @@ class Settings(BaseSettings):
         default=(),
         description="The API keys, each stored as its SHA-256, with the user it counts for "
         "and what it may use.",
+    )
+    quotas: tuple[QuotaConfig, ...] = Field(
+        default=(),
+        description="Limits of tokens and requests per UTC minute and day, each for a "
+        "tenant or a user, shared by every gateway (counted in Redis as jobs are queued: "
+        'README, "Quotas"). A key with a quota has OpenAI\'s x-ratelimit-* headers on '
+        "each answer of the completions routes that got as far as the queue. Needs a "
+        "single Redis (not redis_cluster).",
     )
 
     max_queued_per_user: int = Field(

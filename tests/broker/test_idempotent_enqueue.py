@@ -16,6 +16,7 @@ from broker import DispatchStore, Grant, JobQueue, JobState, Settings, keys
 from broker.errors import IdempotencyKeyReused, QueueFull
 from broker.idempotency import Idempotency, bind, fingerprint
 from broker.jobs import Submission, new_job_id
+from broker.queue import Submitted
 from broker.redis.resp import RespLink
 from tests.support.contract import EP, submission
 from tests.support.settings import MODEL, make_settings
@@ -125,7 +126,7 @@ async def test_a_retry_gets_its_job_while_its_users_queue_is_full(
     first = await queue.submit_once(keyed())
     await queue.submit(submission("alice"))  # the queue holds 2 now: full
     again = await queue.submit_once(keyed())
-    assert again == (first.job_id, True)
+    assert again == Submitted(first.job_id, replayed=True)
     with pytest.raises(QueueFull):  # a new request is refused, and records nothing
         await queue.submit_once(keyed("key-2"))
     assert len(await jobs(aredis)) == 2
@@ -153,5 +154,5 @@ async def test_a_job_sent_express_is_recorded_as_a_queued_one(
     assert await dispatch.grant(MODEL, Grant(EP, {"default": 3}), sequence, 60_000)
     first = await queue.submit_once(keyed())
     assert (await queue.get(first.job_id, "alice")).state is JobState.DISPATCHED
-    assert await queue.submit_once(keyed()) == (first.job_id, True)
+    assert await queue.submit_once(keyed()) == Submitted(first.job_id, replayed=True)
     assert await aredis.xlen(keys.ready(MODEL)) == 1  # sent once

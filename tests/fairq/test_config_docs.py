@@ -20,6 +20,7 @@ from broker.settings import (
     EngineConfig,
     HttpSettings,
     ModelConfig,
+    QuotaConfig,
     Settings,
 )
 from fairq.config_check import check_file
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "fairq.example.yaml"
 README = ROOT / "README.md"
 CLASSES = (Settings, EngineConfig, DiscoveryConfig, ModelConfig, ApiKeyConfig, HttpSettings,
-           BatchSettings)  # fmt: skip
+           BatchSettings, QuotaConfig)  # fmt: skip
 
 
 def test_the_committed_example_is_what_the_settings_render() -> None:
