@@ -25,9 +25,14 @@ from broker.idempotency import Idempotency, fingerprint
 from broker.jobs import JobRecord, JobState, RequestKind, Submission, new_job_id
 from broker.position import QueuePosition
 from broker.queue import JobQueue
-from broker.quotas import estimate_tokens
 from broker.redis.connect import connect, lean_link
-from broker.requests import check_body, engine_payload, estimate_cost, stream_mode
+from broker.requests import (
+    check_body,
+    engine_payload,
+    estimate_cost,
+    estimate_tokens,
+    stream_mode,
+)
 from broker.result_readers import result_reader
 from broker.results import ResultEvent
 from broker.settings import Settings, load_settings
@@ -97,11 +102,11 @@ class AsyncClient:
                 tenant=self._principal.tenant,
                 band=queued_in,
                 kind=kind,
-                stream_flag=stream_mode(body, config),
-                payload=engine_payload(body, job_id, config),
+                stream_flag=stream_mode(body, config, kind),
+                payload=engine_payload(body, job_id, config, kind),
                 job_id=job_id,
-                cost=estimate_cost(body, config),
-                tokens=estimate_tokens(body, config),
+                cost=estimate_cost(body, config, kind),
+                tokens=estimate_tokens(body, config, kind),
                 weight=self._principal.weight,
                 once=self._once(idempotency_key, kind, body, band),
                 max_queue_ms=own_deadline_ms(asked_s, queued_in, self._settings.queue_deadline_s),

@@ -63,7 +63,7 @@ HEADER = "Idempotency-Key"
 MAX_KEY_CHARS = 255  # Stripe's bound; a UUID is 36
 # The routes that create work, each a scope of its own. POST /v1/responses, once fairq
 # serves it, adds "responses" here and calls FollowedJob.submit_once as completions do.
-ROUTES = ("chat", "completion", "files", "batches")
+ROUTES = ("chat", "completion", "embedding", "response", "files", "batches")
 _DIGEST_CHARS = 32  # hex digits of SHA-256 kept: 128 bits, for keys and fingerprints alike
 
 

@@ -44,12 +44,30 @@ class JobState(enum.StrEnum):
 
 
 class RequestKind(enum.StrEnum):
+    """The OpenAI endpoint a job is for; ``path`` is the same on fairq and on the engine."""
+
     CHAT = "chat"
     COMPLETION = "completion"
+    EMBEDDING = "embedding"  # one whole answer: vectors and prompt tokens, never streamed
+    RESPONSE = "response"  # the Responses API: its own body, usage and stream events
 
     @property
     def path(self) -> str:
-        return "/v1/chat/completions" if self is RequestKind.CHAT else "/v1/completions"
+        return _PATHS[self]
+
+    @property
+    def generates(self) -> bool:
+        """Chat or completions: an answer of choices, streamed as ``data:`` chunks ending
+        with ``[DONE]``, which fairq's resumption and whole-answer rebuild understand."""
+        return self is RequestKind.CHAT or self is RequestKind.COMPLETION
+
+
+_PATHS = {
+    RequestKind.CHAT: "/v1/chat/completions",
+    RequestKind.COMPLETION: "/v1/completions",
+    RequestKind.EMBEDDING: "/v1/embeddings",
+    RequestKind.RESPONSE: "/v1/responses",
+}
 
 
 class StreamMode(enum.StrEnum):

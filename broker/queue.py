@@ -130,7 +130,10 @@ class JobQueue:
             bands=s.bands,
             ready_maxlen=s.ready_stream_maxlen,
             engine_priority=model is not None and model.engine_priority,
-            resumable=resumes and sub.stream_flag.to_client and resumable(sub.payload),
+            resumable=resumes
+            and sub.kind.generates
+            and sub.stream_flag.to_client
+            and resumable(sub.payload),
             keep_s=keep_s,
             quotas=self._quotas.of(sub.tenant, sub.owner),
             batch_line=keep_s is not None,

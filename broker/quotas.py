@@ -14,7 +14,7 @@ sorted set of every job per scope).
 Who changes a counter, and when (each in the Lua call that moves the job, so no count
 drifts between gateways, nor when one dies):
 
-    queued    enqueue.lua: the job's estimate (``estimate_tokens``) and one request, in
+    queued    enqueue.lua: the job's estimate (``requests.estimate_tokens``) and one request, in
               every window of its quotas, or a refusal (``Route.OVER_QUOTA``) with nothing
               charged when any limit would be passed: what is admitted, estimated, never
               passes a limit. The job keeps what it was charged ('qc'), when ('qm') and
@@ -41,8 +41,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
-
-import orjson
 
 from broker import keys
 
@@ -96,13 +94,6 @@ class QuotaLimits(Protocol):
     def requests_per_minute(self) -> int | None: ...
     @property
     def requests_per_day(self) -> int | None: ...
-
-
-class OutputDefault(Protocol):
-    """What the estimate reads of a model (``broker.settings.ModelConfig``)."""
-
-    @property
-    def default_output_tokens(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -244,14 +235,3 @@ def refusal_message(refusal: Refusal) -> str:
         f"Used {refusal.used}, Requested {refusal.requested}. Please try again in "
         f"{math.ceil(refusal.retry_after_ms / 1000)}s."
     )
-
-
-def estimate_tokens(body: dict[str, Any], model: OutputDefault) -> int:
-    """A request's tokens as far as they can be known before it runs: its prompt at ~4
-    characters a token, as ``broker.requests.estimate_cost`` estimates it (unweighted here),
-    and its output at the maximum it asks for (else the model's default_output_tokens)."""
-    output = body.get("max_completion_tokens") or body.get("max_tokens")
-    if not isinstance(output, int):
-        output = model.default_output_tokens
-    prompt_chars = len(orjson.dumps(body.get("messages") or body.get("prompt") or ""))
-    return max(1, prompt_chars // 4) + output

@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import ErrorDetails
 
 from broker.errors import InvalidRequest
@@ -53,9 +53,32 @@ class CompletionBody(_Body):
     prompt: str | list[str] | list[int] | list[list[int]]
 
 
+class EmbeddingBody(_Body):
+    # One text, several, or token ids; an empty list embeds nothing and is refused here.
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: str | None = None
+    dimensions: int | None = Field(default=None, ge=1)
+
+    @field_validator("input")
+    @classmethod
+    def _not_empty(cls, value: object) -> object:
+        if value in ([], ""):
+            raise ValueError("input must not be empty")
+        return value
+
+
+class ResponseBody(_Body):
+    # A text, or the Responses API's list of input items (messages, tool outputs, ...).
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+
+
 _SCHEMAS: dict[RequestKind, type[_Body]] = {
     RequestKind.CHAT: ChatBody,
     RequestKind.COMPLETION: CompletionBody,
+    RequestKind.EMBEDDING: EmbeddingBody,
+    RequestKind.RESPONSE: ResponseBody,
 }
 
 
@@ -151,19 +174,31 @@ def check_body(kind: RequestKind, body: object) -> dict[str, Any]:
     return body
 
 
-def engine_payload(body: dict[str, Any], job_id: str, model: ModelConfig) -> bytes:
-    """The exact bytes the worker will POST to the engine for this job.
+def engine_payload(
+    body: dict[str, Any], job_id: str, model: ModelConfig, kind: RequestKind = RequestKind.CHAT
+) -> bytes:
+    """The exact bytes the worker will POST to the engine for this job (``kind``: chat and
+    completions are alike here).
 
-    vLLM takes ``request_id``, so its completion ids become ``chatcmpl-<job id>`` and
-    chunks pass through unchanged. Streams always ask for usage, which the worker
-    needs for accounting; it drops the usage chunk again if the client did not ask.
+    vLLM takes ``request_id``, so its completion ids become ``chatcmpl-<job id>`` (a
+    response's, which vLLM uses as it is, ``resp_<job id>``) and chunks pass through
+    unchanged. Chat and completions streams always ask for usage, which the worker needs
+    for accounting; it drops the usage chunk again if the client did not ask (a Responses
+    stream always ends with its usage, in ``response.completed``). A response is not
+    stored by the engine unless the model allows ``store`` (``broker.engine_fields``):
+    vLLM stores by default, in one replica's memory, where fairq's next request of the
+    conversation may not land.
     """
     payload = dict(body)
     payload.pop("user", None)  # the fairness identity stays inside fairq
     payload.pop("priority", None)  # a key never sets its own engine priority: fairq does
     payload.pop("service_tier", None)  # fairq's band (broker.tiers); vLLM takes no such field
     if model.engine == "vllm":
-        payload["request_id"] = job_id
+        payload["request_id"] = f"resp_{job_id}" if kind is RequestKind.RESPONSE else job_id
+    if kind is RequestKind.RESPONSE:
+        payload.setdefault("store", False)
+    if not kind.generates:
+        return orjson.dumps(payload)
     if stream_mode(body, model) is StreamMode.WHOLE:
         payload["stream"] = True  # the worker rebuilds the whole answer (workers.whole)
     if payload.get("stream"):
@@ -173,17 +208,40 @@ def engine_payload(body: dict[str, Any], job_id: str, model: ModelConfig) -> byt
     return orjson.dumps(payload)
 
 
-def estimate_cost(body: dict[str, Any], model: ModelConfig) -> float:
-    """The job's service in weighted tokens, as far as it can be known before it runs.
-
-    Prompt tokens are estimated at ~4 characters each (no tokenizer here); output is
-    the requested maximum. The dispatcher corrects the charge to actual usage later.
-    """
-    output = body.get("max_completion_tokens") or body.get("max_tokens")
+def token_estimate(
+    body: dict[str, Any], default_output: int, kind: RequestKind = RequestKind.CHAT
+) -> tuple[int, int]:
+    """A request's prompt and output tokens as far as they can be known before it runs:
+    its prompt (messages, prompt, or a response's or embedding's input and instructions) at
+    ~4 characters a token (no tokenizer here); its output at the maximum it asks for, else
+    ``default_output``; an embedding has no output."""
+    if kind is RequestKind.EMBEDDING:
+        return max(1, len(orjson.dumps(body.get("input") or "")) // 4), 0
+    if kind is RequestKind.RESPONSE:
+        prompt: object = [body.get("instructions") or "", body.get("input") or ""]
+        output = body.get("max_output_tokens")
+    else:
+        prompt = body.get("messages") or body.get("prompt") or ""
+        output = body.get("max_completion_tokens") or body.get("max_tokens")
     if not isinstance(output, int):
-        output = model.default_output_tokens
-    prompt_chars = len(orjson.dumps(body.get("messages") or body.get("prompt") or ""))
-    prompt_tokens = max(1, prompt_chars // 4)
+        output = default_output
+    return max(1, len(orjson.dumps(prompt)) // 4), output
+
+
+def estimate_tokens(
+    body: dict[str, Any], model: ModelConfig, kind: RequestKind = RequestKind.CHAT
+) -> int:
+    """A request's tokens as far as they can be known before it runs (unweighted), charged
+    to its quotas (``broker.quotas``): ``token_estimate``'s prompt and output."""
+    return sum(token_estimate(body, model.default_output_tokens, kind))
+
+
+def estimate_cost(
+    body: dict[str, Any], model: ModelConfig, kind: RequestKind = RequestKind.CHAT
+) -> float:
+    """The job's service in weighted tokens, as far as it can be known before it runs
+    (``token_estimate``). The dispatcher corrects the charge to actual usage later."""
+    prompt_tokens, output = token_estimate(body, model.default_output_tokens, kind)
     return prompt_tokens * model.prompt_token_cost + output * model.output_token_cost
 
 
@@ -244,9 +302,15 @@ WHOLE_FIELDS = frozenset(
 )  # fmt: skip
 
 
-def stream_mode(body: dict[str, Any], model: ModelConfig) -> StreamMode:
+def stream_mode(
+    body: dict[str, Any], model: ModelConfig, kind: RequestKind = RequestKind.CHAT
+) -> StreamMode:
     """How the job's answer travels: to its client as asked; one its client wants whole is
-    streamed from the engine where the model says so and the worker can rebuild it."""
+    streamed from the engine where the model says so and the worker can rebuild it (chat
+    and completions only). An embedding is always one body; a Responses stream always
+    ends with its usage, so it never asks for the usage chunk."""
+    if not kind.generates:
+        return StreamMode.STREAMED if body.get("stream") else StreamMode.PLAIN
     if body.get("stream"):
         return StreamMode.WITH_USAGE if wants_usage(body) else StreamMode.STREAMED
     if model.stream_from_engine and body.get("n", 1) == 1 and WHOLE_FIELDS.issuperset(body):

@@ -3,7 +3,7 @@
     app          the application and its lifespan
     state        the per-process resources (Redis, queue, result reader, key ring)
     auth, body   the caller's key; a size-bounded request body
-    completions  POST /v1/chat/completions and /v1/completions
+    completions  POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses
     sse          the streaming hot path (byte pass-through)
     followed     a submitted job followed to its end; cancelled if its client leaves
     outcomes     failed / cancelled / expired jobs as OpenAI errors (status codes)

@@ -1,4 +1,7 @@
-"""``POST /v1/chat/completions`` and ``POST /v1/completions``: queue, then answer.
+"""``POST /v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings`` and
+``/v1/responses``: queue, then answer. Each is a ``RequestKind`` with its own schema and
+fields; all go through the same checks, queue and answers below (an embedding is never
+streamed; a Responses stream is relayed as the engine's own named events: ``sse``).
 
 The request is checked in the order that costs least first: key, Idempotency-Key,
 ``X-Fairq-Max-Queue-S``, body size, body, model entitlement, the body's fields (only those
@@ -47,8 +50,13 @@ from broker.deadlines import max_queue_s, own_deadline_ms
 from broker.engine_fields import check_fields
 from broker.errors import InvalidRequest, UnknownModel
 from broker.jobs import RequestKind, Submission, new_job_id
-from broker.quotas import estimate_tokens
-from broker.requests import engine_payload, estimate_cost, parse_body, stream_mode
+from broker.requests import (
+    engine_payload,
+    estimate_cost,
+    estimate_tokens,
+    parse_body,
+    stream_mode,
+)
 from broker.settings import ModelConfig
 from broker.tiers import request_band
 from gateway.auth import Caller
@@ -77,6 +85,16 @@ async def chat_completions(request: Request, caller: Caller) -> Response:
 @router.post("/v1/completions")
 async def completions(request: Request, caller: Caller) -> Response:
     return await _complete(request, caller, RequestKind.COMPLETION)
+
+
+@router.post("/v1/embeddings")
+async def embeddings(request: Request, caller: Caller) -> Response:
+    return await _complete(request, caller, RequestKind.EMBEDDING)
+
+
+@router.post("/v1/responses")
+async def responses(request: Request, caller: Caller) -> Response:
+    return await _complete(request, caller, RequestKind.RESPONSE)
 
 
 async def _complete(request: Request, caller: Principal, kind: RequestKind) -> Response:
@@ -171,11 +189,11 @@ def _submission(
         tenant=caller.tenant,
         band=band,
         kind=kind,
-        stream_flag=stream_mode(body, model),
-        payload=engine_payload(body, job_id, model),
+        stream_flag=stream_mode(body, model, kind),
+        payload=engine_payload(body, job_id, model, kind),
         job_id=job_id,
-        cost=estimate_cost(body, model),
-        tokens=estimate_tokens(body, model),
+        cost=estimate_cost(body, model, kind),
+        tokens=estimate_tokens(body, model, kind),
         weight=caller.weight,
         max_queue_ms=own_deadline_ms(max_queue, band, gateway.settings.queue_deadline_s),
     )

@@ -34,7 +34,7 @@ import logging
 
 from broker import idempotency, job_fields, keys
 from broker.errors import FairqError, InvalidRequest, NotFound
-from broker.jobs import JobRecord, Submission
+from broker.jobs import JobRecord, RequestKind, Submission
 from broker.process.mailbox import Mailbox
 from broker.results import ResultEvent, read_after
 from gateway.errors import JOB_HEADER, REPLAYED_HEADER
@@ -73,6 +73,8 @@ class FollowedJob:
         self.resume_entry = b""  # resuming: the entry the client saw part of
         self.skip = 0  # ... and how many of its events it saw
         self.quota_headers: dict[str, str] = {}  # its key's quotas' x-ratelimit-*
+        # A Responses stream: named events, no [DONE], its error an ``error`` event (``sse``).
+        self.named_events = False
         self._stack = stack
 
     @classmethod
@@ -93,6 +95,7 @@ class FollowedJob:
         )
         if submitted.quota is not None:
             followed.quota_headers = ratelimit_headers(submitted.quota)
+        followed.named_events = sub.kind is RequestKind.RESPONSE
         return followed
 
     @classmethod
@@ -128,6 +131,7 @@ class FollowedJob:
             followed.retriable = True
         if submitted.quota is not None:
             followed.quota_headers = ratelimit_headers(submitted.quota)
+        followed.named_events = sub.kind is RequestKind.RESPONSE
         return followed
 
     @classmethod
@@ -181,6 +185,7 @@ class FollowedJob:
             gateway, model=job.model, owner=owner, job_id=job.id, events=events, stack=stack
         )
         followed.resume_entry, followed.skip = entry, skip
+        followed.named_events = job.kind is RequestKind.RESPONSE
         followed.generation = int(
             await gateway.redis.hincrby(keys.job(job.model, job.id), _GENERATION, 1)
         )

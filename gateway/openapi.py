@@ -25,7 +25,7 @@ from broker.batch import KINDS
 from broker.deadlines import MAX_QUEUE_S, SECONDS_PATTERN
 from broker.idempotency import HEADER as IDEMPOTENCY_HEADER
 from broker.idempotency import MAX_KEY_CHARS
-from broker.requests import ChatBody, CompletionBody
+from broker.requests import ChatBody, CompletionBody, EmbeddingBody, ResponseBody
 from broker.settings import Settings
 from broker.tiers import ServiceTiers
 from gateway.batches import METADATA_LIMITS
@@ -41,6 +41,8 @@ _REF = "#/components/schemas/{model}"
 _BODIES: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatBody,
     "/v1/completions": CompletionBody,
+    "/v1/embeddings": EmbeddingBody,
+    "/v1/responses": ResponseBody,
 }
 _ERRORS = {
     "400": "invalid request (body, header or parameter)",
@@ -58,7 +60,7 @@ _ERRORS = {
     "503": "Redis is unavailable, the gateway is shutting down or holds its most connections",
 }
 # The routes that create work, each taking an Idempotency-Key (broker.idempotency).
-_IDEMPOTENT = ("/v1/chat/completions", "/v1/completions", "/v1/files", "/v1/batches")
+_IDEMPOTENT = (*_BODIES, "/v1/files", "/v1/batches")
 _IDEMPOTENCY_PARAMETER = {
     "name": IDEMPOTENCY_HEADER,
     "in": "header",

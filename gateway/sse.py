@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import orjson
 from starlette.responses import Response
@@ -130,10 +130,28 @@ def _to_send(batch: list[ResultEvent]) -> list[ResultEvent] | None:
     return batch
 
 
-def _end_frame(event: ResultEvent, job_id: str, skip: int = 0) -> bytes:
+def _end_frame(event: ResultEvent, job_id: str, skip: int = 0, named: bool = False) -> bytes:
+    """``[DONE]``, after an error event if the job did not complete. A Responses stream
+    (``named``) ends after the engine's last event, as vLLM's and OpenAI's do; its error
+    is an ``error`` event whose data holds OpenAI's error object too (the openai client
+    raises on it)."""
     error = ended_error(event, job_id)
-    frame = _DONE if error is None else b"data: " + orjson.dumps(error.to_body()) + b"\n\n" + _DONE
+    if named:
+        frame = b"" if error is None else _named_error(error.to_body()["error"])
+    elif error is None:
+        frame = _DONE
+    else:
+        frame = b"data: " + orjson.dumps(error.to_body()) + b"\n\n" + _DONE
+    if not frame:
+        return frame
     return frame if event is SHUTDOWN else _with_ids(event.id, frame, skip)
+
+
+def _named_error(error: Mapping[str, object]) -> bytes:
+    """The Responses API's ``error`` event (``type``, ``code``, ``message``, ``param``)."""
+    data = {"type": "error", "code": error.get("code"), "message": error.get("message"),
+            "param": error.get("param"), "error": error}  # fmt: skip
+    return b"event: error\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
 def _decides(event: ResultEvent) -> bool:
@@ -173,7 +191,7 @@ def _frames(batch: list[ResultEvent], job: FollowedJob) -> bytes:
         if event.chunk is not None:
             out.append(_with_ids(event.id, event.chunk, skip))
         elif event.end is not None or event is SHUTDOWN:
-            out.append(_end_frame(event, job.id, skip))
+            out.append(_end_frame(event, job.id, skip, job.named_events))
     return b"".join(out)
 
 

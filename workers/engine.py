@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from broker import Settings
+from broker import RequestKind, Settings
 from workers.engine_http import (
     ConnectFailed,
     EngineClient,
@@ -137,9 +137,91 @@ class Accounting:
     def scan_body(self, body: bytes) -> None:
         parsed = orjson.loads(body)
         if isinstance(parsed.get("usage"), dict):
-            self.usage = parsed["usage"]
+            self.usage = fairq_usage(parsed["usage"])
+        if parsed.get("object") == "response":  # the Responses API: no choices, a status
+            self.finish_reason = _status(parsed)
+            return
         choices = parsed.get("choices") or [{}]
         self.finish_reason = choices[0].get("finish_reason")
+
+
+class ResponsesAccounting(Accounting):
+    """A Responses API stream's accounting: named events (``event: <type>`` then one
+    ``data:`` line), no ``[DONE]``. Its end is ``response.completed`` or
+    ``response.incomplete``, whose response holds the usage: the only events parsed. An
+    ``error`` or ``response.failed`` event is the engine failing mid-stream. Every event
+    passes on as it came (there is no usage chunk to drop); a comment is dropped."""
+
+    def scan(self, events: bytes, keep_usage: bool) -> bytes:
+        kept = []
+        for event in events.split(b"\n\n")[:-1]:
+            if event.startswith(b":"):
+                continue
+            name, data = _named(event)
+            if data is None:
+                shown = event[:80].decode(errors="replace")
+                self.failure = EngineError(
+                    f"the engine sent a malformed stream event: {shown!r}", code="engine_bad_chunk"
+                )
+                break
+            if name in _RESPONSE_FAILED:
+                self.failure = _error_event(b"data: " + data)
+                break
+            if name in _RESPONSE_ENDS:
+                self._note_response(data)
+            kept.append(event + b"\n\n")
+        return b"".join(kept)
+
+    def _note_response(self, data: bytes) -> None:
+        response = orjson.loads(data).get("response") or {}
+        if isinstance(response.get("usage"), dict):
+            self.usage = fairq_usage(response["usage"])
+        self.finish_reason = _status(response)
+        self.done = True
+
+
+_RESPONSE_ENDS = (b"response.completed", b"response.incomplete")
+_RESPONSE_FAILED = (b"error", b"response.failed")
+
+
+def _named(event: bytes) -> tuple[bytes | None, bytes | None]:
+    """An event's name (None without an ``event:`` line) and its data, a JSON object (None:
+    a malformed event). Only the shape is checked: a newline cannot occur inside JSON."""
+    name = None
+    if event.startswith(b"event:"):
+        line, _, event = event.partition(b"\n")
+        name = line[6:].strip()
+    data = event.removeprefix(b"data:").lstrip(b" ")
+    if data == event or not (data.startswith(b"{") and data.endswith(b"}")) or b"\n" in data:
+        return name, None
+    return name, data
+
+
+def _status(response: dict[str, Any]) -> str | None:
+    """A response's end as fairq records a finish reason: ``completed``, or why it is
+    incomplete (``max_output_tokens``: the length limit)."""
+    details = response.get("incomplete_details")
+    if isinstance(details, dict) and isinstance(details.get("reason"), str):
+        return str(details["reason"])
+    status = response.get("status")
+    return status if isinstance(status, str) else None
+
+
+def fairq_usage(usage: dict[str, Any]) -> dict[str, Any]:
+    """Usage in the names fairq's accounting reads (``complete.lua``: fairness and quotas):
+    the Responses API's ``input_tokens`` and ``output_tokens`` become ``prompt_tokens`` and
+    ``completion_tokens``; an embedding's, without output, has ``prompt_tokens`` alone."""
+    if "input_tokens" not in usage or "prompt_tokens" in usage:
+        return usage
+    prompt, output = usage.get("input_tokens") or 0, usage.get("output_tokens") or 0
+    return {"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output}
+
+
+def accounting_for(kind: RequestKind, earlier: Earlier | None = None) -> Accounting:
+    """The accounting of one engine call of a job of ``kind``."""
+    if kind is RequestKind.RESPONSE:
+        return ResponsesAccounting(earlier=earlier)
+    return Accounting(earlier=earlier)
 
 
 def _one_token(events: bytes) -> bool:

@@ -35,10 +35,19 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from broker import Claimed, JobState, Outcome, Settings, StreamMode, WrittenEntry, telemetry
+from broker import (
+    Claimed,
+    JobState,
+    Outcome,
+    RequestKind,
+    Settings,
+    StreamMode,
+    WrittenEntry,
+    telemetry,
+)
 from workers import attempt
 from workers.attempt import Attempt, Whole
-from workers.engine import Accounting, complete, engine_headers, stream_events
+from workers.engine import Accounting, accounting_for, complete, engine_headers, stream_events
 from workers.engine_http import EngineClient
 from workers.engine_info import ContextLengths
 from workers.errors import EngineError
@@ -128,7 +137,7 @@ class JobRunner:
         payload = with_priority(plan.payload, job.engine_priority)
         tries = self._settings.engine_max_tries
         for call in range(1, tries + 1):
-            accounting = Accounting(earlier=plan.earlier)
+            accounting = accounting_for(job.kind, plan.earlier)
             try:
                 await self._call(job, plan, payload, accounting, progress)
             except EngineError as exc:
@@ -188,6 +197,7 @@ class JobRunner:
         progress: _Progress,
     ) -> None:  # fmt: skip
         shape, stamp = plan.shape, self._stamps.of(job.band)
+        stamped = stamp.response_events if job.kind is RequestKind.RESPONSE else stamp.events
 
         def on_events(events: bytes) -> None:  # runs inside the HTTP client's callback
             trail = None
@@ -195,7 +205,7 @@ class JobRunner:
                 events, trail = shape(events)
                 if not events:
                     return
-            events = stamp.events(events)
+            events = stamped(events)
             if progress.first_ms is None:
                 progress.first_ms = int(time.time() * 1000)
                 self._writer.chunk(job, events, first=True, trail=trail)

@@ -53,6 +53,14 @@ class TierStamp:
                 return stamped + b"\n\n"
         return event[:-1] + self._end
 
+    def response_events(self, events: bytes) -> bytes:
+        """A Responses stream's events with the tier in the response they carry: its
+        ``service_tier`` (``response.created``, ``response.completed``, ...) replaced; the
+        other events are relayed unchanged (theirs is no field of theirs)."""
+        if _MARK not in events:
+            return events
+        return _MEMBER.sub(lambda _: self._member, events)
+
     def body(self, body: bytes) -> bytes:
         """A whole JSON body with the tier as its ``service_tier``."""
         parsed = orjson.loads(body)  # an object: ``workers.engine.complete`` refuses others

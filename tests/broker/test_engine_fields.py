@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from openai.types import completion_create_params
+from openai.types import completion_create_params, embedding_create_params
 from openai.types.chat import completion_create_params as chat_create_params
+from openai.types.responses import response_create_params
 from pydantic import ValidationError
 from redis.asyncio import Redis
 
@@ -29,16 +30,25 @@ ENGINE_PRIVATE = [
 ]  # fmt: skip
 CHAT: dict[str, object] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 COMPLETION: dict[str, object] = {"model": "m", "prompt": "hi"}
+EMBEDDING: dict[str, object] = {"model": "m", "input": "hi"}
+RESPONSE: dict[str, object] = {"model": "m", "input": "hi"}
 BODIES: dict[RequestKind, dict[str, object]] = {
     RequestKind.CHAT: CHAT,
     RequestKind.COMPLETION: COMPLETION,
+    RequestKind.EMBEDDING: EMBEDDING,
+    RequestKind.RESPONSE: RESPONSE,
+}
+SDK_PARAMS: dict[RequestKind, type] = {
+    RequestKind.CHAT: chat_create_params.CompletionCreateParamsBase,
+    RequestKind.COMPLETION: completion_create_params.CompletionCreateParamsBase,
+    RequestKind.EMBEDDING: embedding_create_params.EmbeddingCreateParams,
+    RequestKind.RESPONSE: response_create_params.ResponseCreateParamsBase,
 }
 
 
 def sdk_fields(kind: RequestKind) -> set[str]:
     """The request fields of the official openai SDK's ``create`` for ``kind``."""
-    params = chat_create_params if kind is RequestKind.CHAT else completion_create_params
-    return {*params.CompletionCreateParamsBase.__annotations__, "stream"}
+    return {*SDK_PARAMS[kind].__annotations__, "stream"}
 
 
 def refusal(kind: RequestKind, body: dict[str, object], model: ModelConfig) -> InvalidRequest:
@@ -50,9 +60,10 @@ def refusal(kind: RequestKind, body: dict[str, object], model: ModelConfig) -> I
 @pytest.mark.parametrize("kind", list(RequestKind))
 def test_every_field_passed_by_default_is_one_of_openais(kind: RequestKind) -> None:
     assert OPENAI_FIELDS[kind] <= sdk_fields(kind)
-    assert {"model", "stream", "max_tokens", "temperature", "top_p", "stop", "seed"} <= (
-        OPENAI_FIELDS[kind]
-    )
+    if kind.generates:
+        assert {"model", "stream", "max_tokens", "temperature", "top_p", "stop", "seed"} <= (
+            OPENAI_FIELDS[kind]
+        )
 
 
 def test_the_defaults_hold_the_sampling_and_output_fields_of_each_kind() -> None:
@@ -68,13 +79,49 @@ def test_the_defaults_hold_the_sampling_and_output_fields_of_each_kind() -> None
     assert not left_out & OPENAI_FIELDS[RequestKind.CHAT]
 
 
-@pytest.mark.parametrize("kind", list(RequestKind))
+@pytest.mark.parametrize("kind", [kind for kind in RequestKind if kind.generates])
 def test_an_openai_body_with_fairqs_own_fields_passes(kind: RequestKind) -> None:
     body = {**BODIES[kind], "temperature": 0.2, "stream": True, "user": "u", "n": 1,
             "stream_options": {"include_usage": True}, "service_tier": "flex",
             "priority": 3}  # fmt: skip
     assert {"service_tier", "priority"} <= FAIRQ_FIELDS
     check_fields(kind, body, DEFAULT)
+
+
+def test_an_embedding_takes_openais_fields_and_fairqs_but_not_generation_ones() -> None:
+    body = {**EMBEDDING, "input": ["a", "b"], "encoding_format": "base64", "dimensions": 8,
+            "user": "u", "service_tier": "flex", "priority": 3}  # fmt: skip
+    check_fields(RequestKind.EMBEDDING, body, DEFAULT)
+    assert refusal(RequestKind.EMBEDDING, {**EMBEDDING, "stream": True}, DEFAULT).param == "stream"
+    assert refusal(RequestKind.EMBEDDING, {**EMBEDDING, "max_tokens": 1}, DEFAULT).param == (
+        "max_tokens"
+    )
+
+
+def test_a_response_takes_store_false_only_and_no_stored_state_unless_allowed() -> None:
+    body = {**RESPONSE, "instructions": "be brief", "max_output_tokens": 9, "stream": True,
+            "tools": [], "reasoning": {"effort": "low"}, "store": False}  # fmt: skip
+    check_fields(RequestKind.RESPONSE, body, DEFAULT)
+    stored_state = [("store", True), ("previous_response_id", "resp_1"), ("background", True),
+                    ("conversation", "c"), ("max_tokens", 5)]  # fmt: skip
+    for field, value in stored_state:
+        refused = refusal(RequestKind.RESPONSE, {**RESPONSE, field: value}, DEFAULT)
+        assert refused.param == field and "Responses API" in refused.to_body()["error"]["message"]
+    stored = DEFAULT.model_copy(update={"allow_fields": ("store", "previous_response_id")})
+    check_fields(
+        RequestKind.RESPONSE, {**RESPONSE, "store": True, "previous_response_id": "r"}, stored
+    )
+
+
+def test_a_response_asks_the_engine_to_store_nothing_unless_the_client_may() -> None:
+    vllm = DEFAULT.model_copy(update={"engine": "vllm"})
+    payload = orjson.loads(
+        engine_payload({**RESPONSE, "stream": True}, "j", vllm, RequestKind.RESPONSE)
+    )
+    assert payload["store"] is False and payload["request_id"] == "resp_j"
+    assert "stream_options" not in payload  # its usage comes in response.completed
+    kept = engine_payload({**RESPONSE, "store": True}, "j", vllm, RequestKind.RESPONSE)
+    assert orjson.loads(kept)["store"] is True
 
 
 @pytest.mark.parametrize("field", ENGINE_PRIVATE)

@@ -11,6 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from broker import Settings, keys, lua
+from broker.jobs import RequestKind
 from broker.quotas import (
     DAY_MS,
     MINUTE_MS,
@@ -20,10 +21,10 @@ from broker.quotas import (
     Reading,
     Unit,
     Window,
-    estimate_tokens,
     reading,
     refusal_message,
 )
+from broker.requests import estimate_tokens
 from broker.settings import QuotaConfig
 from tests.support.cli import fairq
 from tests.support.settings import api_key, make_settings
@@ -111,6 +112,15 @@ def test_the_estimate_is_the_prompt_at_four_characters_a_token_and_the_output_as
     assert estimate_tokens({"messages": messages, "max_tokens": 10}, model) == prompt + 10
     assert estimate_tokens({"messages": messages, "max_completion_tokens": 7}, model) == prompt + 7
     assert estimate_tokens({"prompt": "hi"}, model) == 1 + 64
+
+
+def test_an_embedding_is_estimated_without_output_and_a_response_by_max_output_tokens() -> None:
+    model = make_settings(model_fields={"default_output_tokens": 64}).models[0]
+    text = "x" * 398  # 400 characters as JSON
+    assert estimate_tokens({"input": text}, model, RequestKind.EMBEDDING) == 100
+    response = {"input": text, "max_output_tokens": 9}
+    assert estimate_tokens(response, model, RequestKind.RESPONSE) == len(f'["","{text}"]') // 4 + 9
+    assert estimate_tokens({"input": text}, model, RequestKind.RESPONSE) == 101 + 64
 
 
 def settings_error(**config: Any) -> str:

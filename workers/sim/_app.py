@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from workers.sim._embeddings import EmbeddingJson, parse_embedding
 from workers.sim._engine import Engine, engine_running
 from workers.sim._errors import EngineStopped, RequestError
 from workers.sim._faults import FaultBook
@@ -27,6 +28,7 @@ from workers.sim._metrics import CONTENT_TYPE_LATEST, SimMetrics
 from workers.sim._parsing import GenRequest, parse_request
 from workers.sim._profile import SimProfile
 from workers.sim._responses import JsonCompletionResponse, SseResponse
+from workers.sim._responses_api import ResponsesJson, ResponsesSse, parse_responses
 from workers.sim._tokens import anchor_of, answer_seed, prompt_ids
 from workers.sim._wire import (
     VLLM_VERSION,
@@ -70,6 +72,9 @@ def create_app(models: list[str], profile: SimProfile, *, startup_s: float = 0.0
     # Plain Starlette routes: the handlers read raw bytes, no validation layer per request.
     app.add_route("/v1/chat/completions", routes.chat_completions, methods=["POST"])
     app.add_route("/v1/completions", routes.completions, methods=["POST"])
+    app.add_route("/v1/responses", routes.responses, methods=["POST"])
+    if profile.embeddings:
+        app.add_route("/v1/embeddings", routes.embeddings, methods=["POST"])
     app.add_route("/v1/models", routes.list_models, methods=["GET"])
     app.add_route("/health", routes.health, methods=["GET"])
     app.add_route("/metrics", routes.metrics, methods=["GET"])
@@ -135,6 +140,36 @@ class _Routes:
 
     async def completions(self, request: Request) -> Response:
         return await self._generate(request, chat=False)
+
+    async def embeddings(self, request: Request) -> Response:
+        """One prefill per request, its vectors from its inputs (``_embeddings``)."""
+        try:
+            req = parse_embedding(await request.body(), self.models)
+            seq = self.engine.submit(req.model, req.prompt_tokens, 1, "stop", streamed=False)
+        except RequestError as exc:
+            return _error(exc.status, exc.error_type, exc.message, exc.param)
+        except EngineStopped as exc:
+            return _error(503, "ServiceUnavailableError", str(exc))
+        meta = ResponseMeta(req.request_id or "", int(time.time()), req.model, 0,
+                            req.prompt_tokens, "stop", self.fingerprint)  # fmt: skip
+        return EmbeddingJson(self.engine, seq, meta, req)
+
+    async def responses(self, request: Request) -> Response:
+        """The Responses API: a chat generation in its shape (``_responses_api``)."""
+        try:
+            req = parse_responses(await request.body(), self.models, self.profile)
+            seq = self.engine.submit(
+                req.model, req.prompt_tokens, req.max_tokens, req.finish_reason,
+                priority=req.priority, streamed=req.stream, prefix_blocks=req.prefix_blocks,
+            )  # fmt: skip
+        except RequestError as exc:
+            return _error(exc.status, exc.error_type, exc.message, exc.param)
+        except EngineStopped as exc:
+            return _error(503, "ServiceUnavailableError", str(exc))
+        meta = self._meta(req)
+        if req.stream:
+            return ResponsesSse(self.engine, seq, meta, req)
+        return ResponsesJson(self.engine, seq, meta, req)
 
     async def list_models(self, _: Request) -> Response:
         body = models_body(self.models, self.created, self.profile.max_model_len)

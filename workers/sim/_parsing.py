@@ -44,8 +44,8 @@ class GenRequest:
 
 
 def parse_request(raw: bytes, *, chat: bool, models: list[str], profile: SimProfile) -> GenRequest:
-    body = _json_object(raw)
-    model = _model(body, models)
+    body = json_object(raw)
+    model = model_of(body, models)
     if body.get("n") not in (None, 1):
         raise bad_request("The engine simulator supports only n=1.")
     prompt_ids = None if chat else _prompt_ids(body)
@@ -80,7 +80,7 @@ def parse_request(raw: bytes, *, chat: bool, models: list[str], profile: SimProf
     )
 
 
-def _json_object(raw: bytes) -> dict[str, Any]:
+def json_object(raw: bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -90,7 +90,7 @@ def _json_object(raw: bytes) -> dict[str, Any]:
     return body
 
 
-def _model(body: dict[str, Any], models: list[str]) -> str:
+def model_of(body: dict[str, Any], models: list[str]) -> str:
     model = body.get("model")
     if model is None:
         return models[0]  # vLLM serves its first model name when none is given

@@ -49,6 +49,9 @@ class SimProfile(BaseModel):
     # configuration (here what the simulator has: its scheduling policy and sizes). vLLM
     # says its scheduling policy nowhere else.
     dev_mode: bool = False
+    # The models serve /v1/embeddings (as a vLLM pod of a pooling model does); False: the
+    # route is not there (404, as a pod of a generative model answers).
+    embeddings: bool = True
 
     @property
     def num_kv_blocks(self) -> int:

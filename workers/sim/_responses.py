@@ -30,7 +30,7 @@ from workers.sim._wire import (
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8")]
 
 
-class _EngineResponse(Response):
+class EngineResponse(Response):
     def __init__(self, engine: Engine, seq: SimSequence, meta: ResponseMeta) -> None:
         # Response.__init__ would render a body; these responses build their own.
         self.status_code = 200
@@ -61,7 +61,7 @@ class _EngineResponse(Response):
         self._engine.abort(self._seq)
 
 
-class SseResponse(_EngineResponse):
+class SseResponse(EngineResponse):
     """`text/event-stream` of vLLM chunks, one per token, then `data: [DONE]`."""
 
     def __init__(
@@ -124,7 +124,7 @@ class SseResponse(_EngineResponse):
         return False
 
 
-class JsonCompletionResponse(_EngineResponse):
+class JsonCompletionResponse(EngineResponse):
     """The whole completion object once the sequence finishes."""
 
     def __init__(
@@ -152,14 +152,18 @@ class JsonCompletionResponse(_EngineResponse):
             status = 503
             body = error_body(status, "ServiceUnavailableError", "The engine is shutting down.")
         else:
-            render = chat_response if self._chat else completion_response
-            body, status = render(self._meta, seq.generated), 200
+            body, status = self._render(seq.generated), 200
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
         ]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+    def _render(self, generated: int) -> bytes:
+        """The body of the finished sequence (another route's shape in a subclass)."""
+        render = chat_response if self._chat else completion_response
+        return render(self._meta, generated)
 
 
 async def _hang(gone: asyncio.Event, hang_s: float) -> None:
