@@ -3,7 +3,9 @@
 Each file is written from the batch's ``res`` hash (read in line order, a page of
 lines at a time) under a temporary key and renamed into place, with an id derived
 from the batch: a finalize killed half-way and run again writes the same files
-again, whole. Only after the batch has its end status are its working keys
+again, whole. The files count against the owner's file quota but are never refused
+for it (a batch's results are not lost for want of space); they expire after
+``batch.output_file_keep_s``. Only after the batch has its end status are its working keys
 deleted, so a rerun always finds what it needs.
 """
 
@@ -54,6 +56,7 @@ async def _write(
         f"{ctx.batch_id}_{name}.jsonl",
         "batch_output",
         _records(ctx, batch.n("line"), kind),
+        keep_s=ctx.settings.batch.output_file_keep_s,
         file_id=file_id,
     )
 

@@ -84,6 +84,10 @@ The Batch API (``broker/batch``); a file's and a batch's keys share its id as ha
     fq:file:{id}:data        string   the file's bytes
     fq:file:{id}:tmp         string   an output file being written (renamed to :data)
     fq:files:{owner}         zset     the owner's file ids by creation time (ms)
+    fq:files:{owner}:held    hash     file id -> bytes, of the files the owner's quota counts;
+                                      field '*': their total (``file_reserve.lua``)
+    fq:files:{owner}:ends    zset     the same file ids, score = when each stops counting (s):
+                                      its expires_at, or an hour on while it is uploaded
     fq:batch:{id}            hash     the batch object, its counters and ingest cursor
     fq:batch:{id}:res        hash     line -> the line's output or error record, until finalize
     fq:batch:{id}:pending    zset     "job id\ncustom_id" of queued/running lines, score = line
@@ -91,6 +95,9 @@ The Batch API (``broker/batch``); a file's and a batch's keys share its id as ha
     fq:batch:{id}:lease      string   the RQ job that may advance the batch now (SET NX PX)
     fq:batches:{owner}       zset     the owner's batch ids by creation time (ms)
     fq:batches:active        set      batches not yet in a terminal state (batch workers sweep)
+
+A file's keys expire at its ``expires_at`` (EXPIREAT); its owner's keys hold its share of
+the quota until the owner's next upload finds it past its end and releases it.
 """
 
 from __future__ import annotations
@@ -293,6 +300,14 @@ def file_tmp(file_id: str) -> str:
 
 def owner_files(owner: str) -> str:
     return f"fq:files:{{{owner}}}"
+
+
+def owner_files_held(owner: str) -> str:
+    return f"fq:files:{{{owner}}}:held"
+
+
+def owner_files_ends(owner: str) -> str:
+    return f"fq:files:{{{owner}}}:ends"
 
 
 def batch(batch_id: str) -> str:

@@ -5,10 +5,16 @@ Creating a batch only records it (status ``validating``); the batch workers
 write the output and error files. The key must be entitled to band ``batch``. A
 create with an ``Idempotency-Key`` makes its batch once per key (its fingerprint: the
 body); a retry gets the first try's batch as it is now (``Idempotent-Replayed: true``).
+
+A batch keeps its input file, however early it was to expire, until the batch's window
+and ``batch.line_keep_s`` (the batch-worker outage a batch survives) have passed: the
+ingest reads it a block at a time for as long as the batch is validating, and a file
+gone mid-read would end the batch's lines early. The file's ``expires_at`` shows that.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -87,6 +93,9 @@ async def create_batch(request: Request, caller: Caller) -> Response:
         raise InvalidRequest(
             f"file {file.id} has purpose {file.purpose!r}, not 'batch'", param="input_file_id"
         )
+    # Before the batch exists, so no batch worker reads a file that may expire under it.
+    reading_until = int(time.time()) + windows[window] + gateway.settings.batch.line_keep_s
+    file = await FileStore(gateway.redis).keep_until(file, reading_until)
     batch, replayed = await _create(
         request,
         caller,

@@ -23,8 +23,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Message
 
 from broker.auth import Principal
-from broker.batch import FileRecord, FileStore
-from broker.errors import BodyTooLarge, InvalidRequest
+from broker.batch import FileRecord, FileStore, Quota, expires_in_s
+from broker.errors import BodyTooLarge, Forbidden, InvalidRequest
 from broker.idempotency import Fingerprint
 from gateway.auth import Caller
 from gateway.errors import json_response, list_response
@@ -82,21 +82,49 @@ async def _fingerprint(purpose: str, filename: str, upload: UploadFile) -> str:
     return found.hexdigest()
 
 
+def _may_upload(request: Request, caller: Principal) -> None:
+    """Forbidden unless the key may run batches: files are batch input only."""
+    bands = gateway_of(request).settings.bands
+    try:
+        caller.band_for("batch", bands)
+    except (Forbidden, InvalidRequest):
+        raise Forbidden(
+            "this API key may not upload files: uploads are batch input, and the key may not "
+            f"use priority band 'batch' (allowed: {', '.join(caller.bands)}); ask the "
+            "operator for a key with band 'batch'"
+        ) from None
+
+
 async def _store_upload(
-    request: Request, caller: Principal, key: str | None, purpose: str, upload: UploadFile
+    request: Request,
+    caller: Principal,
+    key: str | None,
+    purpose: str,
+    upload: UploadFile,
+    *,
+    keep_s: int,
 ) -> tuple[FileRecord, bool]:
     """The stored file, and whether it is an earlier try's (with an Idempotency-Key)."""
     store, filename = _store(request), upload.filename or "upload.jsonl"
+    batch = gateway_of(request).settings.batch
+    quota, size = Quota(batch.owner_max_bytes, batch.owner_max_files), upload.size
     if key is None:
-        return await store.create(caller.user, filename, purpose, _blocks(upload)), False
+        record = await store.create(
+            caller.user, filename, purpose, _blocks(upload), keep_s=keep_s, size=size, quota=quota
+        )
+        return record, False
     once = scoped(request, caller, key, "files", await _fingerprint(purpose, filename, upload))
-    record, created = await store.create_once(once, caller.user, filename, purpose, _blocks(upload))
+    record, created = await store.create_once(
+        once, caller.user, filename, purpose, _blocks(upload), keep_s=keep_s, size=size, quota=quota
+    )
     return record, not created
 
 
 @router.post("/v1/files")
 async def upload_file(request: Request, caller: Caller) -> Response:
-    limit = gateway_of(request).settings.batch.max_file_bytes
+    _may_upload(request, caller)
+    batch = gateway_of(request).settings.batch
+    limit = batch.max_file_bytes
     key = idempotency_key(request)
     form = await _bounded(request, limit).form(max_files=1, max_fields=8)
     try:
@@ -112,7 +140,12 @@ async def upload_file(request: Request, caller: Caller) -> Response:
             )
         if upload.size is not None and upload.size > limit:
             raise _too_large(limit)
-        record, replayed = await _store_upload(request, caller, key, str(purpose), upload)
+        keep_s = expires_in_s(
+            form.get("expires_after[anchor]"), form.get("expires_after[seconds]"), batch.file_keep_s
+        )
+        record, replayed = await _store_upload(
+            request, caller, key, str(purpose), upload, keep_s=keep_s
+        )
     finally:
         await form.close()
     return json_response(record.public(), headers=replay_headers(replayed))

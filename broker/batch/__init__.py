@@ -8,17 +8,21 @@
 The gateway serves these; the batch worker (``batch``) runs the batches.
 """
 
-from broker.batch.errors import BatchError, NotCancellable
-from broker.batch.files import FileRecord, FileStore
+from broker.batch.errors import BatchError, FilesQuotaExceeded, NotCancellable
+from broker.batch.files import NO_LIMIT, FileRecord, FileStore, Quota, expires_in_s
 from broker.batch.lines import KINDS
 from broker.batch.store import BatchRecord, BatchStore
 
 __all__ = [
     "KINDS",
+    "NO_LIMIT",
     "BatchError",
     "BatchRecord",
     "BatchStore",
     "FileRecord",
     "FileStore",
+    "FilesQuotaExceeded",
     "NotCancellable",
+    "Quota",
+    "expires_in_s",
 ]

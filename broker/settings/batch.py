@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from broker.errors import SettingError
 from broker.settings._base import Frozen
+
+_DAY_S = 86400
 
 
 class BatchSettings(Frozen):
@@ -16,6 +19,34 @@ class BatchSettings(Frozen):
         description="Largest upload in bytes, beyond which 413 (200 MiB; OpenAI's limit is "
         "200 MB). Files live "
         "in Redis: each costs about its size in memory.",
+    )
+    owner_max_bytes: int = Field(
+        default=1 << 30,
+        ge=1024,
+        description="Bytes of files one owner (a key's user) may hold, beyond which an upload "
+        "is refused with 429 files_quota_exceeded (1 GiB: five full-size batch files). Files "
+        "live in a noeviction Redis that every request shares: a full Redis refuses everyone, "
+        "so the sum over owners must fit beside the queues. A batch's output and error files "
+        "count, but are never refused.",
+    )
+    owner_max_files: int = Field(
+        default=1000,
+        ge=1,
+        description="Files one owner may hold, beyond which an upload is refused with 429 "
+        "files_quota_exceeded (each file costs Redis keys however small; listing walks them).",
+    )
+    file_keep_s: int = Field(
+        default=30 * _DAY_S,
+        ge=60,
+        description="An upload expires this long after it was made unless its expires_after "
+        "asks for less (OpenAI's default for purpose=batch: 30 days); also the longest "
+        "expires_after allowed. A batch keeps its input file until the batch's own window "
+        "and line_keep_s have passed, however early the file was to expire.",
+    )
+    output_file_keep_s: int = Field(
+        default=30 * _DAY_S,
+        ge=60,
+        description="A batch's output and error files expire this long after the batch wrote them.",
     )
     max_lines: int = Field(
         default=50_000, ge=1, description="Lines of one batch file (OpenAI's limit)."
@@ -62,3 +93,13 @@ class BatchSettings(Frozen):
     read_block_bytes: int = Field(
         default=1 << 20, ge=1024, description="Bytes read from a batch file at once."
     )
+
+    @model_validator(mode="after")
+    def _a_file_fits_the_quota(self) -> BatchSettings:
+        if self.max_file_bytes > self.owner_max_bytes:
+            raise SettingError(
+                ("owner_max_bytes",),
+                f"must be at least batch.max_file_bytes ({self.max_file_bytes}): "
+                "else no upload of the largest size could ever be held",
+            )
+        return self

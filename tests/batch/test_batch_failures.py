@@ -63,7 +63,9 @@ def submit(settings: Settings, lines: list[bytes]) -> str:
     async def create() -> str:
         client = Redis.from_url(settings.require_redis_url())
         caller = KeyRing(settings).resolve(ALICE_KEY)
-        file = await FileStore(client).create(caller.user, "in.jsonl", "batch", blocks())
+        file = await FileStore(client).create(
+            caller.user, "in.jsonl", "batch", blocks(), keep_s=86400
+        )
         batch = await BatchStore(client).create(
             caller, input_file_id=file.id, endpoint="/v1/chat/completions", window="24h",
             window_s=86400, metadata=None,
