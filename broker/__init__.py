@@ -45,6 +45,7 @@ from broker.ownership import OwnershipStore
 from broker.process.tasks import stop_task, wait_event
 from broker.process.uvicorn_server import QuietSignalServer, quiet_config
 from broker.queue import JobQueue
+from broker.quota_status import QuotaUse, read_quotas
 from broker.redis.connect import connect, connect_blocking, lean_link
 from broker.results import ResultEvent, ResultReader
 from broker.settings import (
@@ -110,6 +111,7 @@ __all__ = [
     "Principal",
     "QueueFull",
     "QuietSignalServer",
+    "QuotaUse",
     "Reclaim",
     "RequestKind",
     "Reroute",
@@ -141,6 +143,7 @@ __all__ = [
     "quiet_config",
     "read_latencies",
     "read_queues",
+    "read_quotas",
     "read_status",
     "stop_task",
     "telemetry",

@@ -46,6 +46,9 @@ from broker import keys
 
 MINUTE_MS = 60_000  # prelude.lua's MINUTE_MS and DAY_MS
 DAY_MS = 86_400_000
+# A quota's counters (keys.tenant_quota), in prelude.lua's quota_counts order: the minute
+# counted, its tokens and requests, the day counted, its tokens and requests.
+COUNTER_FIELDS = ("mi", "mt", "mr", "di", "dt", "dr")
 
 
 class Unit(enum.Enum):
@@ -103,6 +106,13 @@ class Quota:
     key: str
     config: QuotaLimits
 
+    @classmethod
+    def of(cls, config: QuotaLimits) -> Quota:
+        """The quota of a tenant's or a user's entry, with its counters' key."""
+        if config.tenant is not None:
+            return cls(keys.tenant_quota(config.tenant), config)
+        return cls(keys.user_quota(str(config.user)), config)
+
     def limits(self) -> list[int | None]:
         """Its limits in enqueue.lua's order (None: no such limit)."""
         return [getattr(self.config, name) for _, _, name in _LIMITS]
@@ -112,10 +122,8 @@ class QuotaBook:
     """The quotas of the settings by tenant and by user; built once."""
 
     def __init__(self, quotas: Sequence[QuotaLimits]) -> None:
-        self._tenants = {
-            q.tenant: Quota(keys.tenant_quota(q.tenant), q) for q in quotas if q.tenant
-        }
-        self._users = {q.user: Quota(keys.user_quota(q.user), q) for q in quotas if q.user}
+        self._tenants = {q.tenant: Quota.of(q) for q in quotas if q.tenant}
+        self._users = {q.user: Quota.of(q) for q in quotas if q.user}
 
     def of(self, tenant: str, user: str) -> tuple[Quota, ...]:
         """The quotas a job of ``tenant`` and (the key's) ``user`` counts against."""
@@ -133,6 +141,43 @@ class Counts(NamedTuple):
     tokens_day: int
     requests_minute: int
     requests_day: int
+
+
+def counts_now(counters: Sequence[bytes | str | int | None], now_ms: int) -> Counts:
+    """A quota's counters as ``HMGET`` of ``COUNTER_FIELDS`` returns them, in the windows
+    of ``now_ms``: a window that has passed (or was never counted) counts 0, as
+    prelude.lua's ``quota_counts`` reads it, since the next charge starts it again."""
+    mi, mt, mr, di, dt, dr = (None if v is None else int(v) for v in counters)
+    minute, day = mi == now_ms // MINUTE_MS, di == now_ms // DAY_MS
+    return Counts(
+        (mt or 0) if minute else 0,
+        (dt or 0) if day else 0,
+        (mr or 0) if minute else 0,
+        (dr or 0) if day else 0,
+    )
+
+
+class Use(NamedTuple):
+    """One limit of a quota now: what its window has used, and when it counts 0 again."""
+
+    name: str  # the setting: tokens_per_minute, tokens_per_day, requests_per_...
+    used: int
+    limit: int
+    reset_ms: int
+
+    @property
+    def remaining(self) -> int:
+        # A job's usage may pass its estimate, and so the limit: nothing is left, not less.
+        return max(0, self.limit - self.used)
+
+
+def uses(quota: Quota, counts: Counts, now_ms: int) -> list[Use]:
+    """Each limit the quota has, in enqueue.lua's order, with what ``counts`` used of it."""
+    return [
+        Use(name, used, limit, window.reset_ms(now_ms))
+        for (_, window, name), limit, used in zip(_LIMITS, quota.limits(), counts, strict=True)
+        if limit is not None
+    ]
 
 
 class Standing(NamedTuple):

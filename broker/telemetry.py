@@ -7,7 +7,9 @@ Each component exports what it alone knows; Prometheus joins them by name:
     dispatcher  queue depth and backlogged users per model and band (read from Redis on
                 a timer, never per scrape), per-user depth for the top N users only,
                 dispatches, admission refusals by reason, the engines as
-                its scraper last saw them, the admission room per endpoint and band
+                its scraper last saw them, the admission room per endpoint and band; each
+                configured quota's use and limit (read on the same timer; every
+                dispatcher replica exports the same values: aggregate with max, not sum)
     worker      jobs running, jobs ended by state, queue wait and time to first token;
                 reclaims, dead letters, engine retries, expired jobs, resumed answers
     batch       requests of batches by state (``batch_request_ended``; see below)
@@ -189,6 +191,11 @@ ADMISSION_ROOM = Gauge(
     "Jobs admission would send the endpoint now, by band and the limit that binds",
     ("model", "endpoint", "band", "limit"),
 )
+_QUOTA = ("scope", "name", "limit")  # tenant | user, its name, tokens_per_minute | ...
+QUOTA_USED = Gauge(
+    "fairq_quota_used", "Tokens or requests a quota's current window has used", _QUOTA
+)
+QUOTA_LIMIT = Gauge("fairq_quota_limit", "A quota's limit (tokens or requests)", _QUOTA)
 # The worker's table (workers.telemetry.WorkerCollector).
 WORKER_RUNNING = Gauge("fairq_worker_jobs_running", "Jobs this worker runs now", ("model",))
 WORKER_CONCURRENCY = Gauge("fairq_worker_concurrency", "Jobs this worker runs at most")

@@ -6,7 +6,10 @@ replica owns (the lease holder: ``dispatcher.ownership``) from Redis
 with what only this process knows -- the scraper's view of each engine and the
 admission decision per endpoint and band -- and writes the result as the model's
 status snapshot (``fq:{m}:status``, short TTL). The same latest view feeds the
-Prometheus collector, so a scrape of ``/metrics`` never touches Redis.
+Prometheus collector, so a scrape of ``/metrics`` never touches Redis. Each round also
+reads the configured quotas' counters (``broker.quota_status``) for the
+``fairq_quota_*`` gauges; they belong to no model, so every replica reads and exports
+them, the same values from the same Redis (aggregate them with ``max``, not ``sum``).
 
 A round publishes ``_CONCURRENT`` models at a time and the next one starts
 ``status_interval_s`` after it began, so at many models the period is still the interval
@@ -46,11 +49,13 @@ from broker import (
     ModelConfig,
     ModelQueues,
     ModelSnapshot,
+    QuotaUse,
     Settings,
     Snapshot,
     publish_status,
     read_latencies,
     read_queues,
+    read_quotas,
     stop_task,
     telemetry,
     wait_event,
@@ -159,6 +164,7 @@ class StatusPublisher:
         self._dispatcher = dispatcher
         self._history = {m.name: _History() for m in dispatcher.models}
         self.latest: dict[str, ModelStatus] = {}
+        self.quotas: list[QuotaUse] = []  # the configured quotas at the last round
         self._due: set[str] = set()  # models to publish at once
         self._at_once: dict[str, float] = {}  # model -> when it was last published at once
         self._poke: asyncio.Event | None = None  # while ``run`` runs: a model is due
@@ -194,7 +200,18 @@ class StatusPublisher:
         owned = self._dispatcher.owned  # the lease holder of a model publishes its status
         for name in set(self.latest) - owned:
             del self.latest[name]
-        await self._publish_each([m for m in self._dispatcher.models if m.name in owned])
+        await asyncio.gather(
+            self._publish_each([m for m in self._dispatcher.models if m.name in owned]),
+            self.refresh_quotas(),
+        )
+
+    async def refresh_quotas(self) -> None:
+        """The quotas' use for the gauges: no model's, so every replica reads them, one
+        pipelined read a round; a failure keeps the last."""
+        try:
+            self.quotas = await read_quotas(self._redis, self._settings.quotas)
+        except RedisError as exc:
+            log.warning("quotas not read (%s)", exc)
 
     async def _publish_each(self, models: Sequence[ModelConfig]) -> None:
         """Publish ``models``, ``_CONCURRENT`` at a time; a failure is logged, not raised."""
@@ -332,6 +349,7 @@ class DispatcherCollector(Collector):
         yield from _queue_families(latest)
         yield from _demand_families(latest, time.time())
         yield from _engine_families(latest)
+        yield from _quota_families(self._publisher.quotas)
 
 
 def _queue_families(latest: dict[str, ModelStatus]) -> Iterator[Metric]:
@@ -385,3 +403,15 @@ def _engine_families(latest: dict[str, ModelStatus]) -> Iterator[Metric]:
             for band, decision in row["admission"].items():  # type: ignore[attr-defined]
                 room.add_metric([model, url, band, decision["limit"]], decision["room"])
     yield from (*gauges.values(), healthy, tpot, room)
+
+
+def _quota_families(quotas: list[QuotaUse]) -> Iterator[Metric]:
+    """A series per limit of each configured quota: bounded by the configuration."""
+    used = telemetry.QUOTA_USED.family()
+    limit = telemetry.QUOTA_LIMIT.family()
+    for quota in quotas:
+        for use in quota.uses:
+            labels = [quota.scope, quota.name, use.name]
+            used.add_metric(labels, use.used)
+            limit.add_metric(labels, use.limit)
+    yield from (used, limit)

@@ -4,8 +4,9 @@
 (learned, or ``batch_slots``, with a note where the engine disagrees with that),
 KV-cache use and time per output token, and the admission state per band; per band
 the backlog and the users with most jobs queued; the newcomers' time to first token)
-from the snapshots the dispatchers publish into Redis (``broker.status``); ``--json``
-prints what ``/admin/status`` answers. ``top`` is the same, redrawn every second until
+from the snapshots the dispatchers publish into Redis (``broker.status``), and the quotas'
+use of their limits (``broker.quota_status``); ``--json`` prints what ``/admin/status``
+answers. ``top`` is the same, redrawn every second until
 Ctrl-C. ``jobs`` lists jobs by scanning the models' job hashes (an operator tool: it
 reads at most ``--scan`` keys per model), ``job`` shows one job's record.
 """
@@ -31,6 +32,7 @@ from rich.text import Text
 
 from broker import FairqError, JobQueue, JobRecord, JobState, Settings, connect, keys, read_status
 from broker import job_fields as jf
+from broker.quota_status import read_quotas
 from fairq.runtime import CONFIG, REDIS, SETTING, environment, stack_settings_or_exit
 
 _ENV = environment(CONFIG, REDIS, SETTING)
@@ -52,7 +54,8 @@ def _run(settings: Settings, work: Callable[[Redis], Awaitable[T]]) -> T:
 async def _status(redis: Redis, settings: Settings) -> dict[str, Any]:
     now_ms = int(time.time() * 1000)
     models = await read_status(redis, settings, now_ms)
-    return {"object": "fairq.status", "at_ms": now_ms, "models": models}
+    quotas = [q.public() for q in await read_quotas(redis, settings.quotas)]
+    return {"object": "fairq.status", "at_ms": now_ms, "models": models, "quotas": quotas}
 
 
 def _dumps(value: object) -> str:
@@ -197,13 +200,44 @@ def _newcomers(ttft: dict[str, Any] | None) -> str:
     )
 
 
+def _quotas(quotas: list[dict[str, Any]]) -> Table:
+    """A row per limit of each quota: used of the limit, what is left, when it resets."""
+    table = Table(title="quotas", title_justify="left", expand=True, **_SLIM)
+    table.add_column("quota", no_wrap=True)
+    table.add_column("limit", no_wrap=True)
+    for header in ("used", "of", "left", "resets in"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for quota in quotas:
+        who = Text(f"{quota['scope']} {quota['name']}")  # a Text: a name is not markup
+        for use in quota["limits"]:
+            table.add_row(
+                who,
+                use["name"],
+                str(use["used"]),
+                str(use["limit"]),
+                str(use["remaining"]),
+                _resets_in(use["reset_s"]),
+            )
+    return table
+
+
+def _resets_in(seconds: float) -> str:
+    """``41s``, ``6m``, ``3h20m``: as precise as a person needs it."""
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    minutes = int(seconds // 60)
+    return f"{minutes}m" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
+
+
 def render_status(status: dict[str, Any], width: int = 80) -> RenderableType:
     """The text view of a ``/admin/status`` body for a console ``width`` wide: one block
-    per model."""
+    per model, then the quotas (if any are configured)."""
     when = time.strftime("%H:%M:%S", time.localtime(status["at_ms"] / 1000))
     parts: list[RenderableType] = [Text(f"fairq status at {when}", style="dim")]
     for model in status["models"]:
         parts += [Text(""), _model_view(model, width)]
+    if status.get("quotas"):
+        parts += [Text(""), _quotas(status["quotas"])]
     return Group(*parts)
 
 

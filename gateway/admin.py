@@ -4,7 +4,9 @@
 unknown URL): every model's status snapshot as ``fairq status --json`` prints it
 (``broker.status``), and beside it ``wait_now``: per band, what a job queued now would be
 told of its wait (``broker.position.band_waits``), from a new user (whom fairness lets in
-soonest) and at the back of the band (behind every job queued in it and above).
+soonest) and at the back of the band (behind every job queued in it and above); and
+``quotas``: each configured quota's use of its limits now (``broker.quota_status``, one
+pipelined read for all).
 ``/dashboard`` is one static page (no external assets: the chart is drawn on a canvas)
 that asks for an admin key, keeps it in the tab's session storage, and polls
 ``/admin/status``; the page itself holds no data, so it is served to anyone. ``/metrics``
@@ -26,6 +28,7 @@ from starlette.responses import HTMLResponse, Response
 
 from broker.demand import state_of
 from broker.position import read_band_waits
+from broker.quota_status import read_quotas
 from broker.settings import Settings
 from broker.status import read_status
 from gateway.auth import Admin
@@ -48,10 +51,20 @@ async def admin_status(request: Request, caller: Admin) -> Response:
     now_ms = int(time.time() * 1000)
     # A Redis error is the app's 503 (``errors``), which keeps its text from the client.
     models = await read_status(gateway.redis, gateway.settings, now_ms)
-    waits = await asyncio.gather(*(_wait_now(gateway.redis, gateway.settings, m) for m in models))
+    quotas, waits = await asyncio.gather(
+        read_quotas(gateway.redis, gateway.settings.quotas),
+        asyncio.gather(*(_wait_now(gateway.redis, gateway.settings, m) for m in models)),
+    )
     for model, wait in zip(models, waits, strict=True):
         model["wait_now"] = wait
-    return json_response({"object": "fairq.status", "at_ms": now_ms, "models": models})
+    return json_response(
+        {
+            "object": "fairq.status",
+            "at_ms": now_ms,
+            "models": models,
+            "quotas": [q.public() for q in quotas],
+        }
+    )
 
 
 async def _wait_now(redis: Redis, settings: Settings, model: dict[str, object]) -> list[object]:

@@ -207,6 +207,7 @@ def _exported_names() -> set[str]:
 
     class _Publisher:
         latest = {MODEL: ModelStatus(queues, [endpoint])}
+        quotas: list[object] = []
 
     collectors = [
         REGISTRY,

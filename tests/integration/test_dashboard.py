@@ -2,7 +2,8 @@
 
 The page loads, asks ``/admin/status`` with the admin key from its URL fragment,
 shows a card per demo model with its endpoint, bands (with the wait a job queued now
-would be told) and newcomers' time to first token, and keeps updating (the poll counter
+would be told) and newcomers' time to first token, and the quotas' use (a tenant's quota
+here), and keeps updating (the poll counter
 and the status time move on); a non-admin key gets the 403 shown.
 ``FAIRQ_UPDATE_SCREENSHOT=1`` also writes the screenshot to docs/dashboard.png, taken
 ``FAIRQ_SCREENSHOT_AFTER_S`` (2) seconds later, when the chart has more to show.
@@ -37,7 +38,8 @@ def stack() -> Iterator[Stack]:
     if BROWSER is None:
         pytest.skip("no chromium: `apt-get install chromium` (make test does it as root)")
     backlog = {"demo-code": {"admission": "static", "inflight_cap": 1}}  # a visible backlog
-    with demo_stack(per_model=backlog) as running:
+    quotas = {"quotas": [{"tenant": "team-a", "tokens_per_day": 1_000_000_000}]}  # alice's
+    with demo_stack(per_model=backlog, overrides=quotas) as running:
         yield running
 
 
@@ -144,6 +146,13 @@ async def test_the_dashboard_loads_shows_both_models_and_updates(
                 "document.querySelector('section[data-model=\"demo-code\"] .newcomers')"
                 "?.dataset.p50",
                 "a newcomer's time to first token",
+            )
+            # alice's tenant's quota, charged as her jobs are queued
+            await _until(
+                page,
+                'Number(document.querySelector(\'#quotas tr[data-scope="tenant"]'
+                '[data-name="team-a"][data-limit="tokens_per_day"]\')?.dataset.used) > 0',
+                "a quota's use",
             )
             keep = os.environ.get("FAIRQ_UPDATE_SCREENSHOT") == "1"
             if keep:  # the docs' picture: a few more seconds of the chart
