@@ -69,6 +69,10 @@ import click
 import httpx
 
 Policy = Literal["fcfs", "priority"]
+# What the model is served as: the tiny model generates; "pooling" serves the same weights
+# as an embedding model (vLLM's --runner pooling --convert embed: last-token pooling,
+# normalized), for /v1/embeddings, which a generative vLLM answers with 404.
+Runner = Literal["generate", "pooling"]
 
 REPO = Path(__file__).resolve().parents[1]
 HOME_ENV = "FAIRQ_VLLM_HOME"
@@ -299,9 +303,12 @@ def serve_command(
     max_model_len: int = 512,
     served_name: str = "tiny",
     cpus: set[int] | None = None,
+    runner: Runner = "generate",
 ) -> list[str]:
     if policy not in get_args(Policy):
         raise ValueError(f"policy {policy!r}: one of {', '.join(get_args(Policy))}")
+    if runner not in get_args(Runner):
+        raise ValueError(f"runner {runner!r}: one of {', '.join(get_args(Runner))}")
     command = [
         str(home.venv / "bin" / "vllm"), "serve", str(home.model),
         "--host", HOST, "--port", str(port),
@@ -313,6 +320,8 @@ def serve_command(
     ]  # fmt: skip
     if policy == "priority":
         command += ["--scheduling-policy", "priority"]
+    if runner == "pooling":  # what `--convert auto` resolves a *ForCausalLM to, said outright
+        command += ["--runner", "pooling", "--convert", "embed"]
     if cpus is not None:
         command = ["taskset", "--cpu-list", cpu_list(cpus), *command]
     return command
@@ -328,6 +337,7 @@ def running_vllm(
     max_model_len: int = 512,
     served_name: str = "tiny",
     cpus: set[int] | None = None,
+    runner: Runner = "generate",
 ) -> Iterator[str]:
     """A healthy ``vllm serve`` for the block; yields its base URL. Nothing outlives it."""
     h = resolve_home(home)
@@ -338,7 +348,7 @@ def running_vllm(
     _refuse_busy_port(port)
     command = serve_command(
         h, port=port, policy=policy, max_num_seqs=max_num_seqs,
-        max_model_len=max_model_len, served_name=served_name, cpus=cpus,
+        max_model_len=max_model_len, served_name=served_name, cpus=cpus, runner=runner,
     )  # fmt: skip
     h.logs.mkdir(parents=True, exist_ok=True)
     h.cache.mkdir(parents=True, exist_ok=True)

@@ -74,6 +74,13 @@ def test_priority_adds_the_priority_scheduling_policy_and_nothing_else() -> None
     assert _flag(priority, "--served-model-name") == "m"
 
 
+def test_pooling_serves_the_same_model_converted_to_an_embedding_model() -> None:
+    generate = serve_command(HOME, port=8123, policy="fcfs")
+    pooling = serve_command(HOME, port=8123, policy="fcfs", runner="pooling")
+
+    assert pooling == [*generate, "--runner", "pooling", "--convert", "embed"]
+
+
 def test_an_unknown_policy_is_refused() -> None:
     with pytest.raises(ValueError, match="lottery"):
         serve_command(HOME, port=8123, policy="lottery")  # type: ignore[arg-type]
