@@ -7,10 +7,12 @@ same shape. An admin route is an unknown URL (404) to anyone without an admin ke
 (``auth.Admin``), a wrong method on it included. A Redis error (Redis down, or not
 answering within ``redis_command_timeout_s``), raw or as the broker's
 ``BrokerUnavailable``, is a 503 ``redis_unavailable``: the request may be sent again.
-Its text names Redis's address, so the client is given an error id instead, which the
-log records with the text. An unexpected exception is logged once (type and route;
-never headers or bodies, which hold API keys and prompts) under an error id, and
-answered with a 500 that names that id by ``CatchAll``, the outermost middleware.
+Its text names Redis's address (a Lua error, the script's keys), so the client is given
+an error id instead, in the message and as ``X-Fairq-Error-Id``, which the log records
+with the text at WARNING. An unexpected exception is logged once at ERROR (type and
+route; never headers or bodies, which hold API keys and prompts) under an error id, and
+answered with a 500 that names that id the same two ways by ``CatchAll``, the outermost
+middleware. (A failed job's correlation id is its job id: ``broker.failure_text``.)
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ JOB_HEADER = "X-Fairq-Job-Id"
 # On the answer to a request whose Idempotency-Key made its job, file or batch before (as
 # Stripe says it): the same job's answer, replayed.
 REPLAYED_HEADER = "Idempotent-Replayed"
+# On a 503 of a Redis failure and on a 500: the id the gateway's log holds the detail under.
+ERROR_ID_HEADER = "X-Fairq-Error-Id"
 
 # Where the admin routes are. To anyone else they do not exist: a 405 for a wrong method
 # on one would say that it does.
@@ -107,9 +111,10 @@ async def _on_redis_error(request: Request, exc: Exception) -> Response:
     log.warning("%s: Redis failed (error id %s): %s: %s", where, error_id, type(exc).__name__, exc)
     return error_response(
         BrokerUnavailable(
-            f"Redis did not answer this request; retry it shortly (error id {error_id}: "
-            "the operator's log has the detail under it)"
-        )
+            "the queue's store (Redis) is unavailable: retry in a few seconds (error id "
+            f"{error_id}: the operator's log has the detail under it)"
+        ),
+        {ERROR_ID_HEADER: error_id},
     )
 
 
@@ -179,4 +184,4 @@ class CatchAll:
                 raise  # mid-response: only closing the connection tells the client
             message = f"internal server error (error id {error_id}: the operator's log has it)"
             body = _openai_body(message, "server_error", "internal_error")
-            await json_response(body, 500)(scope, receive, send)
+            await json_response(body, 500, {ERROR_ID_HEADER: error_id})(scope, receive, send)

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from gateway.errors import CatchAll
+from gateway.errors import ERROR_ID_HEADER, CatchAll
 
 
 async def _failing(scope: Scope, receive: Receive, send: Send) -> None:
@@ -34,5 +34,6 @@ def test_an_unexpected_error_is_a_500_with_an_error_id_the_log_holds(
     assert "10.0.0.7" not in response.text
     found = re.search(r"error id ([0-9a-f]{12})", error["message"])
     assert found is not None, error["message"]
+    assert response.headers[ERROR_ID_HEADER] == found.group(1)
     logged = [r for r in caplog.records if found.group(1) in r.getMessage()]
     assert logged and logged[0].exc_info is not None  # the traceback, under that id

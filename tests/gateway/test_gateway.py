@@ -44,6 +44,7 @@ from broker import (
 from broker.position import NO_DRAIN
 from fairq.localredis import free_port
 from gateway import outcomes, sse
+from gateway.errors import ERROR_ID_HEADER
 from tests.support.eventually import aeventually, eventually
 from tests.support.settings import (
     ALICE,
@@ -806,6 +807,7 @@ async def test_a_redis_failure_reaches_its_client_without_redis_s_address_and_wi
         assert port not in message and "127.0.0.1" not in message and "refused" not in message
         told = re.search(r"error id (\w+)", message)
         assert told is not None, message
+        assert answer.headers[ERROR_ID_HEADER] == told[1]
         logged = [r.getMessage() for r in caplog.records if told[1] in r.getMessage()]
         assert logged and "refused" in logged[0]  # the operator has the detail
 
