@@ -16,6 +16,14 @@ scaler's configuration does not serve, is refused (INVALID_ARGUMENT, saying what
 fix); a board too old to trust (Redis unreachable) answers UNAVAILABLE, which KEDA
 treats as a scaler error and keeps the replicas it has. StreamMetricSpec is left
 unimplemented: KEDA falls back to GetMetricSpec (the target never changes at run time).
+A refusal names only what the trigger sent (cut short); the models served go to the log.
+
+Who may call: KEDA's external scaler sends no gRPC call metadata (no bearer token; its
+``external_scaler.go`` takes only ``caCert``, ``tlsClientCert`` and ``tlsClientKey`` from a
+TriggerAuthentication, for the channel), so the caller is authenticated by mutual TLS:
+given ``tls_client_ca``, a client without a certificate that CA signed fails the handshake
+and never reaches a call. Without a certificate the scaler serves plaintext (local use),
+and says so in one warning line at start.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ from broker import Settings, connect, telemetry
 from dispatcher.keda._proto import externalscaler_pb2 as pb
 from dispatcher.keda._proto import externalscaler_pb2_grpc as pb_grpc
 from dispatcher.keda.board import DemandBoard, Stale
-from dispatcher.keda.target import METRIC, BadTrigger, Target, target_of
+from dispatcher.keda.target import METRIC, BadTrigger, Target, shown, target_of
 from dispatcher.keda.watch import DemandWatch
 
 log = logging.getLogger(__name__)
@@ -70,6 +78,17 @@ class ScalerOptions:
         except OSError as exc:
             raise ScalerError(f"cannot read a TLS file: {exc}") from exc
         return grpc.ssl_server_credentials([pair], ca, require_client_auth=ca is not None)
+
+    def exposure(self) -> str | None:
+        """The warning for a scaler that does not authenticate its callers, or None."""
+        if self.tls_cert is None:
+            return (
+                "keda scaler: plaintext gRPC, callers not authenticated (local use only; "
+                "give --tls-cert, --tls-key and --tls-client-ca)"
+            )
+        if self.tls_client_ca is None:
+            return "keda scaler: TLS without --tls-client-ca: any client may call"
+        return None
 
 
 class DemandScaler(pb_grpc.ExternalScalerServicer):
@@ -127,7 +146,11 @@ async def _target(request: pb.ScaledObjectRef, board: DemandBoard, context: Any)
     try:
         return target_of(dict(request.scalerMetadata), board.models)
     except BadTrigger as exc:
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{request.name}: {exc}")
+        log.warning(
+            "refused a trigger of %s: %s (this scaler serves: %s)",
+            shown(request.name), exc, ", ".join(board.models),
+        )  # fmt: skip
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{shown(request.name)}: {exc}")
         raise  # abort raises; this line only tells the type checker so
 
 
@@ -142,6 +165,8 @@ async def _demand(target: Target, board: DemandBoard, context: Any) -> int:
 async def serve(settings: Settings, options: ScalerOptions, stop: asyncio.Event) -> None:
     """Answer KEDA on ``options.host:port`` for every configured model until ``stop``."""
     credentials = options.credentials()
+    if (warning := options.exposure()) is not None:
+        log.warning(warning)
     models = [m.name for m in settings.models]
     board = DemandBoard(models, stale_after_s=max(5.0, 3 * options.poll_s))
     # No SO_REUSEPORT (gRPC's default on Linux): a second scaler on a taken port fails to

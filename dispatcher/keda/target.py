@@ -15,11 +15,20 @@ from dataclasses import dataclass
 METRIC = "fairq-demand"  # the one metric each trigger gets (KEDA prefixes its index)
 MODEL_KEY = "model"
 PER_REPLICA_KEY = "demandPerReplica"
+SHOWN_CHARS = 64  # of a value the caller sent, in a refusal: a message, not an echo
 
 
 class BadTrigger(ValueError):
     """A ScaledObject's trigger metadata this scaler cannot answer for (the message says
-    what to change in it)."""
+    what to change in it). The message names only what the caller sent, cut to
+    ``SHOWN_CHARS``: never the models this scaler serves, which anyone who reaches the
+    port could otherwise list by asking for one that is not."""
+
+
+def shown(value: str) -> str:
+    """A caller's value as a refusal quotes it: repr'd, cut to ``SHOWN_CHARS``."""
+    cut = value[:SHOWN_CHARS]
+    return repr(cut) + ("..." if len(value) > SHOWN_CHARS else "")
 
 
 @dataclass(frozen=True)
@@ -39,9 +48,8 @@ def target_of(metadata: Mapping[str, str], models: Collection[str]) -> Target:
         )
     if model not in models:
         raise BadTrigger(
-            f"model {model!r} is not in this scaler's configuration (FAIRQ_CONFIG serves "
-            f"{', '.join(sorted(models)) or 'no model'}): fix the trigger's `{MODEL_KEY}` "
-            "or add the model to the configuration"
+            f"model {shown(model)} is not served by this scaler: fix the trigger's "
+            f"`{MODEL_KEY}` or add the model to its FAIRQ_CONFIG"
         )
     raw = metadata.get(PER_REPLICA_KEY, "1")
     try:
@@ -50,7 +58,7 @@ def target_of(metadata: Mapping[str, str], models: Collection[str]) -> Target:
         per_replica = 0.0
     if not per_replica > 0:
         raise BadTrigger(
-            f"the trigger's `{PER_REPLICA_KEY}` is {raw!r}: it must be a number above 0 "
+            f"the trigger's `{PER_REPLICA_KEY}` is {shown(raw)}: it must be a number above 0 "
             "(the jobs queued and in flight one engine replica serves)"
         )
     return Target(model, per_replica)

@@ -22,7 +22,7 @@ def test_a_trigger_names_its_model_and_the_demand_one_replica_serves() -> None:
     ("metadata", "message"),
     [
         ({}, "names no model: add `model: <fairq model name>`"),
-        ({"model": "other"}, "'other' is not in this scaler's configuration .*serves m"),
+        ({"model": "other"}, "^model 'other' is not served by this scaler: fix the trigger"),
         ({"model": "m", "demandPerReplica": "0"}, "must be a number above 0"),
         ({"model": "m", "demandPerReplica": "lots"}, "'lots': it must be a number"),
     ],
@@ -32,6 +32,14 @@ def test_a_trigger_it_cannot_answer_is_refused_saying_what_to_fix(
 ) -> None:
     with pytest.raises(BadTrigger, match=message):
         target_of(metadata, ["m"])
+
+
+def test_a_refusal_names_what_the_trigger_sent_cut_short_never_the_models_served() -> None:
+    with pytest.raises(BadTrigger) as refused:
+        target_of({"model": "y" * 1000}, ["m", "another-teams-model"])
+    message = str(refused.value)
+    assert "another-teams-model" not in message and "'m'" not in message
+    assert f"'{'y' * 64}'..." in message and "y" * 65 not in message
 
 
 def test_demand_is_queued_in_every_band_plus_in_flight_a_negative_band_as_zero() -> None:

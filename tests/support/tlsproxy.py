@@ -49,36 +49,64 @@ _CA_USAGE = x509.KeyUsage(
 )  # fmt: skip
 
 
-def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
-    """A CA and a server certificate for 127.0.0.1; returns (ca.pem, cert.pem, key.pem)."""
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (
-        _builder("fairq test CA", _name("fairq test CA"), ca_key.public_key())
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(_CA_USAGE, critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
-        .sign(ca_key, hashes.SHA256())
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
+
+
+def _issue(
+    ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, subject: str, san: x509.GeneralName
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     key = ec.generate_private_key(ec.SECP256R1())
-    loopback = x509.IPAddress(ipaddress.ip_address("127.0.0.1"))
     cert = (
-        _builder("127.0.0.1", ca.subject, key.public_key())
-        .add_extension(x509.SubjectAlternativeName([loopback]), critical=False)
+        _builder(subject, ca.subject, key.public_key())
+        .add_extension(x509.SubjectAlternativeName([san]), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
         )
         .sign(ca_key, hashes.SHA256())
     )
-    paths = directory / "ca.pem", directory / "cert.pem", directory / "key.pem"
+    return cert, key
+
+
+def _ca(common: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (
+        _builder(common, _name(common), ca_key.public_key())
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(_CA_USAGE, critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return ca, ca_key
+
+
+def make_certificates(directory: Path, *, clients: int = 0) -> tuple[Path, ...]:
+    """A CA and a server certificate for 127.0.0.1; returns (ca.pem, cert.pem, key.pem),
+    then, for each of ``clients``, a client certificate and key that CA signed."""
+    ca, ca_key = _ca("fairq test CA")
+    cert, key = _issue(ca, ca_key, "127.0.0.1", x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
+    paths = [directory / "ca.pem", directory / "cert.pem", directory / "key.pem"]
     paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
+    paths[2].write_bytes(_pem_key(key))
+    for n in range(clients):
+        client, client_key = _issue(ca, ca_key, f"client-{n}", x509.DNSName(f"client-{n}"))
+        paths.append(directory / f"client-{n}.pem")
+        paths[-1].write_bytes(client.public_bytes(serialization.Encoding.PEM))
+        paths.append(directory / f"client-{n}-key.pem")
+        paths[-1].write_bytes(_pem_key(client_key))
+    return tuple(paths)
+
+
+def make_stranger(directory: Path) -> tuple[Path, Path]:
+    """A client certificate and key signed by a CA of their own (no server trusts it)."""
+    ca, ca_key = _ca("a stranger's CA")
+    cert, key = _issue(ca, ca_key, "stranger", x509.DNSName("stranger"))
+    paths = directory / "stranger.pem", directory / "stranger-key.pem"
+    paths[0].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(_pem_key(key))
     return paths
 
 
