@@ -137,9 +137,9 @@ async def test_a_trigger_for_a_model_it_does_not_serve_is_refused_saying_what_to
     with pytest.raises(aio.AioRpcError) as refused:
         await stub.IsActive(ref)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "'nobody-serves-this' is not in this scaler's configuration" in str(
-        refused.value.details()
-    )
+    told = str(refused.value.details())
+    assert "model 'nobody-serves-this' is not served by this scaler" in told
+    assert "fix the trigger's `model`" in told
     with pytest.raises(aio.AioRpcError) as no_model:
         await stub.GetMetricSpec(pb.ScaledObjectRef(name="engine-y"))
     assert "names no model" in str(no_model.value.details())
