@@ -1,10 +1,20 @@
-"""Reading a request body without ever holding more than the configured limit."""
+"""Reading a request body without ever holding more than the configured limit, and a
+header a request may send only once."""
 
 from __future__ import annotations
 
 from fastapi import Request
 
 from broker.errors import BodyTooLarge, InvalidRequest
+
+
+def single_header(request: Request, name: str, why: str, code: str) -> str | None:
+    """The value of header ``name``, or None without it; sent more than once, an
+    InvalidRequest (400, ``code``) that says ``why`` one is all a request has."""
+    value = request.headers.get(name)
+    if value is not None and len(request.headers.getlist(name)) > 1:
+        raise InvalidRequest(f"send one {name} header, not several: {why}", code=code)
+    return value
 
 
 def _too_large(limit: int) -> BodyTooLarge:

@@ -60,7 +60,7 @@ from broker.requests import (
 from broker.settings import ModelConfig
 from broker.tiers import request_band
 from gateway.auth import Caller
-from gateway.body import read_body
+from gateway.body import read_body, single_header
 from gateway.errors import error_response
 from gateway.followed import FollowedJob
 from gateway.idempotency import idempotency_key, scoped
@@ -135,15 +135,9 @@ async def _submit_once(
 def _max_queue_s(request: Request) -> float | None:
     """The request's ``X-Fairq-Max-Queue-S`` in seconds, checked (400 when it is not one:
     ``broker.deadlines``), or None without the header."""
-    value = request.headers.get(MAX_QUEUE_HEADER)
-    if value is None:
-        return None
-    if len(request.headers.getlist(MAX_QUEUE_HEADER)) > 1:
-        raise InvalidRequest(
-            f"send one {MAX_QUEUE_HEADER} header, not several: a request has one deadline",
-            code="invalid_max_queue_s",
-        )
-    return max_queue_s(value, MAX_QUEUE_HEADER)
+    why = "a request has one deadline"
+    value = single_header(request, MAX_QUEUE_HEADER, why, "invalid_max_queue_s")
+    return None if value is None else max_queue_s(value, MAX_QUEUE_HEADER)
 
 
 def _hold_headers(value: str | None) -> bool:

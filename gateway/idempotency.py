@@ -16,23 +16,17 @@ from __future__ import annotations
 from fastapi import Request
 
 from broker.auth import Principal
-from broker.errors import InvalidRequest
 from broker.idempotency import HEADER, Idempotency, check_key
+from gateway.body import single_header
 from gateway.errors import REPLAYED_HEADER
 from gateway.state import gateway_of
 
 
 def idempotency_key(request: Request) -> str | None:
     """The request's key, checked (InvalidRequest, 400, when it is not one), or None."""
-    value = request.headers.get(HEADER)
-    if value is None:
-        return None
-    if len(request.headers.getlist(HEADER)) > 1:
-        raise InvalidRequest(
-            f"send one {HEADER} header, not several: a key stands for one request",
-            code="invalid_idempotency_key",
-        )
-    return check_key(value)
+    why = "a key stands for one request"
+    value = single_header(request, HEADER, why, "invalid_idempotency_key")
+    return None if value is None else check_key(value)
 
 
 def scoped(
