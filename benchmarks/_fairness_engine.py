@@ -17,6 +17,7 @@ import asyncio
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from statistics import median
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -170,6 +171,17 @@ def backlogged_work(samples: Sequence[Sample], drain_s: float) -> dict[str, floa
     assert first.steps is not None and last.steps is not None
     steps, tokens = last.steps - first.steps, last.generated - first.generated
     return {"steps": steps, "tokens": tokens, "tokens_per_step": tokens / steps if steps else 0.0}
+
+
+def batch_run(samples: Sequence[Sample]) -> float:
+    """What the engine ran at once while requests waited (the median over those scrapes):
+    its batch, or the running set its KV cache holds, which can be far below the batch's
+    peak (a KV-bound engine ran 40 of a long flood's short prompts at once, then about 18
+    as the answers grew). The peak where nothing ever waited."""
+    full = sorted(s.running for s in samples if s.waiting > 0)
+    if full:
+        return median(full)
+    return max((s.running for s in samples), default=0.0)
 
 
 def drain_s(heavy_ends_s: Sequence[float], batch: float) -> float | None:

@@ -21,7 +21,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks._fairness_cpu import CpuMeter
-from benchmarks._fairness_engine import EngineWatch, drain_s, served_models
+from benchmarks._fairness_engine import EngineWatch, batch_run, drain_s, served_models
 from benchmarks._fairness_load import (
     CONNECT_TIMEOUT_S,
     LoadResult,
@@ -87,9 +87,9 @@ async def measure_arm(
     path_idle_s = await idle_ttft_s(env.target, PATH_IDLE_REQUESTS, tokens)
     load, samples, failures, cpu = await _flood(env, setup, deadline_s)
     until = load.heavy_done_s if load.heavy_done_s is not None else load.wall_s
-    peak = max((s.running for s in samples), default=0.0)
+    batch = batch_run(samples)
     heavy_ends = [r.end_s for r in load.requests if r.heavy and r.end_s is not None]
-    engine = engine_summary(samples, until, tpot_ceiling_ms, failures, drain_s(heavy_ends, peak))
+    engine = engine_summary(samples, until, tpot_ceiling_ms, failures, drain_s(heavy_ends, batch))
     taken = await asyncio.to_thread(_fairq_preemptions, env, setup)
     light, flood = await asyncio.to_thread(_stages, env, setup)
     summary = arm_summary(load, path_idle_s, engine, cpu, _shares(load, setup),

@@ -102,6 +102,7 @@ class EndpointState:
     unseen_at_scrape: int = 0  # fairq: jobs the last scrape could not show, but for:
     unseen_streamed: int = 0  # those handed over streamed, without a first token then
     unstarted_at_scrape: int = 0  # fairq: jobs without a first token when it was read
+    shown_at_scrape: int = 0  # fairq: jobs in the engine that the scrape could show
     admitted_since_scrape: int = 0  # fairq sent these after the last scrape began
     plain_since_scrape: int = 0  # of them not streamed
     batch_seen: int = 0  # the most requests the engine ran while others waited (its batch)
@@ -126,10 +127,22 @@ class EndpointState:
     @property
     def waiting_beyond(self) -> float:
         """What the last scrape found waiting beyond fairq's own jobs without a first token
-        then: requests of other clients, or fairq's that are not streamed. fairq's own it
-        counts lag-free: a scrape a second old must not hold refills back for jobs that
-        have started since, or were taken back."""
+        then: requests of other clients, or fairq's that are not streamed, or started ones
+        the engine put back in its queue. fairq's own it counts lag-free: a scrape a second
+        old must not hold refills back for jobs that have started since, or were taken
+        back."""
         return max(0.0, self.waiting - self.unstarted_at_scrape)
+
+    @property
+    def waiting_others(self) -> float:
+        """What the last scrape found waiting beyond every job of fairq's there: besides
+        those without a first token, where more of fairq's were in the engine than it ran,
+        at least that many more waited (an engine whose KV cache is full puts started
+        requests back in its queue). For the rules that count fairq's own lag-free: with
+        KV-bound long answers, after eight of those were taken back for a newcomer, the
+        scrape's count of them held it 190 ms, to the next scrape."""
+        beyond_running = self.shown_at_scrape - self.running
+        return max(0.0, self.waiting - max(float(self.unstarted_at_scrape), beyond_running))
 
     @property
     def waiting_unstarted(self) -> float:
@@ -291,7 +304,7 @@ class MetricsAdmission:
             # only replaced those would never grow to be seen full (a 256-slot engine, paced
             # at one refill a step, never was).
             served = room
-            if room == 0 and state.waiting_beyond < target and state.unstarted < 2 * target:
+            if room == 0 and state.waiting_others < target and state.unstarted < 2 * target:
                 room = 1
             limit = Limit.QUEUE_TARGET if served or not room else Limit.REFILLS_WAITING
             return _narrowed(state, room, served, limit, estimate, paced=False)
@@ -352,9 +365,9 @@ def batch_queue(state: EndpointState, batch: int, target: int) -> float:
     next scrape although it went into a free slot, where it waits for prefill budget a
     step or two at most (users already in the engine are still bounded by the scrape's
     estimate, so at most ``target`` of theirs wait). What the engine last reported waiting
-    counts only beyond that: more than fairq can have put there shows a batch configured
-    larger than the engine's."""
-    waiting = state.waiting_beyond if state.waiting_beyond > target else 0.0
+    counts only beyond fairq's jobs there (``waiting_others``) and the target: more than
+    fairq can have put there shows a batch configured larger than the engine's."""
+    waiting = state.waiting_others if state.waiting_others > target else 0.0
     return float(max(state.inflight - batch, state.waiting_unstarted, waiting, 0))
 
 

@@ -157,6 +157,7 @@ def _state(
         unseen_at_scrape=view.unseen.held,
         unseen_streamed=view.unseen.streamed,
         unstarted_at_scrape=view.unseen.unstarted,
+        shown_at_scrape=view.unseen.shown,
         # What was sent before the scrape is in ``unseen`` (on its way, or handed over
         # within the metrics lag) or in the sample: count only the sends after it.
         admitted_since_scrape=since.total,

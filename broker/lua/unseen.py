@@ -21,14 +21,22 @@ class Unseen(NamedTuple):
     # Handed over streamed within the start window, no first token yet: in the engine's
     # queue only until its next step takes them in (``dispatcher.capacity``)
     starting: int = 0
+    # In flight to the endpoint, less those on their way and those handed over within the
+    # lag: fairq's jobs the sample shows, running or waiting
+    shown: int = 0
 
 
 def unseen_call(model: str, endpoint: str, lag_ms: int, start_ms: int = 0) -> Call[Unseen]:
     """``lag_ms``: the engine's metrics lag; ``start_ms``: the start window (at most the
     second ``handed`` keeps; never shorter than the lag)."""
-    model_keys = [keys.transit(model), keys.handed(model), keys.unstarted(model)]
+    model_keys = [
+        keys.transit(model),
+        keys.handed(model),
+        keys.unstarted(model),
+        keys.inflight(model),
+    ]
     return Call(_SCRIPT, model_keys, [endpoint, lag_ms, keys.job_prefix(model), start_ms], _unseen)
 
 
 def _unseen(reply: Any) -> Unseen:
-    return Unseen(int(reply[0]), int(reply[1]), int(reply[2]), int(reply[3]))
+    return Unseen(*(int(value) for value in reply))

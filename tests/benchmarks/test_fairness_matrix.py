@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks._fairness_engine import Sample, backlogged_work, drain_s
+from benchmarks._fairness_engine import Sample, backlogged_work, batch_run, drain_s
 from benchmarks._fairness_matrix import CELLS, parse_cells, render, sizes, verdict
 
 
@@ -83,3 +83,14 @@ def test_work_while_backlogged_is_counted_up_to_the_drain() -> None:
     work = backlogged_work(samples, drain_s=2.5)
     assert work == {"steps": 200, "tokens": 700, "tokens_per_step": 3.5}
     assert backlogged_work(samples, drain_s=0.5) is None
+
+
+def test_the_drain_counts_the_batch_the_engine_ran_while_requests_waited() -> None:
+    def sample(running: float, waiting: float) -> Sample:
+        return Sample(t_s=0, waiting=waiting, running=running, generated=0, itl_sum_s=0,
+                      itl_count=0)  # fmt: skip
+
+    # A KV-bound engine ran 40 short prompts at once, then 20 or 18 as their answers grew.
+    kv_bound = [sample(40, 0), sample(20, 5), sample(18, 9), sample(19, 7)]
+    assert batch_run(kv_bound) == 19
+    assert batch_run([sample(8, 0), sample(6, 0)]) == 8  # nothing waited: the peak

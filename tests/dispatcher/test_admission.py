@@ -424,6 +424,18 @@ def test_a_newcomer_is_held_by_the_reported_queue_only_beyond_what_fairq_put_the
     assert METRICS.decide(fresh(running=6, waiting=12, inflight=8), "default", BATCH8).room == 0
 
 
+def test_started_jobs_the_engine_put_back_in_its_queue_are_fairqs_not_a_newcomers_wait() -> None:
+    # KV cache full: the scrape saw 42 of fairq's jobs there, 33 running and 9 waiting
+    # (started, put back). Nine have been taken back since: the engine's queue is fairq's
+    # own, counted lag-free, and a newcomer goes before the next scrape shows it empty.
+    scrape = {"running": 33, "waiting": 9, "kv_usage": 0.98, "batch_seen": 38, "full_at": 33}
+    after = fresh(inflight=33, shown_at_scrape=42, **scrape)
+    assert after.waiting_others == 0 and after.waiting_beyond == 9
+    assert METRICS.decide(after, "default", CONFIG).room == 3
+    # Without the jobs it showed, nine waiting is more than fairq put there.
+    assert METRICS.decide(fresh(inflight=33, **scrape), "default", CONFIG).room == 0
+
+
 @pytest.mark.parametrize(
     ("limit", "counted"),
     [
