@@ -312,9 +312,13 @@ class ExecutionStore:
             attempt_entry=job.entry_id,
         ).queue(pipe)
 
-    def add_first(self, pipe: ResultPipeline, model: str, job_id: str) -> None:
-        """Queue ``first.lua``: the job's first output is written (it has started)."""
-        first_call(model, job_id).queue(pipe)
+    def add_first(
+        self, pipe: ResultPipeline, model: str, job_id: str, first_ms: int | None = None
+    ) -> None:
+        """Queue ``first.lua``: the job's first output is written (it has started);
+        ``first_ms``, the worker's time of that output, shows as its first-token time from
+        now on (None: it reached its engine, no first token yet)."""
+        first_call(model, job_id, first_ms).queue(pipe)
 
     async def load_scripts(self) -> None:
         """Load the scripts (at start, and after Redis lost them): pipelines call them by SHA."""

@@ -208,7 +208,7 @@ class JobRunner:
             events = stamped(events)
             if progress.first_ms is None:
                 progress.first_ms = int(time.time() * 1000)
-                self._writer.chunk(job, events, first=True, trail=trail)
+                self._writer.chunk(job, events, first_ms=progress.first_ms, trail=trail)
             else:
                 self._writer.chunk(job, events, trail=trail)
 
@@ -237,7 +237,7 @@ class JobRunner:
             nonlocal first_ms
             if first_ms is None:
                 first_ms = int(time.time() * 1000)
-                self._writer.mark_started(job)
+                self._writer.mark_started(job, first_ms)
             answer.add(events)
 
         await stream_events(

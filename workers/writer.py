@@ -49,7 +49,9 @@ class _JobBuffer:
     """What one flush writes for one job (a plain class: one is made per job per flush,
     so about one per token at 50 tokens/s per stream)."""
 
-    __slots__ = ("body", "chunks", "done", "entry", "job", "outcome", "started", "trails")
+    __slots__ = (
+        "body", "chunks", "done", "entry", "first_ms", "job", "outcome", "started", "trails",
+    )  # fmt: skip
 
     def __init__(self, job: Claimed) -> None:
         self.job = job
@@ -60,6 +62,7 @@ class _JobBuffer:
         self.done: asyncio.Future[bool] | None = None
         self.entry = b""  # the result entry id this flush writes
         self.started = False  # record that the job has started (first.lua) in this flush
+        self.first_ms: int | None = None  # the worker's time of its first output (first.lua)
 
 
 class ResultWriter:
@@ -83,20 +86,33 @@ class ResultWriter:
         return buf
 
     def chunk(
-        self, job: Claimed, data: bytes, *, first: bool = False, trail: TokenTrail | None = None
+        self,
+        job: Claimed,
+        data: bytes,
+        *,
+        first: bool = False,
+        first_ms: int | None = None,
+        trail: TokenTrail | None = None,
     ) -> None:
         """Buffer SSE events of a job, with their token ids when it records them (``trail``);
-        ``first`` flushes without lingering."""
+        ``first`` flushes without lingering, and so does ``first_ms``: the time of the job's
+        first output, its record's first-token time while it runs (``first.lua``)."""
         buf = self._buffer(job)
         buf.chunks.append(data)
         if trail is not None:
             buf.trails.append(trail)
-        self._signal(urgent=first)
+        if first_ms is not None:
+            buf.first_ms = first_ms
+        self._signal(urgent=first or first_ms is not None)
 
-    def mark_started(self, job: Claimed) -> None:
+    def mark_started(self, job: Claimed, first_ms: int | None = None) -> None:
         """Record soon that the job reached the engine (a non-streamed job shows no
-        first token until it ends; admission must not count it as waiting that long)."""
-        self._buffer(job).started = True
+        first token until it ends; admission must not count it as waiting that long);
+        ``first_ms``: the engine's first token came then (its record shows it)."""
+        buf = self._buffer(job)
+        buf.started = True
+        if first_ms is not None:
+            buf.first_ms = first_ms
         self._signal(urgent=True)
 
     def body(self, job: Claimed, body: bytes) -> None:
@@ -224,7 +240,7 @@ class ResultWriter:
             elif buf.body is not None:
                 self._store.add_body(pipe, model, job_id, buf.entry, buf.body)
             if buf.started:  # it has started: no longer counted as unstarted
-                self._store.add_first(pipe, model, job_id)
+                self._store.add_first(pipe, model, job_id, buf.first_ms)
             if buf.outcome is not None:
                 self._store.add_complete(pipe, buf.job, buf.outcome)
                 finishing.append((buf, len(pipe) - 1))

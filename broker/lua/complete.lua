@@ -56,7 +56,9 @@ if ARGV[6] ~= '' then
   end
 end
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'fin', ARGV[7]) end
-if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'tf', ARGV[8]) end
+-- HSETNX: first.lua set it already when the job's first output was written (the same time,
+-- or an earlier attempt's that its client saw first).
+if ARGV[8] ~= '' then redis.call('HSETNX', KEYS[1], 'tf', ARGV[8]) end
 if ARGV[13] ~= '' then
   redis.call('ZADD', KEYS[8], now, ARGV[13])
   redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now - ARGV[3] * 1000)  -- their jobs expired

@@ -525,6 +525,38 @@ async def test_a_job_handed_over_just_now_is_unseen_until_the_scrape_if_plain_an
     assert await d.unseen([MODEL], EP, 60_000) == Unseen(1, 0, 0)
 
 
+async def test_a_running_job_shows_its_first_token_time_from_its_first_output_and_keeps_it(
+    r: Redis,
+) -> None:
+    s = settings()
+    q, d, x = JobQueue(r, s), DispatchStore(r, s), ExecutionStore(r, s)
+    await x.ensure_groups([MODEL])
+    await x.load_scripts()
+    job_id = await q.submit(submission("alice"))
+    await d.dispatch(MODEL, EP, 4, [Pick("default", "alice", 1, 0.5)], 10)
+    (claimed,) = await x.claim(r, [MODEL], "w1", count=10, block_ms=100)
+    assert await x.start(claimed, "w1") == 1
+    assert (await q.get(job_id, "alice")).public()["first_token_at_ms"] is None
+    first_ms = int(time.time() * 1000)
+    for at_ms in (first_ms, first_ms + 50):  # a later attempt's first output: the first stays
+        pipe = x.pipeline()
+        x.add_first(pipe, MODEL, job_id, at_ms)
+        await pipe.execute()
+    job = await q.get(job_id, "alice")
+    assert job.state is JobState.RUNNING and job.public()["first_token_at_ms"] == first_ms
+    pipe = x.pipeline()
+    x.add_complete(pipe, claimed, Outcome(JobState.COMPLETED, first_token_ms=first_ms + 50))
+    assert await pipe.execute() == [1]
+    job = await q.get(job_id, "alice")
+    assert job.state is JobState.COMPLETED and job.first_token_ms == first_ms
+    # A record Redis lost is not made again by a late first output.
+    await r.delete(keys.job(MODEL, job_id))
+    pipe = x.pipeline()
+    x.add_first(pipe, MODEL, job_id, first_ms)
+    assert await pipe.execute() == [0]
+    assert await r.exists(keys.job(MODEL, job_id)) == 0
+
+
 async def test_dispatch_counts_the_jobs_that_are_not_streamed(r: Redis) -> None:
     # Admission counts these apart: fairq cannot see them leave the engine's queue.
     s = settings()

@@ -51,7 +51,13 @@ def test_a_client_that_leaves_mid_stream_cancels_its_job_and_the_engine_request(
             job_id = response.headers["x-fairq-job-id"]
             lines = response.iter_lines()
             received = [next(lines) for _ in range(6)]
+            # Issue 37: the running stream's record shows when its first token came, not
+            # only once it has ended.
+            running = client.get(f"{stack.gateway_url}/v1/jobs/{job_id}", headers=AUTH).json()
         assert any(line.startswith("data: {") for line in received)
+        assert running["status"] == "running", running
+        assert running["first_token_at_ms"] is not None, running
+        assert running["first_token_at_ms"] >= running["started_at_ms"]
 
         def status() -> str:
             job = client.get(f"{stack.gateway_url}/v1/jobs/{job_id}", headers=AUTH).json()

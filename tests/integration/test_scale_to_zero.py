@@ -251,6 +251,11 @@ async def test_a_replica_stopped_mid_answer_drains_it_whole_and_gets_nothing_new
             until=lambda r: r.first_token_ms is not None,
             interval_s=0.01,
         )
+        # The first token can come before the status snapshot (every 0.1 s) shows the
+        # replica found: a snapshot from before discovery shows no endpoint either, and
+        # the wait below would pass on it while the dispatcher still sends to the replica.
+        await aeventually(lambda: status_endpoints(redis), "the dispatcher to show the replica",
+                          10, until=lambda urls: urls == [keda.url], interval_s=0.02)  # fmt: skip
         stopping = asyncio.create_task(asyncio.to_thread(keda.stop))  # a scale-down
         await aeventually(lambda: status_endpoints(redis), "the dispatcher to drop the replica",
                           10, until=lambda urls: urls == [], interval_s=0.02)  # fmt: skip

@@ -15,6 +15,7 @@ import pytest
 from redis.asyncio import Redis
 
 from broker import Claimed, ExecutionStore, Outcome, TokenTrail, WrittenEntry, keys
+from broker import job_fields as jf
 from broker.jobs import JobState
 from broker.requests import RequestKind
 from tests.support.eventually import aeventually
@@ -129,3 +130,16 @@ async def test_a_resumed_attempt_writes_after_the_fence_of_its_generation(
     entries = await aredis.xrange(keys.results(MODEL, job.job_id))
     # 2-1 is left to start.lua's acceptance mark (none here: this test runs no start).
     assert [entry_id for entry_id, _ in entries] == [b"2-2", b"2-3"]
+
+
+async def test_a_first_chunk_records_the_workers_first_output_time_on_the_running_job(
+    writer: ResultWriter, aredis: Redis
+) -> None:
+    job = _job(1)
+    record = keys.job(MODEL, job.job_id)
+    await aredis.hset(record, jf.STATE, JobState.RUNNING.value)
+    writer.chunk(job, b"data: a\n\n", first_ms=1_234)
+    await _flushes_reach(writer, 1)  # flushed without lingering, as a first chunk
+    writer.chunk(job, b"data: b\n\n")
+    await _flushes_reach(writer, 2)
+    assert await aredis.hget(record, jf.FIRST_TOKEN_MS) == b"1234"
