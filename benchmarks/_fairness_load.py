@@ -8,7 +8,8 @@ the load client shares the cores with what it measures). Streamed answers are re
 ``StreamTally``.
 
 Measured per request: when it was sent, its first token (streams), its end, its
-output tokens (from ``usage``) and, when asked, its tokens over time. A request
+output tokens (from ``usage``), a light stream's reads (for its inter-token latencies)
+and, when asked, its tokens over time. A request
 fails when it gets an error, an answer without usage, fewer tokens than it asked
 for (``ignore_eos`` makes the engine produce exactly ``max_tokens``), or is still
 open at the deadline. Everything is bounded by that deadline, and a dead stack
@@ -82,6 +83,8 @@ class RequestResult:
     output_tokens: int = 0
     buckets: dict[int, int] = field(default_factory=dict)  # time bucket -> events
     error: str | None = None
+    # A light request's stream reads from its first token on: (s after t=0, events in it)
+    reads: list[tuple[float, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -170,12 +173,15 @@ async def _whole(client: EngineClient, target: Target, result: RequestResult, pr
 
 async def _streamed(client: EngineClient, target: Target, result: RequestResult, prompt: str,
                     *, t0: float, bucket_s: float | None) -> None:  # fmt: skip
-    tally = StreamTally(t0, bucket_s)
+    # A light request's reads are kept (its inter-token latencies); the flood's would be
+    # hundreds of thousands.
+    tally = StreamTally(t0, bucket_s, reads=None if result.heavy else [])
     clock = time.perf_counter
     on_body = lambda data: tally.feed(data, clock())  # noqa: E731
     if await _post(client, target, result, prompt, stream=True, on_body=on_body) is None:
         return
     result.first_token_s, result.buckets = tally.first_token_s, tally.buckets
+    result.reads = tally.reads or []
     if tally.first_token_s is not None:
         result.ttft_s = tally.first_token_s - result.arrival_s
     result.error = tally.tail_error() or (
@@ -361,6 +367,7 @@ _READY = b"ready\n"
 def _result_of(raw: dict[str, Any]) -> RequestResult:
     result = RequestResult(**raw)
     result.buckets = {int(k): v for k, v in raw["buckets"].items()}
+    result.reads = [(float(at), int(n)) for at, n in raw["reads"]]
     return result
 
 

@@ -50,6 +50,9 @@ class StreamTally:
     events: int = 0  # from the first event with content on
     buckets: dict[int, int] = field(default_factory=dict)  # bucket -> events
     error: str | None = None  # an error event before the first token
+    # Each read with events from the first token on, (when, events), if asked for (None:
+    # not kept): a stream's inter-token latencies
+    reads: list[tuple[float, int]] | None = None
     _pending: bytes = b""  # before the first token: an unfinished line
     _carry: bytes = b""  # after it: the last bytes, which may start a marker
     _recent: deque[bytes] = field(default_factory=deque)  # the last pieces, for the tail
@@ -97,6 +100,8 @@ class StreamTally:
         if events <= 0:
             return
         self.events += events
+        if self.reads is not None:
+            self.reads.append((now - self.origin, events))
         if self.bucket_s is not None:
             bucket = int((now - self.origin) / self.bucket_s)
             self.buckets[bucket] = self.buckets.get(bucket, 0) + events

@@ -160,6 +160,7 @@ class _Benchmarks(click.Group):
         "fairness": "benchmarks.fairness",
         "fleet": "benchmarks.fleet",
         "prefix": "benchmarks.prefix",
+        "tenants": "benchmarks.tenants.cli",
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
