@@ -13,12 +13,13 @@ from benchmarks.stats import machine, save
 from benchmarks.tenants.plan import TailSizes
 from benchmarks.tenants.report import render, verdict
 from benchmarks.tenants.run import ARMS, run_arm
+from fairq.runtime import environment
 
 ENGINE_BATCH = 32  # the simulator's max_num_seqs: what the default sizes half load
 _DEFAULTS = TailSizes()
 
 
-@click.command("tenants")
+@click.command("tenants", epilog=environment())
 @click.option("--arms", default="a,e,c", show_default=True, help=f"of {','.join(ARMS)}")
 @click.option("--profile", default="h100-8b", show_default=True, help="simulator profile")
 @click.option(
