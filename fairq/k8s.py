@@ -16,14 +16,18 @@ is plain YAML, committed, that ``kubectl apply -k`` takes with no plugin:
                                fairq.yaml lists no key (those overlays then do not build)
     overlays/simulator/demo-secrets.yaml   the demo's Secrets, every value public
                                (``k8s_secrets``: which Secret comes from where)
-    base/keda-scaler.yaml      ``fairq keda-scaler``, the engines' KEDA trigger
-                               (``k8s_scaler``; with ``engine_trigger: external-push``)
     base/kustomization.yaml    the base's resources: the hand-written ones and these
     engines/vllm/              per model: a vLLM Deployment + headless Service
     engines/sim/               the same names running ``fairq sim`` (clusters without GPUs)
     components/keda/scaledobject.yaml   the workers: one redis-streams trigger per model
     components/engine-scaling/scaledobjects.yaml   per model: its engine Deployment's
                                replicas follow the model's demand (``fairq_model_demand``)
+    components/engine-scaling/keda-scaler.yaml   ``fairq keda-scaler``, the engines' KEDA
+                               trigger, and the TriggerAuthentication of KEDA's client
+                               certificate (``k8s_scaler``; with ``engine_trigger:
+                               external-push``), listed by the generated kustomization.yaml
+    components/scaler-certs/certificates.yaml   cert-manager's Issuers and Certificates
+                               of the scaler's mutual TLS (``k8s_certs``; the same)
 
 Engines scale to zero and back (``docs/operations.md``, "Scale to zero") on each
 model's demand (queued in every band plus in flight). By default KEDA's trigger is
@@ -49,7 +53,7 @@ import yaml
 
 from broker import keys
 from broker.settings import ModelConfig, split_entry
-from fairq import k8s_engines, k8s_keys, k8s_scaler, k8s_secrets
+from fairq import k8s_certs, k8s_engines, k8s_keys, k8s_scaler, k8s_secrets
 from fairq.k8s_spec import ENGINE_PORT, ClusterSpec, EngineSpec, Model, label_value, slug
 
 __all__ = [
@@ -58,6 +62,9 @@ __all__ = [
 ]  # fmt: skip
 _HEADER = f"{k8s_secrets.GENERATED} from deploy/k8s/fairq.yaml: edit that, not this.\n"
 API_KEYS_FILE = Path("components/api-keys/api-keys.yaml")
+CERTS_FILE = Path("components/scaler-certs/certificates.yaml")
+SCALER_FILE = Path("components/engine-scaling/keda-scaler.yaml")
+SCALER_AND_CERTS = (SCALER_FILE, CERTS_FILE)  # rendered only with engine_trigger external-push
 
 
 def find_dir(start: Path) -> Path | None:
@@ -117,9 +124,16 @@ def render(k8s_dir: Path) -> dict[Path, str]:
     }
     if entries:
         files[API_KEYS_FILE] = _HEADER + _dump(k8s_keys.secret(entries, k8s_dir))
+    scaling = ["scaledobjects.yaml"]
     if cluster.engine_trigger == "external-push":
         scaler = k8s_scaler.manifests(cluster)
-        files[Path("base/keda-scaler.yaml")] = _HEADER + _dump_all(scaler)
+        files[SCALER_FILE] = _HEADER + _dump_all(scaler)
+        files[CERTS_FILE] = _HEADER + _dump_all(k8s_certs.manifests(cluster))
+        scaling.append(SCALER_FILE.name)
+    certs = [CERTS_FILE.name] if cluster.engine_trigger == "external-push" else []
+    files[CERTS_FILE.with_name("kustomization.yaml")] = (
+        _HEADER + _CERTS_COMMENT + _dump(_component(certs))
+    )
     for kind, build in (("vllm", k8s_engines.vllm), ("sim", k8s_engines.sim)):
         names = []
         for model in models:
@@ -136,6 +150,9 @@ def render(k8s_dir: Path) -> dict[Path, str]:
     files[Path("components/keda/scaledobject.yaml")] = _HEADER + _dump(keda)
     engines = [k8s_engines.scaled_object(cluster, model) for model in models]
     files[Path("components/engine-scaling/scaledobjects.yaml")] = _HEADER + _dump_all(engines)
+    files[SCALER_FILE.with_name("kustomization.yaml")] = (
+        _HEADER + _SCALING_COMMENT + _dump(_component(scaling))
+    )
     return files
 
 
@@ -154,7 +171,9 @@ def write(k8s_dir: Path) -> dict[Path, str]:
     files = render(k8s_dir)
     done: dict[Path, str] = {}
     # base/api-keys.yaml: where the keys' Secret was before components/api-keys.
-    optional = [k8s_dir / p for p in ("base/keda-scaler.yaml", API_KEYS_FILE, "base/api-keys.yaml")]
+    # base/keda-scaler.yaml: where the scaler was before components/engine-scaling.
+    moved = ("base/keda-scaler.yaml", "base/api-keys.yaml")
+    optional = [k8s_dir / p for p in (*moved, SCALER_FILE, API_KEYS_FILE, CERTS_FILE)]
     for kind in ("vllm", "sim"):
         optional += (k8s_dir / "engines" / kind).glob("*.yaml")
     for old in optional:
@@ -173,25 +192,50 @@ def write(k8s_dir: Path) -> dict[Path, str]:
 
 
 _BASE_COMMENT = """\
-# fairq's own components: gateway, dispatchers, workers, batch workers, the KEDA scaler of
-# the engines, their config, disruption budgets and network policies. No Secret, no Redis
+# fairq's own components: gateway, dispatchers, workers, batch workers, their config,
+# disruption budgets and network policies (the KEDA scaler of the engines is in
+# ../components/engine-scaling). No Secret, no Redis
 # and no engines: an overlay adds them (its secrets, fairq.k8s_secrets; ../redis or an
 # external Redis; ../engines/vllm or ../engines/sim). fairq reads its configuration once
 # at start-up: the ConfigMap's name carries a hash of the content, so a changed
 # fairq.yaml rolls every pod that mounts it.
 """
+_SCALING_COMMENT = """\
+# Engines scaled by KEDA on each model's demand (docs/operations.md, "Scale to zero"):
+# one ScaledObject per engine Deployment. Its trigger (deploy/k8s/fairq.yaml,
+# k8s.engine_trigger): external-push, `fairq keda-scaler` (keda-scaler.yaml), which pushes
+# a model's first job to KEDA at once, over mutual TLS (its certificates:
+# ../scaler-certs); or prometheus, the series fairq_model_demand that the model's
+# dispatcher exports, which needs a Prometheus that scrapes the dispatchers
+# (../prometheus) at k8s.prometheus_address. Needs KEDA (>= 2.12).
+"""
+_CERTS_COMMENT = """\
+# The KEDA scaler's mutual TLS, issued by cert-manager (docs/operations.md, "Security"):
+# a CA of the deployment's own, the scaler's server certificate (Secret keda-scaler-tls,
+# which ../engine-scaling/keda-scaler.yaml mounts) and KEDA's client certificate (Secret
+# keda-scaler-client, which the TriggerAuthentication keda-scaler-client names). Needs
+# cert-manager (>= 1.12). Without it, create the two Secrets by hand (keys ca.crt,
+# tls.crt, tls.key) and leave this component out. Empty with engine_trigger prometheus.
+"""
 _BASE_RESOURCES = ["namespace.yaml", "gateway.yaml", "dispatcher.yaml", "worker.yaml",
                    "batch-worker.yaml", "network-policies.yaml"]  # fmt: skip
 
 
+def _component(resources: list[str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "kustomize.config.k8s.io/v1alpha1",
+        "kind": "Component",
+        "resources": resources,
+    }
+
+
 def _base(cluster: ClusterSpec) -> dict[str, Any]:
-    scaler = ["keda-scaler.yaml"] if cluster.engine_trigger == "external-push" else []
     return {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "namespace": cluster.namespace,
         "labels": [{"pairs": {"app.kubernetes.io/part-of": "fairq"}, "includeSelectors": False}],
-        "resources": [*_BASE_RESOURCES, *scaler],
+        "resources": list(_BASE_RESOURCES),
         "configMapGenerator": [{"name": "fairq-config", "files": ["fairq.yaml"]}],
     }
 

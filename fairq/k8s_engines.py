@@ -9,6 +9,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from fairq import k8s_scaler
 from fairq.k8s_secrets import ENGINE_SECRET
 from fairq.k8s_spec import ENGINE_PORT, ClusterSpec, Model, label_value
 
@@ -297,6 +298,8 @@ def _trigger(cluster: ClusterSpec, model: Model) -> dict[str, Any]:
             "name": "demand",
             "metricType": "AverageValue",
             "metadata": metadata,
+            # Mutual TLS: KEDA's client certificate, and the CA of the scaler's.
+            "authenticationRef": {"name": k8s_scaler.AUTH_NAME},
         }
     selector = f'namespace="{cluster.namespace}",model="{model.name}"'
     return {

@@ -22,8 +22,9 @@ Who may call: KEDA's external scaler sends no gRPC call metadata (no bearer toke
 ``external_scaler.go`` takes only ``caCert``, ``tlsClientCert`` and ``tlsClientKey`` from a
 TriggerAuthentication, for the channel), so the caller is authenticated by mutual TLS:
 given ``tls_client_ca``, a client without a certificate that CA signed fails the handshake
-and never reaches a call. Without a certificate the scaler serves plaintext (local use),
-and says so in one warning line at start.
+and never reaches a call. Renewed certificate files are used for new connections without a
+restart (``dispatcher.keda.tls``). Without a certificate the scaler serves plaintext (local
+use), and says so in one warning line at start.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from dispatcher.keda._proto import externalscaler_pb2 as pb
 from dispatcher.keda._proto import externalscaler_pb2_grpc as pb_grpc
 from dispatcher.keda.board import DemandBoard, Stale
 from dispatcher.keda.target import METRIC, BadTrigger, Target, shown, target_of
+from dispatcher.keda.tls import CertFiles, TlsFileError
 from dispatcher.keda.watch import DemandWatch
 
 log = logging.getLogger(__name__)
@@ -73,11 +75,9 @@ class ScalerOptions:
         if self.tls_cert is None or self.tls_key is None:
             raise ScalerError("TLS needs both --tls-cert and --tls-key")
         try:
-            pair = (self.tls_key.read_bytes(), self.tls_cert.read_bytes())
-            ca = self.tls_client_ca.read_bytes() if self.tls_client_ca else None
-        except OSError as exc:
-            raise ScalerError(f"cannot read a TLS file: {exc}") from exc
-        return grpc.ssl_server_credentials([pair], ca, require_client_auth=ca is not None)
+            return CertFiles(self.tls_key, self.tls_cert, self.tls_client_ca).credentials()
+        except TlsFileError as exc:
+            raise ScalerError(str(exc)) from exc
 
     def exposure(self) -> str | None:
         """The warning for a scaler that does not authenticate its callers, or None."""

@@ -116,3 +116,36 @@ def test_a_scaler_that_does_not_authenticate_its_callers_says_so_in_one_line(
     assert plaintext is not None and "plaintext" in plaintext and "\n" not in plaintext
     assert "--tls-client-ca" in (ScalerOptions(tls_cert=cert, tls_key=key).exposure() or "")
     assert ScalerOptions(tls_cert=cert, tls_key=key, tls_client_ca=ca).exposure() is None
+
+
+async def test_renewed_certificate_files_serve_new_connections_without_a_restart(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # cert-manager renews a certificate's Secret in place: here, a new CA's files at once.
+    caplog.set_level(logging.INFO, "dispatcher.keda.tls")
+    old, new, live = tmp_path / "old", tmp_path / "new", tmp_path / "live"
+    for folder in (old, new, live):
+        folder.mkdir()
+    first, second = make_certificates(old, clients=1), make_certificates(new, clients=1)
+    paths = [live / "ca.pem", live / "cert.pem", live / "key.pem"]
+    for path, source in zip(paths, first[:3], strict=True):
+        path.write_bytes(source.read_bytes())
+    server, address = await serving(ScalerOptions(tls_cert=paths[1], tls_key=paths[2],
+                                                  tls_client_ca=paths[0]))  # fmt: skip
+
+    def keda(files: tuple[Path, ...]) -> grpc.ChannelCredentials:
+        ca, _, _, client, client_key = files
+        return grpc.ssl_channel_credentials(ca.read_bytes(), client_key.read_bytes(),
+                                            client.read_bytes())  # fmt: skip
+
+    try:
+        assert await is_active(address, keda(first)) is False
+        for path, source in zip(paths, second[:3], strict=True):
+            path.write_bytes(source.read_bytes())
+        assert await is_active(address, keda(second)) is False  # the renewed pair serves
+        with pytest.raises(aio.AioRpcError) as refused:
+            await is_active(address, keda(first))  # the old CA's client is not trusted now
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await server.stop(None)
+    assert any("renewed" in r.getMessage() for r in caplog.records)

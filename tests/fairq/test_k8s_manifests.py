@@ -263,6 +263,34 @@ CRD_SCHEMAS = {
             "properties": {"parameter": _STR, "name": _STR, "key": _STR},
             "additionalProperties": False}}},
     }),
+    # cert-manager's (cert-manager.io/v1; its docs, "Certificate resource", "Issuer"): the
+    # fields the scaler's certificates use.
+    "Issuer": _crd("cert-manager.io/v1", {
+        "type": "object", "minProperties": 1, "maxProperties": 1,
+        "properties": {"selfSigned": {"type": "object"},
+                       "ca": {"type": "object", "required": ["secretName"],
+                              "properties": {"secretName": _STR}}},
+        "additionalProperties": False,
+    }),
+    "Certificate": _crd("cert-manager.io/v1", {
+        "type": "object", "required": ["secretName", "issuerRef"],
+        "properties": {
+            "secretName": _STR, "commonName": _STR, "isCA": {"type": "boolean"},
+            "duration": {"type": "string", "pattern": r"^[0-9]+h$"},
+            "dnsNames": {"type": "array", "items": _STR},
+            "usages": {"type": "array", "items": {"enum": [
+                "server auth", "client auth", "digital signature", "key encipherment",
+                "cert sign"]}},
+            "privateKey": {"type": "object", "properties": {
+                "algorithm": {"enum": ["RSA", "ECDSA", "Ed25519"]},
+                "size": {"type": "integer"},
+                "rotationPolicy": {"enum": ["Never", "Always"]}},
+                "additionalProperties": False},
+            "issuerRef": {"type": "object", "required": ["name"], "properties": {
+                "name": _STR, "kind": {"enum": ["Issuer", "ClusterIssuer"]},
+                "group": {"const": "cert-manager.io"}}, "additionalProperties": False}},
+        "additionalProperties": False,
+    }),
     "PodMonitor": _crd("monitoring.coreos.com/v1", {
         "type": "object",
         "required": ["selector", "podMetricsEndpoints"],
@@ -602,7 +630,7 @@ def _prometheus_render() -> tuple[Obj, ...]:
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / "fairq.yaml").write_text(yaml.safe_dump(source))
         files = k8s.render(Path(folder))
-    assert Path("base/keda-scaler.yaml") not in files, "no scaler when KEDA reads Prometheus"
+    assert not set(k8s.SCALER_AND_CERTS) & set(files), "no scaler when KEDA reads Prometheus"
     base = yaml.safe_load(files[Path("base/kustomization.yaml")])
     assert "keda-scaler.yaml" not in base["resources"]
     objects = tuple(yaml.safe_load_all(files[Path("components/engine-scaling/scaledobjects.yaml")]))
@@ -875,3 +903,45 @@ def test_every_data_file_of_the_packages_is_declared_package_data() -> None:
             relative = file.relative_to(ROOT / package).as_posix()
             patterns = declared.get(package, [])
             assert any(fnmatch.fnmatch(relative, p) for p in patterns), f"{package}/{relative}"
+
+
+@pytest.mark.parametrize("overlay", ["production", "simulator"])
+def test_keda_and_its_scaler_authenticate_each_other_by_certificates_of_one_ca(
+    overlay: str,
+) -> None:
+    objects = rendered(overlay)
+    scaler = named(objects, "Deployment", "keda-scaler")
+    pod = scaler["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = container["args"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    secrets = {v["name"]: v["secret"] for v in pod["volumes"] if "secret" in v}
+    # Served with its own certificate, and only to clients its CA signed.
+    flags = {flag: args[args.index(flag) + 1] for flag in ("--tls-cert", "--tls-key",
+                                                            "--tls-client-ca")}  # fmt: skip
+    tls_dir = flags["--tls-cert"].rsplit("/", 1)[0]
+    (volume,) = [name for name, path in mounts.items() if path == tls_dir]
+    assert flags == {"--tls-cert": f"{tls_dir}/tls.crt", "--tls-key": f"{tls_dir}/tls.key",
+                     "--tls-client-ca": f"{tls_dir}/ca.crt"}  # fmt: skip
+    server_secret = secrets[volume]["secretName"]
+    assert secrets[volume]["defaultMode"] == 0o440 and pod["securityContext"]["fsGroup"]
+    # KEDA's side: every external-push trigger names the client certificate's Secret.
+    scaled = [o for o in of_kind(objects, "ScaledObject") if o["metadata"]["name"] != "worker"]
+    assert scaled
+    auths = {t["authenticationRef"]["name"] for o in scaled for t in o["spec"]["triggers"]}
+    (auth_name,) = auths
+    auth = named(objects, "TriggerAuthentication", auth_name)
+    refs = {r["parameter"]: (r["name"], r["key"]) for r in auth["spec"]["secretTargetRef"]}
+    (client_secret,) = {name for name, _ in refs.values()}
+    assert {p: key for p, (_, key) in refs.items()} == {
+        "caCert": "ca.crt", "tlsClientCert": "tls.crt", "tlsClientKey": "tls.key"}  # fmt: skip
+    # Both Secrets are cert-manager's, from one CA; the server's names the host KEDA dials.
+    certificates = {c["spec"]["secretName"]: c for c in of_kind(objects, "Certificate")}
+    server, client = certificates[server_secret], certificates[client_secret]
+    assert server["spec"]["issuerRef"] == client["spec"]["issuerRef"]
+    issuer = named(objects, "Issuer", server["spec"]["issuerRef"]["name"])
+    assert certificates[issuer["spec"]["ca"]["secretName"]]["spec"]["isCA"] is True
+    (trigger,) = scaled[0]["spec"]["triggers"]
+    host = trigger["metadata"]["scalerAddress"].rsplit(":", 1)[0]
+    assert host in server["spec"]["dnsNames"] and "server auth" in server["spec"]["usages"]
+    assert "client auth" in client["spec"]["usages"]

@@ -156,21 +156,24 @@ def reachability(objects: list[Obj]) -> set[tuple[str, str, str]]:
 
 FAIRQ = ("gateway", "dispatcher", "worker", "batch-worker", "keda-scaler")
 OUTSIDERS = tuple(p.name for p in OUTSIDE)
-DNS = {(p, "dns", port) for p in (*FAIRQ, "engine", "redis") for port in ("53/UDP", "53/TCP")}
 
 
 def intended(overlay: str) -> set[tuple[str, str, str]]:
     """The table docs/operations.md, "Security", states."""
-    table = set(DNS) - {("redis", "dns", p) for p in ("53/UDP", "53/TCP")}
+    # The engines' KEDA scaler comes with their scaling (components/engine-scaling), which
+    # the external-redis overlay leaves out.
+    scaled = overlay != "external-redis"
+    fairq = [p for p in FAIRQ if scaled or p != "keda-scaler"]
+    table = {(p, "dns", port) for p in (*fairq, "engine") for port in ("53/UDP", "53/TCP")}
     table |= {(p, "gateway", "8000/TCP") for p in OUTSIDERS}  # clients: the gateway only
     table |= {(p, "engine", "8000/TCP") for p in ("dispatcher", "worker")}
-    table |= {("keda", "keda-scaler", "9467/TCP")}  # KEDA calls the engines' scaler
-    if overlay == "external-redis":
-        table |= {(p, "managed-redis", "6380/TCP") for p in FAIRQ}
+    if not scaled:
+        table |= {(p, "managed-redis", "6380/TCP") for p in fairq}
         table |= {(p, "public-https", "443/TCP") for p in ("engine",)}  # the weights
         return table
+    table |= {("keda", "keda-scaler", "9467/TCP")}  # KEDA calls the engines' scaler
     table |= {("redis", "dns", p) for p in ("53/UDP", "53/TCP")}
-    table |= {(p, "redis", "6379/TCP") for p in FAIRQ}
+    table |= {(p, "redis", "6379/TCP") for p in fairq}
     table |= {("monitoring", p, "9464/TCP") for p in ("dispatcher", "worker", "keda-scaler")}
     if overlay == "production":
         table |= {("keda", "redis", "6379/TCP")}  # the workers' redis-streams triggers
