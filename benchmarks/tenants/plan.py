@@ -24,7 +24,7 @@ BATCH_USER = "Q"
 @dataclass(frozen=True)
 class TailSizes:
     """The interactive tail's sizes; the defaults fit the simulator's h100-8b profile
-    at ``ENGINE_BATCH`` slots (``benchmarks.tenants.run``)."""
+    at 32 slots (``PRESETS``)."""
 
     interactive_requests: int = 1000
     rate_per_s: float = 12.0  # about half the batch running, alone
@@ -36,6 +36,23 @@ class TailSizes:
     batch_lines: int = 300
     batch_output_tokens: int = 256
     seed: int = 0
+
+
+# The sizes per engine family: the simulator's h100-8b profile at 32 slots, and the real
+# vLLM's tiny model at 8 slots with 512 tokens of context (its answers ~3 ms a token).
+PRESETS = {
+    "h100": TailSizes(),
+    "tiny": TailSizes(
+        rate_per_s=25.0,
+        interactive_users=20,
+        prompt_tokens=64,
+        output_tokens=32,
+        power_requests=300,
+        power_output_tokens=256,
+        batch_lines=200,
+        batch_output_tokens=128,
+    ),
+}
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,9 @@ would otherwise delay their first tokens on this event loop.
     is told;
 (c) fairq with its defaults, told nothing: the batch lines go through its Batch API
     (the lowest band), everything else as plain chat completions.
+
+With a real vLLM the engine runs on its own core (``ENGINE_CPUS``), fairq and the load on
+the other, as in ``fairq bench fairness``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks._fairness_cpu import FAIRQ_CPUS, pinned
 from benchmarks._fairness_engine import EngineWatch, Sample, engine_work, wait_idle
 from benchmarks._fairness_load import LoadResult, RequestResult, Target, run_load
 from benchmarks._fairness_provision import Engine, EngineChoice, engine_for
@@ -134,6 +138,8 @@ def _arm_env(
     with contextlib.ExitStack() as on_exit:
         folder = on_exit.enter_context(tempfile.TemporaryDirectory(prefix="fairq-tenants-"))
         engine = on_exit.enter_context(engine_for(choice, arm.engine_policy, Path(folder)))
+        if choice.pinning:  # vLLM pins itself to ENGINE_CPUS; fairq and the load the rest
+            on_exit.enter_context(pinned(FAIRQ_CPUS))
         stack = None
         if arm.via_fairq:
             stack = Stack(

@@ -92,3 +92,14 @@ def test_the_table_marks_a_failed_arm() -> None:
               "machine": {"cores": 2}, "sizes": {"rate_per_s": 12.0}}  # fmt: skip
     text = render(result)
     assert "**FAILED**: 1 requests" in text and "Holds (arm c): **no**" in text
+
+
+def test_sizes_come_from_the_engines_preset_unless_a_flag_gives_them() -> None:
+    from benchmarks.tenants.cli import sized
+    from benchmarks.tenants.plan import PRESETS
+
+    assert sized("sim", {"rate": None, "seed": 0}) == PRESETS["h100"]
+    tiny = sized("vllm", {"rate": 5.0, "power_requests": None, "seed": 0})
+    assert tiny.rate_per_s == 5.0 and tiny.power_requests == PRESETS["tiny"].power_requests
+    # The tiny model's context is 512 tokens: its preset's longest request fits.
+    assert tiny.prompt_tokens + max(tiny.power_output_tokens, tiny.batch_output_tokens) < 512

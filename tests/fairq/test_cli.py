@@ -130,6 +130,7 @@ READS = {
     ("config",): ("FAIRQ_<SETTING>",),
     ("config", "check"): ("FAIRQ_<SETTING>",),
     ("bench", "fairness"): ("FAIRQ_VLLM_HOME",),
+    ("bench", "tenants"): ("FAIRQ_VLLM_HOME",),
     ("sim",): ("FAIRQ_LOG_LEVEL", "[INFO]", "FAIRQ_SIM_STARTUP_S", "--startup-s [0]"),
 }  # fmt: skip
 BATCH = ("FAIRQ_API_URL", "[http://127.0.0.1:8000]", "FAIRQ_API_KEY", "OPENAI_API_KEY")
