@@ -84,9 +84,9 @@ bench: install-dev
 	$(BIN)/fairq bench fairness
 
 # A real vLLM (CPU build, ~2.5 GB) and a tiny model in .vllm/, for benchmarks against a
-# real engine; not part of `make test`. Then: python -m benchmarks.vllm_engine serve ...
+# real engine; not part of `make test`. Then: python -m benchmarks.lib.vllm_engine serve ...
 bench-vllm-setup: install-dev
-	$(BIN)/python -m benchmarks.vllm_engine setup
+	$(BIN)/python -m benchmarks.lib.vllm_engine setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from benchmarks.stats import machine, markdown_table, save
+from benchmarks.lib.stats import machine, markdown_table, save
 
 Row = tuple[str, str, str, bool | None]  # figure, measured, target, holds (None: no target)
 
@@ -114,20 +114,22 @@ def _streaming_rows(r: dict[str, Any]) -> list[Row]:
 
 
 STEPS = (
-    Step("dispatch", "benchmarks.dispatch", (), ("--jobs", "4000", "--rounds", "1"),
+    Step("dispatch", "benchmarks.scale.dispatch", (), ("--jobs", "4000", "--rounds", "1"),
          _dispatch_rows),
-    Step("depth", "benchmarks.depth", ("--jobs", "1000000"), ("--jobs", "20000", "--rounds", "50"),
-         _depth_rows),
-    Step("jobrate", "benchmarks.jobrate", (), ("--jobs", "600", "--rq-jobs", "200"), _jobrate_rows),
-    Step("latency", "benchmarks.latency", (), ("--requests", "60"),
+    Step("depth", "benchmarks.scale.depth", ("--jobs", "1000000"),
+         ("--jobs", "20000", "--rounds", "50"), _depth_rows),
+    Step("jobrate", "benchmarks.scale.jobrate", (), ("--jobs", "600", "--rq-jobs", "200"),
+         _jobrate_rows),
+    Step("latency", "benchmarks.streaming.latency", (), ("--requests", "60"),
          lambda r: _latency_rows(r, "idle engine", judged=True)),
-    Step("latency_load", "benchmarks.latency", ("--load", "0.5"),
+    Step("latency_load", "benchmarks.streaming.latency", ("--load", "0.5"),
          ("--load", "0.5", "--requests", "60"),
          lambda r: _latency_rows(r, "engine at 50% load", judged=False)),
-    Step("streaming", "benchmarks.streaming", ("--concurrency", "1,50,200", "--fanout", "1000"),
+    Step("streaming", "benchmarks.streaming.hot_path",
+         ("--concurrency", "1,50,200", "--fanout", "1000"),
          ("--concurrency", "1,50", "--seconds", "3", "--fanout", "100"), _streaming_rows),
     # The same hot path with longer answers: per-request work spread over more tokens.
-    Step("streaming_long", "benchmarks.streaming",
+    Step("streaming_long", "benchmarks.streaming.hot_path",
          ("--tokens", "400", "--concurrency", "50,200", "--fanout", "0", "--no-floor"),
          ("--tokens", "400", "--concurrency", "50", "--seconds", "3", "--fanout", "0",
           "--no-floor"), _streaming_rows),

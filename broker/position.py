@@ -55,7 +55,7 @@ rather than waiting for the batch's next wave to end or the others' dispatches (
 as the model keeps slots or preempts, the defaults). Not a count of recent ends: that is
 right only with many ends in its window, and long answers end in waves with long
 stretches of none. How close it comes to the wait that followed in the seed and mixed
-floods: ``benchmarks.wait_estimate``, its figures in docs/performance.md.
+floods: ``benchmarks.fairness.wait_estimate``, its figures in docs/performance.md.
 
 With no job of fairq's seen in the engine, the engine's own drain stands in, by the rate
 alone (the endpoints' ``drain_per_s`` in the dispatcher's status snapshot, from the

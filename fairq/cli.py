@@ -157,9 +157,9 @@ class _Benchmarks(click.Group):
     out of every other ``fairq`` command's start-up."""
 
     _COMMANDS = {
-        "fairness": "benchmarks.fairness",
-        "fleet": "benchmarks.fleet",
-        "prefix": "benchmarks.prefix",
+        "fairness": "benchmarks.fairness.cli",
+        "fleet": "benchmarks.fleet.cli",
+        "prefix": "benchmarks.prefix.cli",
         "tenants": "benchmarks.tenants.cli",
     }
 

@@ -4,6 +4,11 @@ Every service imports broker; broker imports no service; services never import e
 other (they meet only through Redis); ``fairq`` (the command and local stack) is the
 composition root and may import them all. No module of the product imports itself back
 through others (no circle), counting imports made inside functions too.
+
+``benchmarks`` measures the product from outside: it may import the product, and no package
+of the product imports it (``fairq bench`` loads a benchmark by its module's name, which
+``test_fairq_bench_names_modules_of_benchmarks`` holds). Inside it each family's
+sub-package imports only itself and ``benchmarks.lib``, and ``lib`` imports no family.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = ("gateway", "batch", "dispatcher", "workers")
 PRODUCT = ("broker", *SERVICES, "fairq")
+CHECKED = (*PRODUCT, "benchmarks")
+BENCH_LIB = "lib"  # the room of benchmarks that every family may import
 # Names of broker a service must not use: the Lua scripts are called through their typed
 # wrappers in broker's stores, and the lean connection's internals stay in the transport.
 BROKER_INTERNALS = ("broker.lua", "broker.redis.resp", "broker.redis.packed")
@@ -67,7 +74,7 @@ def _known_prefix(name: str, known: set[str]) -> Iterator[str]:
             return
 
 
-def import_graph(root: Path, packages: tuple[str, ...] = PRODUCT) -> dict[str, set[str]]:
+def import_graph(root: Path, packages: tuple[str, ...] = CHECKED) -> dict[str, set[str]]:
     modules = product_modules(root, packages)
     known = set(modules)
     graph = {}
@@ -82,20 +89,28 @@ def forbidden_arrows(graph: dict[str, set[str]]) -> list[str]:
     """Each import that breaks the rules, as ``importer -> imported``."""
     wrong = []
     for importer, targets in graph.items():
-        source = importer.split(".")[0]
         for target in sorted(targets):
-            if not _allowed(source, target):
+            if not _allowed(importer, target):
                 wrong.append(f"{importer} -> {target}")
     return wrong
 
 
-def _allowed(source: str, target: str) -> bool:
+def _allowed(importer: str, target: str) -> bool:
+    source = importer.split(".", maxsplit=1)[0]
     package = target.split(".", maxsplit=1)[0]
-    if source in ("fairq", package):
+    if package == "benchmarks":  # the product never imports its benchmarks
+        return source == "benchmarks" and _bench_room(target) in (_bench_room(importer), BENCH_LIB)
+    if source in ("fairq", "benchmarks", package):
         return True
     if package != "broker":
         return False  # broker imports no service; services never import each other
     return not any(target == inner or target.startswith(inner + ".") for inner in BROKER_INTERNALS)
+
+
+def _bench_room(module: str) -> str:
+    """The sub-package of benchmarks a module lives in ("suite" for the top-level suite)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
 
 
 def circle(graph: dict[str, set[str]]) -> list[str]:
@@ -123,6 +138,13 @@ def test_no_module_imports_itself_back() -> None:
     assert circle(import_graph(ROOT)) == []
 
 
+def test_fairq_bench_names_modules_of_benchmarks() -> None:
+    from fairq.cli import _Benchmarks
+
+    benchmarks = product_modules(ROOT, ("benchmarks",))
+    assert set(_Benchmarks._COMMANDS.values()) <= set(benchmarks)
+
+
 # -- the checker, on planted imports ---------------------------------------------------
 
 
@@ -147,6 +169,15 @@ def clean(tmp_path: Path) -> Path:
             "dispatcher/fair.py": "from broker.keys import ready\n",
             "workers/__init__.py": "",
             "fairq/__init__.py": "import gateway, batch, dispatcher, workers\n",
+            "benchmarks/__init__.py": "",
+            "benchmarks/suite.py": "from benchmarks.lib.stats import pct\n",
+            "benchmarks/lib/__init__.py": "",
+            "benchmarks/lib/stats.py": "import broker.keys\n",
+            "benchmarks/fairness/__init__.py": "",
+            "benchmarks/fairness/cli.py": "from . import arms\nimport dispatcher\n",
+            "benchmarks/fairness/arms.py": "from benchmarks.lib import stats\n",
+            "benchmarks/fleet/__init__.py": "",
+            "benchmarks/fleet/cli.py": "import fairq\nfrom benchmarks.lib.stats import pct\n",
         },
     )
     return tmp_path
@@ -156,6 +187,8 @@ def test_the_checker_passes_a_clean_tree(clean: Path) -> None:
     graph = import_graph(clean)
     assert graph["fairq"] == {"gateway", "batch", "dispatcher", "workers"}
     assert graph["dispatcher"] == {"dispatcher.fair"}
+    assert graph["benchmarks.fairness.cli"] == {"benchmarks.fairness.arms", "dispatcher"}
+    assert graph["benchmarks.fleet.cli"] == {"fairq", "benchmarks.lib.stats"}
     assert forbidden_arrows(graph) == []
     assert circle(graph) == []
 
@@ -167,6 +200,23 @@ def test_the_checker_passes_a_clean_tree(clean: Path) -> None:
         ("gateway/__init__.py", "import dispatcher.fair", "gateway -> dispatcher.fair"),
         ("workers/__init__.py", "def f():\n    from batch import y", "workers -> batch"),
         ("dispatcher/fair.py", "from broker.lua import s", "dispatcher.fair -> broker.lua"),
+        ("fairq/__init__.py", "from benchmarks.fleet import cli", "fairq -> benchmarks.fleet.cli"),
+        ("gateway/__init__.py", "def f():\n    import benchmarks.lib", "gateway -> benchmarks.lib"),
+        (
+            "benchmarks/fleet/cli.py",
+            "from benchmarks.fairness.arms import y",
+            "benchmarks.fleet.cli -> benchmarks.fairness.arms",
+        ),
+        (
+            "benchmarks/lib/stats.py",
+            "from benchmarks.fleet import cli",
+            "benchmarks.lib.stats -> benchmarks.fleet.cli",
+        ),
+        (
+            "benchmarks/suite.py",
+            "import benchmarks.fairness.cli",
+            "benchmarks.suite -> benchmarks.fairness.cli",
+        ),
     ],
 )
 def test_the_checker_finds_a_planted_forbidden_import(

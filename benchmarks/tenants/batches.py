@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import httpx
 import orjson
 
-from benchmarks._batch_common import create, upload
-from benchmarks._fairness_load import make_prompt
+from benchmarks.lib.batch_api import create, upload
+from benchmarks.lib.load import make_prompt
 from benchmarks.tenants.plan import Sent
 
 POLL_S = 0.25

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from benchmarks._fairness_provision import (
+from benchmarks.lib.provision import (
     SIM_MODEL,
     VLLM_CONTEXT,
     VLLM_MODEL,
@@ -18,7 +18,7 @@ from benchmarks._fairness_provision import (
     prepare_vllm,
     vllm_home,
 )
-from benchmarks.stats import machine, save
+from benchmarks.lib.stats import machine, save
 from benchmarks.tenants.plan import PRESETS, TailSizes
 from benchmarks.tenants.report import render, verdict
 from benchmarks.tenants.run import ARMS, run_arm

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from benchmarks.stats import pct
+from benchmarks.lib.stats import pct
 
 PERCENTILES = (50, 95, 99)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from benchmarks._fairness_scenarios import Planned
+from benchmarks.lib.load import Planned
 
 INTERACTIVE = "interactive"
 POWER = "power"  # the flood: one user's requests at t=0, the default band

@@ -3,7 +3,7 @@
 An arm runs two phases on its own engine: the interactive stream alone (its no-flood
 baseline), then the same stream while the power user's flood and the batch tenant's
 lines arrive at t=0 (``benchmarks.tenants.plan``). The interactive users send from a
-process of their own (``_fairness_load.run_load``): the flood's streams, read here,
+process of their own (``benchmarks.lib.load.run_load``): the flood's streams, read here,
 would otherwise delay their first tokens on this event loop.
 
 (a) the engine alone, FIFO: the baseline every step count is compared with;
@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks._fairness_cpu import FAIRQ_CPUS, pinned
-from benchmarks._fairness_engine import EngineWatch, Sample, engine_work, wait_idle
-from benchmarks._fairness_load import LoadResult, RequestResult, Target, run_load
-from benchmarks._fairness_provision import Engine, EngineChoice, engine_for
+from benchmarks.lib.cpu import FAIRQ_CPUS, pinned
+from benchmarks.lib.engine_watch import EngineWatch, Sample, engine_work, wait_idle
+from benchmarks.lib.load import LoadResult, RequestResult, Target, run_load
+from benchmarks.lib.provision import Engine, EngineChoice, engine_for
 from benchmarks.tenants.batches import BatchResult, batch_file, run_batch
 from benchmarks.tenants.figures import arm_status, latencies, token_gaps
 from benchmarks.tenants.plan import (

@@ -22,27 +22,19 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from benchmarks._fairness_arms import (
+from benchmarks.fairness.arms import (
     ARMS,
-    REPORTED,
-    STARTED,
-    STATED,
-    UNKNOWN,
-    KnownPolicy,
     arm_title,
     config_problem,
     parse_arms,
     policy_problem,
 )
-from benchmarks._fairness_checks import criteria, verdict
-from benchmarks._fairness_cpu import ProcessGroups, cpu_split
-from benchmarks._fairness_engine import Sample, engine_work, parse_sample, preemptions, step_ms
-from benchmarks._fairness_load import LoadResult, RequestResult, Target, run_load
-from benchmarks._fairness_report import arm_summary, compare, render
-from benchmarks._fairness_resumed import Answer, problems, whole
-from benchmarks._fairness_scenarios import (
+from benchmarks.fairness.checks import criteria, verdict
+from benchmarks.fairness.cli import failed_arms
+from benchmarks.fairness.report import arm_summary, compare, render
+from benchmarks.fairness.resumed import Answer, problems, whole
+from benchmarks.fairness.scenarios import (
     PRESETS,
-    Planned,
     Scenario,
     build,
     context_problem,
@@ -50,10 +42,13 @@ from benchmarks._fairness_scenarios import (
     parse_names,
     plan,
 )
-from benchmarks._fairness_shares import backlog_window, shares
-from benchmarks._fairness_sse import StreamTally
-from benchmarks._fairness_stages import stages_of
-from benchmarks.fairness import failed_arms
+from benchmarks.fairness.shares import backlog_window, shares
+from benchmarks.fairness.stages import stages_of
+from benchmarks.lib.cpu import ProcessGroups, cpu_split
+from benchmarks.lib.engine_watch import Sample, engine_work, parse_sample, preemptions, step_ms
+from benchmarks.lib.load import LoadResult, Planned, RequestResult, Target, run_load
+from benchmarks.lib.provision import REPORTED, STARTED, STATED, UNKNOWN, KnownPolicy
+from benchmarks.lib.sse import StreamTally
 from fairq.cli import main
 from tests.support.paths import FIXTURES
 from tests.support.servers import uvicorn_thread

@@ -20,13 +20,13 @@ from pathlib import Path
 import dns.resolver
 from click.testing import CliRunner
 
-from benchmarks._fleet_dns import Zone, dns_server
-from benchmarks._fleet_keda import ModelScale, Rules, hpa_desired, on_push, target
-from benchmarks._fleet_load import Request
-from benchmarks._fleet_push import PushDecisions
-from benchmarks._fleet_replicas import Replica
-from benchmarks._fleet_report import STEPS, cold_figures, cold_starts, lost, wakes
-from benchmarks._fleet_scaler import demand_by_model
+from benchmarks.fleet.dns import Zone, dns_server
+from benchmarks.fleet.keda import ModelScale, Rules, hpa_desired, on_push, target
+from benchmarks.fleet.load import Request
+from benchmarks.fleet.push import PushDecisions
+from benchmarks.fleet.replicas import Replica
+from benchmarks.fleet.report import STEPS, cold_figures, cold_starts, lost, wakes
+from benchmarks.fleet.scaler import demand_by_model
 from fairq.cli import main
 
 STARTUP_S = 1.0

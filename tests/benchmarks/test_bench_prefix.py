@@ -15,8 +15,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from benchmarks._prefix_load import LoadRun, Turn, agent, chat, sessions, words
-from benchmarks.prefix import COLUMNS, summarize
+from benchmarks.prefix.cli import COLUMNS, summarize
+from benchmarks.prefix.load import LoadRun, Turn, agent, chat, sessions, words
 from fairq.cli import main
 
 TINY = [

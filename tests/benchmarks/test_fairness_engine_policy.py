@@ -14,7 +14,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from benchmarks._fairness_provision import SIM_MODEL
+from benchmarks.lib.provision import SIM_MODEL
 from fairq.cli import main
 from fairq.localredis import free_port
 from fairq.stack import Stack

@@ -1,4 +1,4 @@
-"""The scenario matrix's pure parts (``benchmarks._fairness_matrix``): cells, sizes and the
+"""The scenario matrix's pure parts (``benchmarks.fairness.matrix``): cells, sizes and the
 verdict per cell, on hand-made arms."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks._fairness_engine import Sample, backlogged_work, batch_run, drain_s
-from benchmarks._fairness_matrix import CELLS, parse_cells, render, sizes, verdict
+from benchmarks.fairness.matrix import CELLS, parse_cells, render, sizes, verdict
+from benchmarks.lib.engine_watch import Sample, backlogged_work, batch_run, drain_s
 
 
 def arm(p95_steps: float | None, steps: float, status: str = "ok") -> dict[str, Any]:

@@ -3,7 +3,7 @@ stages read from the jobs' times (pure parts)."""
 
 from __future__ import annotations
 
-from benchmarks._fairness_stages import flood_summary, stages_of, summary
+from benchmarks.fairness.stages import flood_summary, stages_of, summary
 
 
 def test_a_jobs_stages_are_the_gaps_between_its_moves() -> None:

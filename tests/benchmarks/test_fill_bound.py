@@ -1,4 +1,4 @@
-"""The fill bound (benchmarks/fill_bound.py), which steps the simulator's scheduler, on
+"""The fill bound (benchmarks/fairness/fill_bound.py), which steps the simulator's scheduler, on
 hand-made profiles and schedules, each worked out step by step in the comments."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from benchmarks.fill_bound import Flood, Schedule, fifo, newcomer_ttft_steps, paced
+from benchmarks.fairness.fill_bound import Flood, Schedule, fifo, newcomer_ttft_steps, paced
 from workers.sim._profile import SimProfile
 
 # Two slots, 100 tokens a step; a step costs 10 ms, 1 ms per decoding request, 0.1 ms per

@@ -1,5 +1,5 @@
-"""benchmarks.scrape and benchmarks.idle, run small: every arm measured and reported, the
-lean scrape keeping up, an idle stack's processes each measured."""
+"""benchmarks.scale.scrape and benchmarks.scale.idle, run small: every arm measured and
+reported, the lean scrape keeping up, an idle stack's processes each measured."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from benchmarks import idle, scrape
+from benchmarks.scale import idle, scrape
 
 pytestmark = pytest.mark.integration
 

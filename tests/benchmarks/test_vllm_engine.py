@@ -1,9 +1,9 @@
-"""benchmarks.vllm_engine without installing vLLM: what it would run, and its markers.
+"""benchmarks.lib.vllm_engine without installing vLLM: what it would run, and its markers.
 
 The command lines and environments are compared for both scheduling policies; the
 core pinning runs its real taskset prefix around a python that reports its affinity;
 the process-group shutdown stops real process trees. Nothing is mocked; no test
-installs or starts vLLM (``python -m benchmarks.vllm_engine setup`` does that).
+installs or starts vLLM (``python -m benchmarks.lib.vllm_engine setup`` does that).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.vllm_engine import (
+from benchmarks.lib.vllm_engine import (
     HOME_ENV,
     REPO,
     Home,

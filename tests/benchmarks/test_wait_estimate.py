@@ -1,4 +1,4 @@
-"""``python -m benchmarks.wait_estimate``: a small flood end to end, and its pure parts.
+"""``python -m benchmarks.fairness.wait_estimate``: a small flood end to end, and its pure parts.
 
 The integration test runs one small flood with real processes (simulator, Redis,
 dispatcher, workers, gateway and the sampler's own process) and checks that every queued
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from benchmarks._wait_sampler import SpellBook
-from benchmarks._wait_summary import flood_figures, holds, summary, within
-from benchmarks.wait_estimate import main
+from benchmarks.fairness.wait_estimate import main
+from benchmarks.fairness.wait_sampler import SpellBook
+from benchmarks.fairness.wait_summary import flood_figures, holds, summary, within
 
 
 def _hash(state: str, **fields: object) -> dict[bytes, bytes]:

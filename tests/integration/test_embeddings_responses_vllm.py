@@ -22,7 +22,7 @@ import orjson
 import pytest
 from redis.asyncio import Redis
 
-from benchmarks.vllm_engine import Runner, has_model, is_installed, resolve_home, running_vllm
+from benchmarks.lib.vllm_engine import Runner, has_model, is_installed, resolve_home, running_vllm
 from fairq.localredis import free_port
 from tests.support.eventually import WAIT_S
 from tests.support.settings import ALICE_KEY, MODEL, make_settings

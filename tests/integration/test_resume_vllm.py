@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import pytest
 from redis import Redis
 
-from benchmarks._fairness_resumed import problems, read_answer, tokenizer_decode
-from benchmarks.vllm_engine import has_model, is_installed, resolve_home, running_vllm
+from benchmarks.fairness.resumed import problems, read_answer, tokenizer_decode
+from benchmarks.lib.vllm_engine import has_model, is_installed, resolve_home, running_vllm
 from broker import Client, keys
 from fairq.localredis import free_port
 from fairq.stack import Stack, demo_config

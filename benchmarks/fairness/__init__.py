@@ -1,0 +1,1 @@
+"""``fairq bench fairness``: heavy users against light users on one engine, arms side by side."""

@@ -1,0 +1,1 @@
+"""``fairq bench fleet``: many models whose engines scale with fairq's demand, to zero and back."""

@@ -1,0 +1,1 @@
+"""``fairq bench prefix``: prefix-aware routing against least-loaded, side by side."""
