@@ -145,6 +145,20 @@ class EndpointState:
         return max(0.0, self.waiting - max(float(self.unstarted_at_scrape), beyond_running))
 
     @property
+    def put_back(self) -> float:
+        """fairq's started jobs the engine held in its queue at the last scrape: shown
+        beyond its running set, less those without a first token. An engine whose KV
+        cache is full puts the requests it preempts there, at the head (vLLM), where a
+        newcomer sent since waits behind them."""
+        beyond = self.shown_at_scrape - self.running - self.unstarted_at_scrape
+        return max(0.0, min(self.waiting, beyond))
+
+    @property
+    def kv_full(self) -> bool:
+        """The last scrape found the KV cache full: requests wait for blocks, not slots."""
+        return self.kv_usage is not None and self.kv_usage >= KV_FULL
+
+    @property
     def waiting_unstarted(self) -> float:
         """fairq's jobs without a first token beyond those the end rate keeps starting:
         with the batch known, the ones that may wait for the engine rather than for its
@@ -172,7 +186,7 @@ class AdmissionConfig:
     tpot_ceiling_s: float
     inflight_cap: int  # the fallback without fresh metrics (and the whole rule of `static`)
     batch_slots: int | None = None  # the engine's batch; None: learned; 0: no batch rule
-    reserved_slots: int | None = None  # kept for newcomers; None: one per full 32 slots
+    reserved_slots: int | None = None  # kept for newcomers; None: one from 32 slots up
     # Jobs of users in the engine that may wait beyond its batch, so that the engine refills
     # a freed slot at once rather than after fairq's round trip. Only with preemption, which
     # takes them back when a newcomer needs the head of the engine's queue, and only while
@@ -199,17 +213,20 @@ class AdmissionConfig:
     def room_in(self, state: EndpointState) -> int | None:
         """The requests the engine takes now: its batch, or fewer while its KV cache bounds
         it (long answers fill it before the slots): the running set at which the last two
-        scrapes found requests waiting (``dispatcher.capacity``), or the one the last
-        scrape saw while requests waited with the cache full. Requests that wait once, with
-        KV room left, may wait only for a step's prefill budget. None: the batch is
-        unknown or the rule off."""
+        scrapes found requests waiting (``dispatcher.capacity``), while the cache is at
+        least half used, or the one the last scrape saw while requests waited with the
+        cache full. Requests that wait once, with KV room left, may wait only for a step's
+        prefill budget; and requests that waited below the slots with most of the cache
+        free waited for something else than room (a 64-slot engine seen "full" at 61 with
+        18% of its cache used held a seed flood's batch at 61: 4.7% of its steps). None:
+        the batch is unknown or the rule off."""
         batch = self.batch(state)
         if batch is None:
             return None
-        if state.full_at is not None:
+        kv_bound = state.kv_usage is None or state.kv_usage >= KV_BOUND
+        if state.full_at is not None and (state.full_at >= batch or kv_bound):
             batch = min(batch, state.full_at)
-        kv_full = state.kv_usage is not None and state.kv_usage >= _KV_FULL
-        if not kv_full or state.waiting <= 0 or state.running <= 0:
+        if not state.kv_full or state.waiting <= 0 or state.running <= 0:
             return batch
         return min(batch, int(state.running))
 
@@ -217,18 +234,23 @@ class AdmissionConfig:
         """Slots of a batch kept for newcomers; at least one slot stays open to the rest."""
         wanted = self.reserved_slots
         if wanted is None:
-            wanted = batch // _SLOTS_PER_KEPT
+            wanted = 1 if batch >= _KEPT_FROM_SLOTS else 0
         return max(0, min(wanted, batch - 1))
 
 
-# The automatic reserve: one kept slot per this many. Fewer than this many slots keep none:
-# a slot of a small batch is a large share of its throughput (one of 8 on vLLM's CPU
-# build: 8.7%), and a newcomer still waits only for the next free slot, at the head of
-# the engine's queue (docs/performance.md).
-_SLOTS_PER_KEPT = 32
+# The automatic reserve: one slot kept for newcomers from this many slots up, whatever the
+# batch. It is a newcomer's place while another's first answer runs (24 light users at
+# 0.5 s apart have about one at a time), not a share of the batch: one per 32 slots kept
+# 2 of 64 (3.1% of the steps) where a newcomer needed one. Fewer slots keep none: a slot
+# of a small batch is a large share of its throughput (one of 8 on vLLM's CPU build:
+# 8.7%), and a newcomer still waits only for the next free slot, at the head of the
+# engine's queue (docs/performance.md).
+_KEPT_FROM_SLOTS = 32
 # KV-cache use from which waiting requests wait for KV blocks (vLLM allocates a request's
 # blocks as it grows: with little free, new ones wait while the running ones fill it)
-_KV_FULL = 0.9
+KV_FULL = 0.9
+# KV-cache use from which a running set seen full below the slots is the KV cache's bound
+KV_BOUND = 0.5
 # One job waiting beyond the batch lets the engine refill a freed slot at once, not after
 # fairq's round trip of a few engine steps (end seen, next job sent, handed over), which
 # short answers would lose as tokens/s. Only with preemption: a newcomer behind that job

@@ -135,6 +135,17 @@ def room_for_take_back(config: AdmissionConfig, state: EndpointState, fresh: int
     return int(state.running)
 
 
+def may_wait_behind(state: EndpointState, batch: int | None) -> bool:
+    """Whether a newcomer sent to ``state``'s endpoint may still wait there behind fairq's
+    jobs, so that the take-back stage goes on making room for it in later rounds (a few
+    jobs a round): while the capacity (``batch``) is unknown; once it is, while jobs beyond
+    the batch remain (16 slots: a newcomer waited a second behind the 12 one round left);
+    or while the engine holds started ones back in its queue, where it put them ahead of
+    the newcomer (KV-bound long answers: a newcomer waited a second behind one the engine
+    preempted after the round had made room)."""
+    return batch is None or state.inflight > batch or state.put_back > 0
+
+
 class NoTakeBack:
     """The stage off: a newcomer waits for a slot to free; nothing is taken back."""
 

@@ -28,12 +28,19 @@ from broker import (
     Pick,
     telemetry,
 )
-from dispatcher.admission import Decision, EndpointState, Limit, held_by_unseen, refusals
+from dispatcher.admission import (
+    KV_FULL,
+    Decision,
+    EndpointState,
+    Limit,
+    held_by_unseen,
+    refusals,
+)
 from dispatcher.discovery import LiveEndpoints
 from dispatcher.endpoints import METRICS_LAG_S, RateMeter, SentLog, endpoint_states
 from dispatcher.express import GrantWriter
 from dispatcher.fairness import plan_with_slots
-from dispatcher.preemption import RoundEnd
+from dispatcher.preemption import RoundEnd, may_wait_behind
 from dispatcher.scraper import EndpointView, Scraper
 from dispatcher.stages import MAX_PICKS, Stages
 
@@ -41,6 +48,10 @@ log = logging.getLogger(__name__)
 
 _MAX_EMPTY_ROUNDS = 3  # picks that found only emptied queues; each one cleans the backlog
 _PACE_SLACK_S = 0.001  # a paced refill's wake-up comes this late, so the step has passed
+# Engine steps after a newcomer went to a KV-full engine when a read shows whether the
+# engine put a started request back ahead of it: one to take the newcomer in, one to
+# preempt, one for the metrics
+_PUT_BACK_STEPS = 3
 
 
 @dataclass(frozen=True)
@@ -137,6 +148,7 @@ class Round:
             if turn is not None:
                 break  # the next model's turn
         snap = await self._take_back(snap, newcomers_sent)
+        self._scrape_after_newcomers(newcomers_sent)
         self._env.views[name] = snap
         if not snap.empty:
             self._scrape_if_held(snap)
@@ -269,10 +281,7 @@ class Round:
         for state in states:
             sent = newcomers_sent.get(state.endpoint, 0)
             batch = s.config.room_in(state)
-            # Carried on while the capacity is unknown, and once it is, while jobs beyond
-            # the batch may still wait ahead of them: the stage takes a few back a round
-            # (16 slots: a newcomer waited a second behind the 12 it left after one round).
-            if sent and (batch is None or state.inflight > batch):
+            if sent and may_wait_behind(state, batch):
                 since = self._carried.get(state.endpoint, now)  # the first round's time
                 self._unplaced[state.endpoint] = (sent, since)
         for other in env.engine_of[self.model.name]:
@@ -312,6 +321,21 @@ class Round:
         for state in self.states(snap):
             if held_by_unseen(state, band, self.stages.config):
                 scraper.scrape_after(state.endpoint, METRICS_LAG_S + 0.01)
+
+    def _scrape_after_newcomers(self, newcomers_sent: Mapping[str, int]) -> None:
+        """Newcomers went to an engine whose KV cache is full: read it again a few steps
+        later, whether it put a started request back in its queue ahead of them, which
+        the take-back stage then takes out (at the next tick it would wait 200 ms)."""
+        if self._env.scraper is None:
+            return
+        for endpoint, sent in newcomers_sent.items():
+            view = self.view(endpoint)
+            if not sent or view is None or view.sample is None:
+                continue
+            kv = view.sample.kv_usage
+            if kv is not None and kv >= KV_FULL and view.tpot_s:
+                delay = max(METRICS_LAG_S, _PUT_BACK_STEPS * view.tpot_s)
+                self._env.scraper.scrape_after(endpoint, delay)
 
     def _wake_when_paced(
         self, decisions: Sequence[Decision], states: Sequence[EndpointState]

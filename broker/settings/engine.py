@@ -78,9 +78,9 @@ class EngineSettings(Frozen):
         default=None,
         ge=0,
         description="Batch slots kept for users with nothing in the engine, so that a "
-        "newcomer never waits for another user's generation to end. null: one per full 32 "
-        "slots (a smaller batch keeps none: its newcomer waits for the next free slot, at "
-        "the head of the engine's queue); 0: none.",
+        "newcomer never waits for another user's generation to end. null: one from 32 "
+        "slots up (a smaller batch keeps none: its newcomer waits for the next free slot, "
+        "at the head of the engine's queue); 0: none.",
     )
     preemption: bool = Field(
         default=True,

@@ -318,9 +318,10 @@ def test_refills_the_end_rate_keeps_starting_are_no_queue_ahead_of_a_newcomer() 
 
 @pytest.mark.parametrize(
     ("batch", "reserved", "kept"),
-    [(256, None, 8), (63, None, 1), (32, None, 1), (8, None, 0), (256, 0, 0), (4, 10, 3)],
-)
-def test_kept_slots_default_to_one_per_full_32_and_never_take_the_whole_batch(
+    [(256, None, 1), (63, None, 1), (32, None, 1), (31, None, 0), (8, None, 0), (256, 0, 0),
+     (4, 10, 3)],
+)  # fmt: skip
+def test_one_slot_is_kept_from_32_slots_up_and_never_the_whole_batch(
     batch: int, reserved: int | None, kept: int
 ) -> None:
     config = AdmissionConfig(targets={}, tpot_ceiling_s=1, inflight_cap=1, reserved_slots=reserved)
@@ -448,3 +449,14 @@ def test_started_jobs_the_engine_put_back_in_its_queue_are_fairqs_not_a_newcomer
 )
 def test_a_round_that_held_users_in_the_engine_counts_why(limit: Limit, counted: Limit) -> None:
     assert _held(Decision("http://a", 3, limit, served_room=0)) is counted
+
+
+def test_a_running_set_seen_full_below_the_slots_bounds_the_batch_only_with_the_cache_used() -> (
+    None
+):
+    # 64 slots, requests seen waiting at 61 running twice: with 18% of the KV cache used
+    # they waited for something else than room (a prefill budget), so the batch stays 64.
+    learned = {"batch_seen": 64, "full_at": 61, "running": 61.0, "inflight": 61}
+    assert CONFIG.room_in(fresh(kv_usage=0.18, **learned)) == 64
+    assert CONFIG.room_in(fresh(kv_usage=0.7, **learned)) == 61  # the KV cache's bound
+    assert CONFIG.room_in(fresh(**learned)) == 61  # an engine that does not say its KV use

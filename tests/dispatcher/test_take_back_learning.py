@@ -8,7 +8,7 @@ from redis.asyncio import Redis
 
 from broker import DispatchStore, ExecutionStore, JobQueue, JobState, Pick
 from dispatcher.admission import AdmissionConfig, EndpointState
-from dispatcher.preemption import Preemption, RoundEnd, room_for_take_back
+from dispatcher.preemption import Preemption, RoundEnd, may_wait_behind, room_for_take_back
 from tests.support.contract import EP, MODEL, settings, submission
 
 LEARNED = AdmissionConfig(  # batch_slots None: learned from the engine's metrics
@@ -76,3 +76,17 @@ async def test_jobs_beyond_the_running_set_go_back_once_for_a_newcomer_of_this_r
     states = [(await q.get(job, "alice")).state for job in flood]
     # The two beyond the scrape's running set, the newest: those ahead of the newcomer.
     assert states == [JobState.DISPATCHED] * 4 + [JobState.QUEUED] * 2
+
+
+def test_a_newcomer_is_carried_while_fairqs_jobs_may_still_wait_ahead_of_it() -> None:
+    assert may_wait_behind(ramp(), batch=None)  # the capacity not known yet
+    assert may_wait_behind(ramp(inflight=7), batch=6)  # one beyond the batch
+    settled = ramp(inflight=6, unstarted=0, running=6.0, waiting=0.0, shown_at_scrape=6)
+    assert not may_wait_behind(settled, batch=6)
+    # KV cache full: the engine preempted one of fairq's started jobs into its queue (7
+    # shown, 6 running, none without a first token), ahead of the newcomer sent since.
+    put_back = ramp(inflight=6, unstarted=0, running=6.0, waiting=1.0, shown_at_scrape=7)
+    assert put_back.put_back == 1 and may_wait_behind(put_back, batch=6)
+    # Waiting that is fairq's unstarted jobs, or other clients', is not a put-back.
+    assert ramp(running=4.0, waiting=2.0, shown_at_scrape=7, unstarted_at_scrape=3).put_back == 0
+    assert ramp(running=4.0, waiting=5.0, shown_at_scrape=4).put_back == 0
