@@ -69,6 +69,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from broker import Grant, ModelConfig
+from dispatcher.capacity import KV_BOUND
 
 
 class Limit(enum.StrEnum):
@@ -249,8 +250,6 @@ _KEPT_FROM_SLOTS = 32
 # KV-cache use from which waiting requests wait for KV blocks (vLLM allocates a request's
 # blocks as it grows: with little free, new ones wait while the running ones fill it)
 KV_FULL = 0.9
-# KV-cache use from which a running set seen full below the slots is the KV cache's bound
-KV_BOUND = 0.5
 # One job waiting beyond the batch lets the engine refill a freed slot at once, not after
 # fairq's round trip of a few engine steps (end seen, next job sent, handed over), which
 # short answers would lose as tokens/s. Only with preemption: a newcomer behind that job

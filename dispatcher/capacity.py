@@ -47,6 +47,10 @@ CONFIRM_MIN_S = 0.03  # ... and never sooner (no step time known yet: this)
 # batch by a scrape.
 START_STEPS = 3
 START_MIN_S = 0.05
+# KV-cache use from which a running set seen full below the slots is the KV cache's bound:
+# with most of the cache free, requests waited for something else than room (a step's
+# prefill budget), and the slots stand (``AdmissionConfig.room_in``)
+KV_BOUND = 0.5
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class Capacity:
     full_at: int | None = None  # the running set at which the last two scrapes saw it full
     confirm: bool = False  # the last sample showed requests waiting at an unknown running set
     most: int = 0  # the largest running set any scrape showed
+    kv_at_full: float | None = None  # the KV-cache use when last seen full (None: not said)
 
     def learn(
         self, previous: EngineSample | None, current: EngineSample, starting: int = 0
@@ -77,7 +82,7 @@ class Capacity:
             rising = not slots and running > self.most
             return Capacity(slots, confirm=rising, most=most)
         if current.waiting > starting and _full(previous, current):
-            return Capacity(max(slots, running), running, most=most)
+            return Capacity(max(slots, running), running, most=most, kv_at_full=current.kv_usage)
         # Requests began to wait at a running set not known full: a second read tells. So
         # does another after a read that found the running set grown since the last (a
         # flood's ramp): the budget's next read may come a second later, when a flood
@@ -100,7 +105,8 @@ class Capacity:
             return None
         if self.most > configured:
             return f"the engine ran {self.most} requests at once, more than batch_slots"
-        if self.slots and self.slots < configured and self.full_at == self.slots:
+        kv_bound = self.kv_at_full is None or self.kv_at_full >= KV_BOUND
+        if self.slots and self.slots < configured and self.full_at == self.slots and kv_bound:
             return f"the engine was full at {self.slots} requests, fewer than batch_slots"
         return None
 

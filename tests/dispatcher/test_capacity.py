@@ -108,6 +108,10 @@ def test_an_override_the_engine_disagrees_with_is_named() -> None:
     full_at_4 = _learned(_sample(3, 4, 0), _sample(3, 4, 9))
     assert full_at_4.disagrees(16) == "the engine was full at 4 requests, fewer than batch_slots"
     assert full_at_4.disagrees(4) is None and full_at_4.disagrees(None) is None
+    # Seen full below batch_slots with most of its KV cache free: it waited for a prefill
+    # budget, not room; nothing to say.
+    busy = [EngineSample(w, 4, 0.2, None, None, steps=n) for w, n in ((3, 0), (3, 9))]
+    assert _learned(*busy).disagrees(16) is None
     ran_9 = _learned(_sample(0, 9))
     assert ran_9.disagrees(8) == "the engine ran 9 requests at once, more than batch_slots"
     assert ran_9.disagrees(0) is None  # the batch rule off: nothing to disagree with
