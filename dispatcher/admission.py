@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from broker import Grant, ModelConfig
-from dispatcher.capacity import KV_BOUND
+from dispatcher.capacity import kv_bounds
 
 
 class Limit(enum.StrEnum):
@@ -136,14 +136,12 @@ class EndpointState:
 
     @property
     def waiting_others(self) -> float:
-        """What the last scrape found waiting beyond every job of fairq's there: besides
-        those without a first token, where more of fairq's were in the engine than it ran,
-        at least that many more waited (an engine whose KV cache is full puts started
-        requests back in its queue). For the rules that count fairq's own lag-free: with
-        KV-bound long answers, after eight of those were taken back for a newcomer, the
-        scrape's count of them held it 190 ms, to the next scrape."""
-        beyond_running = self.shown_at_scrape - self.running
-        return max(0.0, self.waiting - max(float(self.unstarted_at_scrape), beyond_running))
+        """What the last scrape found waiting beyond every job of fairq's there: those
+        without a first token and those the engine put back (``put_back``). For the rules
+        that count fairq's own lag-free: with KV-bound long answers, after eight put-back
+        jobs were taken back for a newcomer, the scrape's count of them held it 190 ms, to
+        the next scrape."""
+        return max(0.0, self.waiting_beyond - self.put_back)
 
     @property
     def put_back(self) -> float:
@@ -224,8 +222,7 @@ class AdmissionConfig:
         batch = self.batch(state)
         if batch is None:
             return None
-        kv_bound = state.kv_usage is None or state.kv_usage >= KV_BOUND
-        if state.full_at is not None and (state.full_at >= batch or kv_bound):
+        if state.full_at is not None and (state.full_at >= batch or kv_bounds(state.kv_usage)):
             batch = min(batch, state.full_at)
         if not state.kv_full or state.waiting <= 0 or state.running <= 0:
             return batch

@@ -105,14 +105,20 @@ class Capacity:
             return None
         if self.most > configured:
             return f"the engine ran {self.most} requests at once, more than batch_slots"
-        kv_bound = self.kv_at_full is None or self.kv_at_full >= KV_BOUND
-        if self.slots and self.slots < configured and self.full_at == self.slots and kv_bound:
+        full_below = self.slots and self.slots < configured and self.full_at == self.slots
+        if full_below and kv_bounds(self.kv_at_full):
             return f"the engine was full at {self.slots} requests, fewer than batch_slots"
         return None
 
     @property
     def known(self) -> bool:
         return self.slots > 0
+
+
+def kv_bounds(kv_usage: float | None) -> bool:
+    """Whether a running set seen full below the slots, at this KV-cache use, is the KV
+    cache's bound (``KV_BOUND``; None: the engine does not say, so it may be)."""
+    return kv_usage is None or kv_usage >= KV_BOUND
 
 
 def _full(previous: EngineSample | None, current: EngineSample) -> bool:

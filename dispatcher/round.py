@@ -28,14 +28,7 @@ from broker import (
     Pick,
     telemetry,
 )
-from dispatcher.admission import (
-    KV_FULL,
-    Decision,
-    EndpointState,
-    Limit,
-    held_by_unseen,
-    refusals,
-)
+from dispatcher.admission import Decision, EndpointState, Limit, held_by_unseen, refusals
 from dispatcher.discovery import LiveEndpoints
 from dispatcher.endpoints import METRICS_LAG_S, RateMeter, SentLog, endpoint_states
 from dispatcher.express import GrantWriter
@@ -148,7 +141,6 @@ class Round:
             if turn is not None:
                 break  # the next model's turn
         snap = await self._take_back(snap, newcomers_sent)
-        self._scrape_after_newcomers(newcomers_sent)
         self._env.views[name] = snap
         if not snap.empty:
             self._scrape_if_held(snap)
@@ -277,6 +269,7 @@ class Round:
         states = self.states(snap)
         end = RoundEnd(self.model, snap, states, s.config, newcomers_sent, self._carried_counts)
         parked = await s.take_back.make_room(end)
+        self._scrape_after_newcomers(states, newcomers_sent)
         now = time.monotonic()
         for state in states:
             sent = newcomers_sent.get(state.endpoint, 0)
@@ -322,20 +315,18 @@ class Round:
             if held_by_unseen(state, band, self.stages.config):
                 scraper.scrape_after(state.endpoint, METRICS_LAG_S + 0.01)
 
-    def _scrape_after_newcomers(self, newcomers_sent: Mapping[str, int]) -> None:
+    def _scrape_after_newcomers(
+        self, states: Sequence[EndpointState], newcomers_sent: Mapping[str, int]
+    ) -> None:
         """Newcomers went to an engine whose KV cache is full: read it again a few steps
         later, whether it put a started request back in its queue ahead of them, which
         the take-back stage then takes out (at the next tick it would wait 200 ms)."""
         if self._env.scraper is None:
             return
-        for endpoint, sent in newcomers_sent.items():
-            view = self.view(endpoint)
-            if not sent or view is None or view.sample is None:
-                continue
-            kv = view.sample.kv_usage
-            if kv is not None and kv >= KV_FULL and view.tpot_s:
-                delay = max(METRICS_LAG_S, _PUT_BACK_STEPS * view.tpot_s)
-                self._env.scraper.scrape_after(endpoint, delay)
+        for state in states:
+            if newcomers_sent.get(state.endpoint) and state.kv_full and state.tpot_s:
+                delay = max(METRICS_LAG_S, _PUT_BACK_STEPS * state.tpot_s)
+                self._env.scraper.scrape_after(state.endpoint, delay)
 
     def _wake_when_paced(
         self, decisions: Sequence[Decision], states: Sequence[EndpointState]
