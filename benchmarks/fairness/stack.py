@@ -33,14 +33,12 @@ from benchmarks.lib.cpu import (
     pinned,
 )
 from benchmarks.lib.load import Target
-from benchmarks.lib.provision import EngineChoice, engine_for
+from benchmarks.lib.provision import WORKERS, EngineChoice, engine_for, worker_slots
 from broker import hash_key
 from fairq.localredis import free_port
 from fairq.stack import Stack
 
 IDLE_USER = "idle"  # measures TTFT on the idle engine; never part of the flood
-WORKERS = 2
-MIN_WORKER_SLOTS = 300
 START_TIMEOUT_S = 60.0
 _QUIET = {"FAIRQ_LOG_LEVEL": "WARNING"}
 
@@ -81,10 +79,6 @@ def user_keys(scenario: Scenario) -> dict[str, str]:
 def max_requests(scenario: Scenario) -> int:
     """The most requests an arm can have open at once: the whole plan, and idle."""
     return len(plan(scenario)) + 1
-
-
-def worker_slots(scenario: Scenario) -> int:
-    return max(MIN_WORKER_SLOTS, -(-max_requests(scenario) // WORKERS) + 8)
 
 
 def fairq_config(spec: ArmSpec, setup: Setup, engine_url: str) -> dict[str, Any]:
@@ -144,7 +138,7 @@ def _heavy_window(spec: ArmSpec, setup: Setup) -> int | None:
 
 
 def _fairq_stack(spec: ArmSpec, setup: Setup, engine_url: str) -> Stack:
-    slots = str(worker_slots(setup.scenario))
+    slots = str(worker_slots(max_requests(setup.scenario)))
     return Stack(fairq_config(spec, setup, engine_url), gateway_port=free_port(),
                  workers=WORKERS, batch_workers=0,
                  env={**_QUIET, "FAIRQ_WORKER_CONCURRENCY": slots})  # fmt: skip

@@ -50,12 +50,20 @@ def create(client: httpx.Client, file_id: str) -> str:
 
 
 def wait_status(
-    client: httpx.Client, batch_id: str, statuses: tuple[str, ...], timeout_s: float = 600
+    client: httpx.Client,
+    batch_id: str,
+    statuses: tuple[str, ...],
+    timeout_s: float = 600,
+    poll_s: float = 0.05,
 ) -> dict[str, object]:
+    """The batch once its status is one of ``statuses``, read every ``poll_s``;
+    TimeoutError after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        batch = client.get(f"/v1/batches/{batch_id}").json()
+        response = client.get(f"/v1/batches/{batch_id}")
+        response.raise_for_status()
+        batch = response.json()
         if batch["status"] in statuses:
             return dict(batch)
-        time.sleep(0.05)
+        time.sleep(poll_s)
     raise TimeoutError(f"batch {batch_id} did not reach {statuses} in {timeout_s}s")

@@ -31,6 +31,8 @@ VLLM_MODEL = "tiny"
 VLLM_SLOTS = 8
 VLLM_CONTEXT = 512
 START_TIMEOUT_S = 60.0
+WORKERS = 2  # fairq workers per arm's stack
+MIN_WORKER_SLOTS = 300
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,12 @@ class EngineChoice:
 class Engine:
     url: str
     dead: Callable[[], str | None]
+
+
+def worker_slots(requests: int) -> int:
+    """Each worker's concurrency (``FAIRQ_WORKER_CONCURRENCY``) so that ``requests`` open
+    at once never wait for a worker: the workers share them, with a margin."""
+    return max(MIN_WORKER_SLOTS, -(-requests // WORKERS) + 8)
 
 
 def vllm_home(given: str | None) -> Path:

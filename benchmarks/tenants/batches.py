@@ -11,11 +11,11 @@ from dataclasses import dataclass
 import httpx
 import orjson
 
-from benchmarks.lib.batch_api import create, upload
+from benchmarks.lib.batch_api import create, upload, wait_status
 from benchmarks.lib.load import make_prompt
 from benchmarks.tenants.plan import Sent
 
-POLL_S = 0.25
+POLL_S = 0.25  # the batch's status read this often: a lighter load than the flood's
 _DONE = ("completed", "failed", "expired", "cancelled")
 
 
@@ -69,27 +69,18 @@ def run_batch(
     with httpx.Client(base_url=base_url, headers=headers, timeout=30.0) as client:
         try:
             batch_id = create(client, upload(client, data))
-            _follow(client, batch_id, result, t0, deadline_s)
+            left_s = max(0.0, t0 + deadline_s - time.perf_counter())
+            batch = wait_status(client, batch_id, _DONE, timeout_s=left_s, poll_s=POLL_S)
         except httpx.HTTPError as exc:
             result.error = f"{type(exc).__name__}: {exc}"
-    return result
-
-
-def _follow(
-    client: httpx.Client, batch_id: str, result: BatchResult, t0: float, deadline_s: float
-) -> None:
-    while True:
-        response = client.get(f"/v1/batches/{batch_id}")
-        response.raise_for_status()
-        batch = response.json()
-        counts = batch.get("request_counts") or {}
-        result.status = str(batch["status"])
-        result.completed = int(counts.get("completed", 0))
-        result.failed = int(counts.get("failed", 0))
-        if result.status in _DONE:
-            result.end_s = time.perf_counter() - t0
-            return
-        if time.perf_counter() - t0 > deadline_s:
+            return result
+        except TimeoutError:
             result.error = "deadline reached"
-            return
-        time.sleep(POLL_S)
+            return result
+    result.end_s = time.perf_counter() - t0
+    counts = batch.get("request_counts")
+    counts = counts if isinstance(counts, dict) else {}
+    result.status = str(batch["status"])
+    result.completed = int(counts.get("completed", 0))
+    result.failed = int(counts.get("failed", 0))
+    return result

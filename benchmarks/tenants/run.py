@@ -30,7 +30,7 @@ from typing import Any
 from benchmarks.lib.cpu import FAIRQ_CPUS, pinned
 from benchmarks.lib.engine_watch import EngineWatch, Sample, engine_work, wait_idle
 from benchmarks.lib.load import LoadResult, RequestResult, Target, run_load
-from benchmarks.lib.provision import Engine, EngineChoice, engine_for
+from benchmarks.lib.provision import WORKERS, Engine, EngineChoice, engine_for, worker_slots
 from benchmarks.tenants.batches import BatchResult, batch_file, run_batch
 from benchmarks.tenants.figures import arm_status, latencies, token_gaps
 from benchmarks.tenants.plan import (
@@ -50,7 +50,6 @@ from fairq.stack import Stack
 
 START_TIMEOUT_S = 60.0
 IDLE_TIMEOUT_S = 120.0
-WORKERS = 2
 
 
 @dataclass(frozen=True)
@@ -149,7 +148,7 @@ def _arm_env(
                 batch_workers=1,
                 env={
                     "FAIRQ_LOG_LEVEL": "WARNING",
-                    "FAIRQ_WORKER_CONCURRENCY": str(_worker_slots(sizes)),
+                    "FAIRQ_WORKER_CONCURRENCY": str(worker_slots(_requests(sizes))),
                 },
             )
             stack.start(START_TIMEOUT_S)  # stops what it started if it fails
@@ -177,10 +176,9 @@ def fairq_config(
     }
 
 
-def _worker_slots(sizes: TailSizes) -> int:
-    """Every request of the plan may be open at once; the workers share them."""
-    total = sizes.interactive_requests + sizes.power_requests + sizes.batch_lines
-    return max(300, -(-total // WORKERS) + 8)
+def _requests(sizes: TailSizes) -> int:
+    """Every request of the plan: all may be open at once."""
+    return sizes.interactive_requests + sizes.power_requests + sizes.batch_lines
 
 
 def _target(
