@@ -62,7 +62,10 @@ class ClusterSpec(_Strict):
     """The top-level ``k8s`` block."""
 
     namespace: str = "fairq"
-    vllm_image: str = "vllm/vllm-openai:v0.10.1.1"
+    # The vLLM release fairq's engine claims are measured against (benchmarks/lib/vllm_engine,
+    # its CPU build): its metrics are the ones admission reads. Releases before 0.11.0 fetch
+    # media URLs a request names from inside the cluster (CVE-2025-6242).
+    vllm_image: str = "vllm/vllm-openai:v0.32.0"
     fairq_image: str = "fairq:0.1.0"
     # KEDA: worker replicas = (running jobs over all models) / this; 48 is 3/4 of the
     # default worker_concurrency (64), so a worker is added before they are all full.

@@ -680,6 +680,21 @@ def _check_engine_container(container: Obj, model: str) -> None:
         assert args[0] == "sim" and args[args.index("--model") + 1] == model
 
 
+def test_the_engines_vllm_is_the_release_fairqs_engine_claims_are_measured_on() -> None:
+    # Admission reads vLLM's metrics by name; the benchmarks run this release's CPU build.
+    # Releases before 0.11.0 also fetch media URLs a request names (CVE-2025-6242).
+    from benchmarks.lib import vllm_engine
+
+    measured = vllm_engine.VLLM.split("==")[1]
+    images = {
+        c["image"]
+        for _, pod in pod_specs(rendered("production"))
+        for c in pod["containers"]
+        if c["image"].startswith("vllm/")
+    }
+    assert images == {f"vllm/vllm-openai:v{measured}"}
+
+
 def test_the_simulator_overlay_asks_for_no_gpu_and_production_for_one_per_engine() -> None:
     def gpus(overlay: str) -> int:
         return sum(
