@@ -20,6 +20,7 @@ COPY broker ./broker
 COPY gateway ./gateway
 COPY batch ./batch
 COPY dispatcher ./dispatcher
+COPY scaler ./scaler
 COPY workers ./workers
 COPY fairq ./fairq
 COPY benchmarks ./benchmarks

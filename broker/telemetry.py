@@ -13,7 +13,7 @@ Each component exports what it alone knows; Prometheus joins them by name:
     worker      jobs running, jobs ended by state, queue wait and time to first token;
                 reclaims, dead letters, engine retries, expired jobs, resumed answers
     batch       requests of batches by state (``batch_request_ended``; see below)
-    keda scaler the activity it pushed to KEDA per model (``dispatcher.keda``)
+    keda scaler the activity it pushed to KEDA per model (``scaler``)
 
 Counters and histograms are registered here; the gauges a collector builds at scrape
 time from a component's latest view (``dispatcher.status``, ``workers.telemetry``) are
@@ -116,7 +116,7 @@ RESUMES = Counter(
     "Answers taken back mid-way that went on: from token ids (exact) or from their text",
     ["how"],
 )
-# The KEDA external scaler (dispatcher.keda): what it told KEDA's StreamIsActive calls.
+# The KEDA external scaler (scaler): what it told KEDA's StreamIsActive calls.
 KEDA_PUSHES = Counter(
     "fairq_keda_pushes", "Activity sent to KEDA's open streams, by model", ["model", "active"]
 )

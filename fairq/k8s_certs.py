@@ -7,7 +7,7 @@ KEDA's client certificate. cert-manager writes each into a Secret with ``ca.crt`
 ``tls.crt`` and ``tls.key``, the keys ``fairq.k8s_scaler`` mounts and names, and renews
 them before they expire: the CA lasts ``CA_DURATION`` (its renewal would need every
 certificate it signed issued again), the others cert-manager's default 90 days, and the
-scaler serves a renewed pair from its next connection on (``dispatcher.keda.tls``).
+scaler serves a renewed pair from its next connection on (``scaler.tls``).
 """
 
 from __future__ import annotations

@@ -286,7 +286,7 @@ def scaled_object(cluster: ClusterSpec, model: Model) -> dict[str, Any]:
 def _trigger(cluster: ClusterSpec, model: Model) -> dict[str, Any]:
     per_replica = str(model.engine.demand_per_replica)
     if cluster.engine_trigger == "external-push":
-        # `fairq keda-scaler` (dispatcher.keda): active while a job of the model is queued
+        # `fairq keda-scaler` (scaler): active while a job of the model is queued
         # or in flight, pushed on its first enqueue; replicas = ceil(demand / per replica).
         metadata = {
             "scalerAddress": cluster.scaler_address(),

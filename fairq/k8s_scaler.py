@@ -1,4 +1,4 @@
-"""The KEDA external-push scaler's manifests (``fairq keda-scaler``, ``dispatcher.keda``):
+"""The KEDA external-push scaler's manifests (``fairq keda-scaler``, ``scaler``):
 its Deployment, the Service KEDA's triggers name (``scalerAddress``), a disruption
 budget, the NetworkPolicy that lets only KEDA's operator call it, and the
 TriggerAuthentication that gives KEDA its client certificate. Rendered into the base

@@ -1,4 +1,4 @@
-"""``fairq keda-scaler``: the KEDA external-push scaler's entry point (``dispatcher.keda``)."""
+"""``fairq keda-scaler``: the KEDA external-push scaler's entry point (``scaler``)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def keda_scaler(
 ) -> None:
     """Run KEDA's external-push scaler: each model's demand (queued + in flight) over
     gRPC, pushed to KEDA the moment a model's first job is queued."""
-    from dispatcher.keda import ScalerError, ScalerOptions, serve
+    from scaler import ScalerError, ScalerOptions, serve
 
     settings = runtime.start_service()
     options = ScalerOptions(host, port, poll_s, tls_cert, tls_key, tls_client_ca)

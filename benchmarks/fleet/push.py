@@ -35,10 +35,10 @@ from grpc import aio
 from benchmarks.fleet.keda import ModelScale, Rules, on_push, target
 from benchmarks.fleet.replicas import Fleet
 from benchmarks.fleet.scaler import replicas, resize
-from dispatcher.keda._proto import externalscaler_pb2 as pb
-from dispatcher.keda._proto import externalscaler_pb2_grpc as pb_grpc
 from fairq.children import start_child
 from fairq.localredis import free_port
+from scaler.protocol import externalscaler_pb2 as pb
+from scaler.protocol import externalscaler_pb2_grpc as pb_grpc
 
 RETRY_FIRST_S = 2.0  # KEDA's StreamIsActive retry: 2 s, doubled each time, at most 60 s
 RETRY_MAX_S = 60.0

@@ -29,9 +29,9 @@ import yaml
 from grpc import aio
 
 from broker import AsyncClient, JobState
-from dispatcher.keda._proto import externalscaler_pb2 as pb
-from dispatcher.keda._proto import externalscaler_pb2_grpc as pb_grpc
 from fairq.localredis import free_port
+from scaler.protocol import externalscaler_pb2 as pb
+from scaler.protocol import externalscaler_pb2_grpc as pb_grpc
 from tests.support.cli import fairq
 from tests.support.eventually import aeventually
 from tests.support.processes import ProcessGroups

@@ -15,11 +15,11 @@ import grpc
 import pytest
 from grpc import aio
 
-from dispatcher.keda import ScalerOptions
-from dispatcher.keda._proto import externalscaler_pb2 as pb
-from dispatcher.keda._proto import externalscaler_pb2_grpc as pb_grpc
-from dispatcher.keda.board import DemandBoard
-from dispatcher.keda.server import DemandScaler
+from scaler import ScalerOptions
+from scaler.board import DemandBoard
+from scaler.protocol import externalscaler_pb2 as pb
+from scaler.protocol import externalscaler_pb2_grpc as pb_grpc
+from scaler.server import DemandScaler
 from tests.support.tlsproxy import make_certificates, make_stranger
 
 MODELS = ["m1", "private-model-of-another-team"]
@@ -122,7 +122,7 @@ async def test_renewed_certificate_files_serve_new_connections_without_a_restart
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # cert-manager renews a certificate's Secret in place: here, a new CA's files at once.
-    caplog.set_level(logging.INFO, "dispatcher.keda.tls")
+    caplog.set_level(logging.INFO, "scaler.tls")
     old, new, live = tmp_path / "old", tmp_path / "new", tmp_path / "live"
     for folder in (old, new, live):
         folder.mkdir()

@@ -1,5 +1,5 @@
-"""The KEDA scaler's pure parts: what a trigger names (``dispatcher.keda.target``) and the
-board that tells open streams when a model's activity flips (``dispatcher.keda.board``).
+"""The KEDA scaler's pure parts: what a trigger names (``scaler.target``) and the
+board that tells open streams when a model's activity flips (``scaler.board``).
 The process itself, with real Redis and a real gRPC client: tests/integration/
 test_keda_scaler.py."""
 
@@ -9,8 +9,8 @@ import asyncio
 
 import pytest
 
-from dispatcher.keda.board import DemandBoard, Stale
-from dispatcher.keda.target import BadTrigger, Target, demand_of, target_of
+from scaler.board import DemandBoard, Stale
+from scaler.target import BadTrigger, Target, demand_of, target_of
 
 
 def test_a_trigger_names_its_model_and_the_demand_one_replica_serves() -> None:

@@ -10,7 +10,7 @@ To regenerate (a newer KEDA proto, or a newer grpcio-tools), from the repository
 
     .venv/bin/pip install grpcio-tools
     .venv/bin/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \\
-        --grpc_python_out=. dispatcher/keda/_proto/externalscaler.proto
+        --grpc_python_out=. scaler/protocol/externalscaler.proto
 
 then raise the grpcio and protobuf lower bounds in pyproject.toml to the versions the
 new files name (``GRPC_GENERATED_VERSION``, ``ValidateProtobufRuntimeVersion``).

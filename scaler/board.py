@@ -1,6 +1,6 @@
 """The scaler's latest demand per model, and the KEDA streams that wait on its changes.
 
-``DemandWatch`` (``dispatcher.keda.watch``) writes each read into the board; every
+``DemandWatch`` (``scaler.watch``) writes each read into the board; every
 ``StreamIsActive`` call holds a ``Listener`` on its model. A listener keeps only the
 model's latest activity and a flag that it changed: a stream sends what is true when it
 gets to send, so a slow stream never queues a backlog, and a demand that came and went

@@ -7,7 +7,7 @@ milliseconds of its enqueue, not at the next poll. Pub/sub delivers at most once
 every ``poll_s`` all models are read anyway, and after a lost subscription too.
 
 Reads are two pipelined HGETALLs per model (the queued and in-flight counters,
-``dispatcher.keda.target.demand_of``), at most one read in flight and at least
+``scaler.target.demand_of``), at most one read in flight and at least
 ``min_gap_s`` (50 ms) between two: under a flood of enqueues the loop reads at most
 twenty times a second, whatever the rate of wake messages.
 """
@@ -25,8 +25,8 @@ from redis.exceptions import RedisError
 
 from broker import keys
 from broker.process.backoff import Backoff
-from dispatcher.keda.board import DemandBoard
-from dispatcher.keda.target import demand_of
+from scaler.board import DemandBoard
+from scaler.target import demand_of
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from dispatcher.keda._proto import externalscaler_pb2 as dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2
+from scaler.protocol import externalscaler_pb2 as scaler_dot_protocol_dot_externalscaler__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in dispatcher/keda/_proto/externalscaler_pb2_grpc.py depends on'
+        + ' but the generated code in scaler/protocol/externalscaler_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,28 +36,28 @@ class ExternalScalerStub:
         """
         self.IsActive = channel.unary_unary(
                 '/externalscaler.ExternalScaler/IsActive',
-                request_serializer=dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.ScaledObjectRef.SerializeToString,
-                response_deserializer=dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.IsActiveResponse.FromString,
+                request_serializer=scaler_dot_protocol_dot_externalscaler__pb2.ScaledObjectRef.SerializeToString,
+                response_deserializer=scaler_dot_protocol_dot_externalscaler__pb2.IsActiveResponse.FromString,
                 _registered_method=True)
         self.StreamIsActive = channel.unary_stream(
                 '/externalscaler.ExternalScaler/StreamIsActive',
-                request_serializer=dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.ScaledObjectRef.SerializeToString,
-                response_deserializer=dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.IsActiveResponse.FromString,
+                request_serializer=scaler_dot_protocol_dot_externalscaler__pb2.ScaledObjectRef.SerializeToString,
+                response_deserializer=scaler_dot_protocol_dot_externalscaler__pb2.IsActiveResponse.FromString,
                 _registered_method=True)
         self.GetMetricSpec = channel.unary_unary(
                 '/externalscaler.ExternalScaler/GetMetricSpec',
-                request_serializer=dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.ScaledObjectRef.SerializeToString,
-                response_deserializer=dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.GetMetricSpecResponse.FromString,
+                request_serializer=scaler_dot_protocol_dot_externalscaler__pb2.ScaledObjectRef.SerializeToString,
+                response_deserializer=scaler_dot_protocol_dot_externalscaler__pb2.GetMetricSpecResponse.FromString,
                 _registered_method=True)
         self.GetMetrics = channel.unary_unary(
                 '/externalscaler.ExternalScaler/GetMetrics',
-                request_serializer=dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.GetMetricsRequest.SerializeToString,
-                response_deserializer=dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.GetMetricsResponse.FromString,
+                request_serializer=scaler_dot_protocol_dot_externalscaler__pb2.GetMetricsRequest.SerializeToString,
+                response_deserializer=scaler_dot_protocol_dot_externalscaler__pb2.GetMetricsResponse.FromString,
                 _registered_method=True)
         self.StreamMetricSpec = channel.unary_stream(
                 '/externalscaler.ExternalScaler/StreamMetricSpec',
-                request_serializer=dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.ScaledObjectRef.SerializeToString,
-                response_deserializer=dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.GetMetricSpecResponse.FromString,
+                request_serializer=scaler_dot_protocol_dot_externalscaler__pb2.ScaledObjectRef.SerializeToString,
+                response_deserializer=scaler_dot_protocol_dot_externalscaler__pb2.GetMetricSpecResponse.FromString,
                 _registered_method=True)
 
 
@@ -112,28 +112,28 @@ def add_ExternalScalerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'IsActive': grpc.unary_unary_rpc_method_handler(
                     servicer.IsActive,
-                    request_deserializer=dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.ScaledObjectRef.FromString,
-                    response_serializer=dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.IsActiveResponse.SerializeToString,
+                    request_deserializer=scaler_dot_protocol_dot_externalscaler__pb2.ScaledObjectRef.FromString,
+                    response_serializer=scaler_dot_protocol_dot_externalscaler__pb2.IsActiveResponse.SerializeToString,
             ),
             'StreamIsActive': grpc.unary_stream_rpc_method_handler(
                     servicer.StreamIsActive,
-                    request_deserializer=dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.ScaledObjectRef.FromString,
-                    response_serializer=dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.IsActiveResponse.SerializeToString,
+                    request_deserializer=scaler_dot_protocol_dot_externalscaler__pb2.ScaledObjectRef.FromString,
+                    response_serializer=scaler_dot_protocol_dot_externalscaler__pb2.IsActiveResponse.SerializeToString,
             ),
             'GetMetricSpec': grpc.unary_unary_rpc_method_handler(
                     servicer.GetMetricSpec,
-                    request_deserializer=dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.ScaledObjectRef.FromString,
-                    response_serializer=dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.GetMetricSpecResponse.SerializeToString,
+                    request_deserializer=scaler_dot_protocol_dot_externalscaler__pb2.ScaledObjectRef.FromString,
+                    response_serializer=scaler_dot_protocol_dot_externalscaler__pb2.GetMetricSpecResponse.SerializeToString,
             ),
             'GetMetrics': grpc.unary_unary_rpc_method_handler(
                     servicer.GetMetrics,
-                    request_deserializer=dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.GetMetricsRequest.FromString,
-                    response_serializer=dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.GetMetricsResponse.SerializeToString,
+                    request_deserializer=scaler_dot_protocol_dot_externalscaler__pb2.GetMetricsRequest.FromString,
+                    response_serializer=scaler_dot_protocol_dot_externalscaler__pb2.GetMetricsResponse.SerializeToString,
             ),
             'StreamMetricSpec': grpc.unary_stream_rpc_method_handler(
                     servicer.StreamMetricSpec,
-                    request_deserializer=dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.ScaledObjectRef.FromString,
-                    response_serializer=dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.GetMetricSpecResponse.SerializeToString,
+                    request_deserializer=scaler_dot_protocol_dot_externalscaler__pb2.ScaledObjectRef.FromString,
+                    response_serializer=scaler_dot_protocol_dot_externalscaler__pb2.GetMetricSpecResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -161,8 +161,8 @@ class ExternalScaler:
             request,
             target,
             '/externalscaler.ExternalScaler/IsActive',
-            dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.ScaledObjectRef.SerializeToString,
-            dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.IsActiveResponse.FromString,
+            scaler_dot_protocol_dot_externalscaler__pb2.ScaledObjectRef.SerializeToString,
+            scaler_dot_protocol_dot_externalscaler__pb2.IsActiveResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -188,8 +188,8 @@ class ExternalScaler:
             request,
             target,
             '/externalscaler.ExternalScaler/StreamIsActive',
-            dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.ScaledObjectRef.SerializeToString,
-            dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.IsActiveResponse.FromString,
+            scaler_dot_protocol_dot_externalscaler__pb2.ScaledObjectRef.SerializeToString,
+            scaler_dot_protocol_dot_externalscaler__pb2.IsActiveResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -215,8 +215,8 @@ class ExternalScaler:
             request,
             target,
             '/externalscaler.ExternalScaler/GetMetricSpec',
-            dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.ScaledObjectRef.SerializeToString,
-            dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.GetMetricSpecResponse.FromString,
+            scaler_dot_protocol_dot_externalscaler__pb2.ScaledObjectRef.SerializeToString,
+            scaler_dot_protocol_dot_externalscaler__pb2.GetMetricSpecResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -242,8 +242,8 @@ class ExternalScaler:
             request,
             target,
             '/externalscaler.ExternalScaler/GetMetrics',
-            dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.GetMetricsRequest.SerializeToString,
-            dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.GetMetricsResponse.FromString,
+            scaler_dot_protocol_dot_externalscaler__pb2.GetMetricsRequest.SerializeToString,
+            scaler_dot_protocol_dot_externalscaler__pb2.GetMetricsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -269,8 +269,8 @@ class ExternalScaler:
             request,
             target,
             '/externalscaler.ExternalScaler/StreamMetricSpec',
-            dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.ScaledObjectRef.SerializeToString,
-            dispatcher_dot_keda_dot___proto_dot_externalscaler__pb2.GetMetricSpecResponse.FromString,
+            scaler_dot_protocol_dot_externalscaler__pb2.ScaledObjectRef.SerializeToString,
+            scaler_dot_protocol_dot_externalscaler__pb2.GetMetricSpecResponse.FromString,
             options,
             channel_credentials,
             insecure,

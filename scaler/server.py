@@ -10,7 +10,7 @@ KEDA (its ``external-push`` trigger, ``scalerAddress`` in the trigger's metadata
                     as its target (KEDA's HPA: replicas = ceil(demand / target))
     GetMetrics      the model's demand now
 
-The answers come from the board (``dispatcher.keda.board``) that ``DemandWatch`` keeps
+The answers come from the board (``scaler.board``) that ``DemandWatch`` keeps
 fresh from Redis; an RPC never touches Redis. A trigger naming no model, or one this
 scaler's configuration does not serve, is refused (INVALID_ARGUMENT, saying what to
 fix); a board too old to trust (Redis unreachable) answers UNAVAILABLE, which KEDA
@@ -23,7 +23,7 @@ Who may call: KEDA's external scaler sends no gRPC call metadata (no bearer toke
 TriggerAuthentication, for the channel), so the caller is authenticated by mutual TLS:
 given ``tls_client_ca``, a client without a certificate that CA signed fails the handshake
 and never reaches a call. Renewed certificate files are used for new connections without a
-restart (``dispatcher.keda.tls``). Without a certificate the scaler serves plaintext (local
+restart (``scaler.tls``). Without a certificate the scaler serves plaintext (local
 use), and says so in one warning line at start.
 """
 
@@ -40,12 +40,12 @@ import grpc
 from grpc import aio
 
 from broker import Settings, connect, telemetry
-from dispatcher.keda._proto import externalscaler_pb2 as pb
-from dispatcher.keda._proto import externalscaler_pb2_grpc as pb_grpc
-from dispatcher.keda.board import DemandBoard, Stale
-from dispatcher.keda.target import METRIC, BadTrigger, Target, shown, target_of
-from dispatcher.keda.tls import CertFiles, TlsFileError
-from dispatcher.keda.watch import DemandWatch
+from scaler.board import DemandBoard, Stale
+from scaler.protocol import externalscaler_pb2 as pb
+from scaler.protocol import externalscaler_pb2_grpc as pb_grpc
+from scaler.target import METRIC, BadTrigger, Target, shown, target_of
+from scaler.tls import CertFiles, TlsFileError
+from scaler.watch import DemandWatch
 
 log = logging.getLogger(__name__)
 
