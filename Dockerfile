@@ -21,6 +21,7 @@ COPY gateway ./gateway
 COPY batch ./batch
 COPY dispatcher ./dispatcher
 COPY scaler ./scaler
+COPY sim ./sim
 COPY workers ./workers
 COPY fairq ./fairq
 COPY benchmarks ./benchmarks

@@ -135,7 +135,7 @@ def sim(
     host: str, port: int, models: tuple[str, ...], profile: str | None, startup_s: float
 ) -> None:
     """Run the engine simulator (a stand-in vLLM pod; its timings are estimates)."""
-    from workers.sim import ProfileError, load_profile, serve
+    from sim import ProfileError, load_profile, serve
 
     try:
         sim_profile = load_profile(profile)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SERVICES = ("gateway", "batch", "dispatcher", "scaler", "workers")
+SERVICES = ("gateway", "batch", "dispatcher", "scaler", "sim", "workers")
 PRODUCT = ("broker", *SERVICES, "fairq")
 CHECKED = (*PRODUCT, "benchmarks")
 BENCH_LIB = "lib"  # the room of benchmarks that every family may import

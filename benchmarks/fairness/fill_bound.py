@@ -5,7 +5,7 @@ in the engine's mean steps (the simulator's scheduler stepped without a clock: a
 ``fairq bench fairness --scenario seed`` measures fairq against straight FIFO; this
 model says what any admission in front of a FIFO engine can reach at best, so a miss can
 be told apart from a limit of the engine itself. It steps the simulator's own scheduler
-and cost model (``workers/sim/_scheduler.py``: vLLM's continuous batching reduced to
+and cost model (``sim/_scheduler.py``: vLLM's continuous batching reduced to
 token counts; a step costs ``step_base_ms`` + ``step_per_seq_ms`` per decoding request +
 ``prefill_ms_per_token`` per prompt token in it), without its clock, through two
 schedules:
@@ -43,8 +43,7 @@ from dataclasses import dataclass
 
 import click
 
-from workers.sim._profile import SimProfile, load_profile
-from workers.sim._scheduler import SchedSeq, Scheduler
+from sim import SchedSeq, Scheduler, SimProfile, load_profile
 
 
 @dataclass(frozen=True)

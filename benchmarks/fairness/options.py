@@ -93,7 +93,7 @@ def engine_choice(flags: EngineFlags) -> EngineChoice:
 
 
 def _sim_context(profile: str) -> int:
-    from workers.sim import ProfileError
+    from sim import ProfileError
 
     try:
         return sim_context(profile)

@@ -11,7 +11,7 @@ recorded (``workers.resume_exact``), and checked:
   generated again are counted once: ``td``);
 - its text is the text of those ids, so no token came twice and none went missing: on
   the simulator, one walk of its word list (an answer is a function of its positions,
-  ``workers/sim/_tokens.py``); on a real vLLM, the text vLLM's incremental detokenizer
+  ``sim/_tokens.py``); on a real vLLM, the text vLLM's incremental detokenizer
   streams for those ids after that prompt when nothing cuts the answer (by vLLM's own
   python: fairq's has no tokenizer). An engine at ``--engine-url`` gets the first two
   checks only.
@@ -100,7 +100,7 @@ def whole(answer: Answer) -> str | None:
 
 def sim_text_problem(answer: Answer) -> str | None:
     """On the simulator: the text is one walk of its words from one start."""
-    from workers.sim._wire import WORDS, output_text
+    from sim import WORDS, output_text
 
     n = len(answer.ids)
     walks = [output_text(seed, n) for seed in range(len(WORDS))]

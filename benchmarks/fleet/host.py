@@ -5,7 +5,7 @@ on request over a small HTTP control API on 127.0.0.1.
 Why not one ``fairq sim`` process per replica: each costs about 0.4 s of CPU to import
 and 70 MB of memory, so the fleet benchmark's first wave (tens of models woken at once on
 a 2-core box) would stretch every replica's start by seconds of import time that a real
-pod spends elsewhere. Here a replica is ``workers.sim.create_app`` (the same app ``fairq
+pod spends elsewhere. Here a replica is ``sim.create_app`` (the same app ``fairq
 sim`` serves, with its ``startup_s``: 503 on every route until the weights are "loaded")
 under a uvicorn server of its own in this process's event loop: a start costs
 milliseconds, and an idle replica costs nothing but its server's tick.
@@ -36,7 +36,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from broker import QuietSignalServer, quiet_config
-from workers.sim import SimProfile, create_app, load_profile
+from sim import SimProfile, create_app, load_profile
 
 _STOP_GRACE_S = 3  # a replica's open connections after its engine aborted what it ran
 

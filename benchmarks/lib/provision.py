@@ -119,7 +119,7 @@ class EngineChoice:
         """The engine's batch (its max_num_seqs), as an operator who knows it would tell
         fairq (arm t), or None for the user's own engine when not given (--engine-batch)."""
         if self.kind == "sim":
-            from workers.sim import load_profile
+            from sim import load_profile
 
             return self.batch or load_profile(self.profile).max_num_seqs
         return self.vllm_slots if self.kind == "vllm" else self.batch
@@ -219,7 +219,7 @@ def _simulator(choice: EngineChoice, policy: str, folder: Path) -> Iterator[Engi
 def write_profile(choice: EngineChoice, policy: str, folder: Path) -> Path:
     """The chosen profile with the arm's scheduling policy and the sizes chosen, as a YAML
     file."""
-    from workers.sim import load_profile
+    from sim import load_profile
 
     update: dict[str, Any] = {"scheduling_policy": policy}
     if choice.batch is not None:
@@ -237,6 +237,6 @@ def write_profile(choice: EngineChoice, policy: str, folder: Path) -> Path:
 
 def sim_context(profile: str) -> int:
     """The context the simulator will serve with this profile (its /v1/models says the same)."""
-    from workers.sim import load_profile
+    from sim import load_profile
 
     return load_profile(profile).max_model_len

@@ -1,7 +1,7 @@
 """`fairq bench prefix`: prefix-aware routing against least-loaded, side by side in one run.
 
 One model served by several simulated replicas (each with vLLM's prefix cache,
-``workers.sim._prefix``) behind one fairq stack, all on 127.0.0.1. For each load
+``sim._prefix``) behind one fairq stack, all on 127.0.0.1. For each load
 (``load``: a multi-turn chat, an agent, and a control whose prompts share
 nothing) each arm gets fresh replicas (cold
 caches), a fresh fairq with the model's ``routing`` set to the arm's, and the same
@@ -102,7 +102,7 @@ def fairq(routing: str, endpoints: Sequence[str], batch_slots: int) -> Iterator[
 def write_profile(base: str, cache_tokens: int | None, folder: Path) -> tuple[Path, int]:
     """The base profile (with ``cache_tokens`` of prefix cache, if given) as a file the
     replicas read, and its batch (max_num_seqs)."""
-    from workers.sim import load_profile
+    from sim import load_profile
 
     profile = load_profile(base)
     if cache_tokens is not None:

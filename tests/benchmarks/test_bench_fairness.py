@@ -456,7 +456,7 @@ def _answer(text_tokens: list[str], ids: list[int], usage: int | None = None) ->
 
 
 def test_a_resumed_answer_is_whole_when_its_text_is_the_text_of_its_ids() -> None:
-    from workers.sim._wire import WORDS, word_index
+    from sim._wire import WORDS, word_index
 
     walk = [WORDS[word_index(5, i, len(WORDS))] for i in range(6)]
     assert problems([_answer(walk, list(range(6)), 6)], "sim", None) == []

@@ -19,7 +19,7 @@ from fairq.cli import main
 from fairq.localredis import free_port
 from fairq.stack import Stack
 from tests.support import local_http
-from workers.sim import load_profile
+from sim import load_profile
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

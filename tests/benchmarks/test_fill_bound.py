@@ -8,7 +8,7 @@ import statistics
 import pytest
 
 from benchmarks.fairness.fill_bound import Flood, Schedule, fifo, newcomer_ttft_steps, paced
-from workers.sim._profile import SimProfile
+from sim._profile import SimProfile
 
 # Two slots, 100 tokens a step; a step costs 10 ms, 1 ms per decoding request, 0.1 ms per
 # prompt token.

@@ -15,7 +15,7 @@ from tests.support.eventually import aeventually
 from tests.support.servers import uvicorn_thread
 from tests.support.settings import ALICE_KEY, MODEL, make_settings
 from tests.support.stack import FAST, components
-from workers.sim import create_app as create_sim
+from sim import create_app as create_sim
 
 pytestmark = pytest.mark.integration
 

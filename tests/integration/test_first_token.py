@@ -19,7 +19,7 @@ from tests.support import local_http
 from tests.support.eventually import eventually
 from tests.support.settings import make_settings
 from tests.support.stack import demo_stack, sim_port
-from workers.sim._wire import WORDS, output_text
+from sim._wire import WORDS, output_text
 
 pytestmark = pytest.mark.integration
 
@@ -84,7 +84,7 @@ def assert_whole_once(client: Client, job_id: str, *, stream: bool) -> None:
 
 def assert_one_walk(text: str) -> None:
     """The simulator's answer is a walk through its word list from one start (its tokens
-    are a function of their positions, workers/sim/_tokens.py): a token repeated or lost
+    are a function of their positions, sim/_tokens.py): a token repeated or lost
     anywhere breaks the walk."""
     starts = [seed for seed in range(len(WORDS)) if output_text(seed, LONG_TOKENS) == text]
     assert starts, f"the answer is not one walk of the simulator's words: {text[:200]!r}..."

@@ -35,7 +35,7 @@ from tests.support.stack import (
     sim,
 )
 from tests.support.stack import gateway as gateway_server
-from workers.sim import SimProfile
+from sim import SimProfile
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,7 @@ from tests.support.eventually import WAIT_S, aeventually
 from tests.support.settings import ALICE_KEY, BOB_KEY, MODEL, make_settings
 from tests.support.stack import components, sim
 from tests.support.stack import gateway as gateway_server
-from workers.sim import SimProfile
+from sim import SimProfile
 
 pytestmark = pytest.mark.integration
 

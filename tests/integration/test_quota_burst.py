@@ -29,7 +29,7 @@ from tests.support.eventually import WAIT_S, aeventually
 from tests.support.quota import day_left_s, redis_now_ms
 from tests.support.settings import MODEL, api_key, make_config
 from tests.support.stack import FAST, WorkerProcesses, components, sim
-from workers.sim import SimProfile
+from sim import SimProfile
 
 pytestmark = pytest.mark.integration
 

@@ -51,7 +51,7 @@ from tests.support.processes import ProcessGroups, kill_group
 from tests.support.servers import uvicorn_thread
 from tests.support.settings import ALICE, ALICE_KEY, BOB_KEY, MODEL, SIM_FAULTS, make_settings
 from tests.support.stack import FAST, components, gateway, sim, wait_healthy
-from workers.sim import create_app as create_sim
+from sim import create_app as create_sim
 
 pytestmark = pytest.mark.integration
 

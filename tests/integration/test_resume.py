@@ -29,7 +29,7 @@ from tests.support.stack import (
     state_is,
 )
 from tests.support.stack import gateway as gateway_server
-from workers.sim import SimProfile
+from sim import SimProfile
 
 pytestmark = pytest.mark.integration
 

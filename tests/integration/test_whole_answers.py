@@ -13,7 +13,7 @@ from broker import Client
 from fairq.stack import DEMO_MODELS
 from tests.support.settings import make_settings
 from tests.support.stack import demo_stack
-from workers.sim._wire import WORDS, output_text
+from sim._wire import WORDS, output_text
 
 pytestmark = pytest.mark.integration
 

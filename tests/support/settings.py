@@ -39,7 +39,7 @@ QUICK: dict[str, Any] = {
 
 
 # Model fields that let a test's requests ask the simulator for a fault (``sim_fault``:
-# workers/sim/_faults.py), a field fairq refuses by default (broker.engine_fields).
+# sim/_faults.py), a field fairq refuses by default (broker.engine_fields).
 SIM_FAULTS: dict[str, Any] = {"allow_fields": ["sim_fault"]}
 
 

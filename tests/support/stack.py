@@ -37,8 +37,8 @@ from tests.support.processes import ProcessGroups
 from tests.support.servers import free_socket, running, uvicorn_thread
 from tests.support.settings import MODEL
 from workers.service import Worker
-from workers.sim import SimProfile
-from workers.sim import create_app as create_sim
+from sim import SimProfile
+from sim import create_app as create_sim
 
 # Fast steps: a token every ~2 ms, so a test's stream of a few dozen tokens is quick.
 FAST = SimProfile(step_base_ms=2.0, step_per_seq_ms=0.05, default_output_tokens=8)

@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from workers.errors import EngineError
-from workers.sim._wire import error_body
+from sim._wire import error_body
 
 # vLLM's body for a request whose max_tokens do not fit the context, from the releases that
 # refuse one: its VLLMValidationError(parameter="max_tokens") becomes the 'param'.

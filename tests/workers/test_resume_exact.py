@@ -270,10 +270,10 @@ def test_a_job_taken_back_before_its_first_output_starts_afresh_with_its_role_ch
 
 def sim_stream(body: dict[str, Any], *, chat: bool) -> bytes:
     """What the simulator sends for ``body`` (its usage chunk included, no [DONE])."""
-    from workers.sim import SimProfile
-    from workers.sim._app import response_meta
-    from workers.sim._parsing import parse_request
-    from workers.sim._wire import StreamFrames
+    from sim import SimProfile
+    from sim._app import response_meta
+    from sim._parsing import parse_request
+    from sim._wire import StreamFrames
 
     req = parse_request(orjson.dumps(body), chat=chat, models=["tiny"], profile=SimProfile())
     frames = StreamFrames(response_meta(req, 1700, "fp"), chat=chat)
@@ -312,7 +312,7 @@ def test_at_every_cut_the_client_gets_the_uncut_stream_byte_for_byte(kind: Reque
 async def test_the_context_length_comes_from_the_engines_model_list_once() -> None:
     from tests.support.servers import uvicorn_thread
     from workers.engine_info import ContextLengths
-    from workers.sim import SimProfile, create_app
+    from sim import SimProfile, create_app
 
     lengths = ContextLengths()
     with uvicorn_thread(create_app(["tiny"], SimProfile(max_model_len=512))) as url:

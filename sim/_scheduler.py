@@ -44,9 +44,9 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from workers.sim._prefix import PrefixCache
-from workers.sim._profile import SimProfile
-from workers.sim._queues import FcfsQueue, PriorityQueue, WaitingQueue
+from sim._prefix import PrefixCache
+from sim._profile import SimProfile
+from sim._queues import FcfsQueue, PriorityQueue, WaitingQueue
 
 
 class SeqStatus(enum.Enum):

@@ -15,7 +15,7 @@ from fairq.localredis import free_port
 from tests.support import local_http
 from tests.support.eventually import eventually
 from tests.support.processes import ProcessGroups
-from workers.sim import SimProfile, create_app
+from sim import SimProfile, create_app
 
 STARTUP_S = 2.0
 MODEL = "m"

@@ -20,10 +20,10 @@ from typing import Any
 
 import orjson
 
-from workers.sim._engine import Engine, SimSequence
-from workers.sim._parsing import CHARS_PER_TOKEN, bad_request, json_object, model_of
-from workers.sim._responses import JsonCompletionResponse
-from workers.sim._wire import ResponseMeta
+from sim._engine import Engine, SimSequence
+from sim._parsing import CHARS_PER_TOKEN, bad_request, json_object, model_of
+from sim._responses import JsonCompletionResponse
+from sim._wire import ResponseMeta
 
 EMBEDDING_DIMENSIONS = 8
 _MAX_DIMENSIONS = 4096

@@ -7,9 +7,9 @@ import socket
 import uvicorn
 
 from broker import QuietSignalServer, quiet_config
-from workers.sim._app import create_app
-from workers.sim._engine import Engine
-from workers.sim._profile import SimProfile
+from sim._app import create_app
+from sim._engine import Engine
+from sim._profile import SimProfile
 
 # A backstop: open requests are aborted as soon as a signal arrives, so their
 # connections close at once; this only bounds a connection that still hangs.

@@ -13,10 +13,10 @@ from typing import Any
 
 import orjson
 
-from workers.sim._errors import RequestError
-from workers.sim._faults import Fault, parse_fault
-from workers.sim._prefix import block_hashes
-from workers.sim._profile import SimProfile
+from sim._errors import RequestError
+from sim._faults import Fault, parse_fault
+from sim._prefix import block_hashes
+from sim._profile import SimProfile
 
 CHARS_PER_TOKEN = 4  # a rough English average; the simulator has no tokenizer
 CHAT_TOKENS_PER_MESSAGE = 4  # role markers a chat template adds around each message

@@ -20,13 +20,13 @@ from typing import Any
 import orjson
 from starlette.types import Send
 
-from workers.sim._engine import Engine, SimSequence
-from workers.sim._parsing import GenRequest, bad_request, json_object, parse_request
-from workers.sim._profile import SimProfile
-from workers.sim._responses import EngineResponse, JsonCompletionResponse
-from workers.sim._scheduler import SeqStatus
-from workers.sim._tokens import word_index
-from workers.sim._wire import WORDS, ResponseMeta, output_text
+from sim._engine import Engine, SimSequence
+from sim._parsing import GenRequest, bad_request, json_object, parse_request
+from sim._profile import SimProfile
+from sim._responses import EngineResponse, JsonCompletionResponse
+from sim._scheduler import SeqStatus
+from sim._tokens import word_index
+from sim._wire import WORDS, ResponseMeta, output_text
 
 _SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8")]
 

@@ -15,8 +15,8 @@ from typing import Any, Literal, Self
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from workers.sim._errors import ProfileError
-from workers.sim._faults import Fault
+from sim._errors import ProfileError
+from sim._faults import Fault
 
 DEFAULT_PROFILE = "default"
 _SHIPPED_SUFFIX = ".yaml"
@@ -93,7 +93,7 @@ def load_profile(path_or_name: str | None = None) -> SimProfile:
 
 def shipped_profiles() -> list[str]:
     """Names of the profiles that ship with the simulator."""
-    folder = resources.files("workers.sim").joinpath("profiles")
+    folder = resources.files("sim").joinpath("profiles")
     return sorted(
         entry.name.removesuffix(_SHIPPED_SUFFIX)
         for entry in folder.iterdir()
@@ -102,7 +102,7 @@ def shipped_profiles() -> list[str]:
 
 
 def _shipped_text(filename: str) -> str:
-    return resources.files("workers.sim").joinpath("profiles", filename).read_text("utf-8")
+    return resources.files("sim").joinpath("profiles", filename).read_text("utf-8")
 
 
 def _file_text(path: Path) -> str:

@@ -8,11 +8,11 @@ from typing import Any
 import httpx
 
 from tests.support.stack import sim
-from tests.workers.test_sim import metric_value
-from workers.sim import SimProfile
-from workers.sim._parsing import parse_request
-from workers.sim._prefix import PrefixCache, block_hashes
-from workers.sim._scheduler import SchedSeq, Scheduler, step_duration_s
+from tests.sim.test_sim import metric_value
+from sim import SimProfile
+from sim._parsing import parse_request
+from sim._prefix import PrefixCache, block_hashes
+from sim._scheduler import SchedSeq, Scheduler, step_duration_s
 
 MODEL = "tiny"
 BLOCK_CHARS = 16 * 4  # one block of 16 tokens at the simulator's 4 characters a token

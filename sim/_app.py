@@ -20,17 +20,17 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from workers.sim._embeddings import EmbeddingJson, parse_embedding
-from workers.sim._engine import Engine, engine_running
-from workers.sim._errors import EngineStopped, RequestError
-from workers.sim._faults import FaultBook
-from workers.sim._metrics import CONTENT_TYPE_LATEST, SimMetrics
-from workers.sim._parsing import GenRequest, parse_request
-from workers.sim._profile import SimProfile
-from workers.sim._responses import JsonCompletionResponse, SseResponse
-from workers.sim._responses_api import ResponsesJson, ResponsesSse, parse_responses
-from workers.sim._tokens import anchor_of, answer_seed, prompt_ids
-from workers.sim._wire import (
+from sim._embeddings import EmbeddingJson, parse_embedding
+from sim._engine import Engine, engine_running
+from sim._errors import EngineStopped, RequestError
+from sim._faults import FaultBook
+from sim._metrics import CONTENT_TYPE_LATEST, SimMetrics
+from sim._parsing import GenRequest, parse_request
+from sim._profile import SimProfile
+from sim._responses import JsonCompletionResponse, SseResponse
+from sim._responses_api import ResponsesJson, ResponsesSse, parse_responses
+from sim._tokens import anchor_of, answer_seed, prompt_ids
+from sim._wire import (
     VLLM_VERSION,
     ResponseMeta,
     error_body,

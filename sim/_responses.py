@@ -15,10 +15,10 @@ import contextlib
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from workers.sim._engine import Engine, SimSequence
-from workers.sim._faults import Fault, error_event, malformed_event
-from workers.sim._scheduler import SeqStatus
-from workers.sim._wire import (
+from sim._engine import Engine, SimSequence
+from sim._faults import Fault, error_event, malformed_event
+from sim._scheduler import SeqStatus
+from sim._wire import (
     DONE,
     ResponseMeta,
     StreamFrames,

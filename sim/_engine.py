@@ -34,10 +34,10 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from workers.sim._errors import EngineStopped
-from workers.sim._metrics import ModelMetrics, SimMetrics
-from workers.sim._profile import SimProfile
-from workers.sim._scheduler import SchedSeq, Scheduler, StepPlan
+from sim._errors import EngineStopped
+from sim._metrics import ModelMetrics, SimMetrics
+from sim._profile import SimProfile
+from sim._scheduler import SchedSeq, Scheduler, StepPlan
 
 _log = logging.getLogger(__name__)
 

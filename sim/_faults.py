@@ -27,7 +27,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from workers.sim._errors import RequestError
+from sim._errors import RequestError
 
 FIELD = "sim_fault"
 _HOUR_S = 3600.0

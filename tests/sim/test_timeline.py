@@ -1,6 +1,6 @@
 """The simulator's steps keep to their modeled timeline while its event loop wakes late
 (it streams every token from the same loop, and a busy machine delays it): a short stall
-is made up by the next steps, a long one is lost and counted (``workers.sim._engine``).
+is made up by the next steps, a long one is lost and counted (``sim._engine``).
 In-process: the engine loop runs as a task, and the test blocks that loop on purpose."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from workers.sim._engine import CATCH_UP_S, Engine, SimSequence, engine_running
-from workers.sim._metrics import SimMetrics
-from workers.sim._profile import SimProfile
+from sim._engine import CATCH_UP_S, Engine, SimSequence, engine_running
+from sim._metrics import SimMetrics
+from sim._profile import SimProfile
 
 MODEL = "m"
 STEP_S = 0.02

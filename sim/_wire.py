@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from workers.sim._tokens import WORD_BASE, word_index
+from sim._tokens import WORD_BASE, word_index
 
 VLLM_VERSION = "0.32.0"
 DONE = b"data: [DONE]\n\n"

@@ -31,8 +31,8 @@ from fairq.localredis import free_port
 from tests.support.eventually import aeventually
 from tests.support.paths import REPO
 from tests.support.stack import sim, wait_healthy
-from workers.sim import ProfileError, SimProfile, load_profile
-from workers.sim._scheduler import SchedSeq, Scheduler, SeqStatus, StepPlan, step_duration_s
+from sim import ProfileError, SimProfile, load_profile
+from sim._scheduler import SchedSeq, Scheduler, SeqStatus, StepPlan, step_duration_s
 
 FIXTURES = REPO / "tests" / "fixtures" / "vllm-0.32-cpu"
 MODEL = "tiny"
@@ -203,7 +203,7 @@ async def test_with_return_token_ids_every_chunk_has_the_shape_of_the_vllm_captu
 
 async def test_a_prompt_of_an_answers_ids_gets_the_rest_of_that_answer(base_url: str) -> None:
     # As greedy decoding on a real engine: the simulator's tokens follow from the prompt's
-    # ids and their positions (workers/sim/_tokens.py), which fairq's exact resume needs.
+    # ids and their positions (sim/_tokens.py), which fairq's exact resume needs.
     request = chat_body(max_tokens=6, stream=True, return_token_ids=True, request_id="r1")
     async with client_for(base_url) as client:
         first = [
@@ -864,7 +864,7 @@ def test_sigterm_cuts_open_streams_and_serve_exits_with_status_0() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     code = (
-        "from workers.sim import serve, SimProfile; "
+        "from sim import serve, SimProfile; "
         f"serve('127.0.0.1', {port}, ['tiny'], SimProfile())"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
