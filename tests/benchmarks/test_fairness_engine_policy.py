@@ -18,8 +18,8 @@ from benchmarks.lib.provision import SIM_MODEL
 from fairq.cli import main
 from fairq.localredis import free_port
 from fairq.stack import Stack
-from tests.support import local_http
 from sim import load_profile
+from tests.support import local_http
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

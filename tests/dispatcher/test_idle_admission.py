@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from broker import AsyncClient
+from sim import create_app as create_sim
 from tests.support.eventually import aeventually
 from tests.support.servers import uvicorn_thread
 from tests.support.settings import ALICE_KEY, MODEL, make_settings
 from tests.support.stack import FAST, components
-from sim import create_app as create_sim
 
 pytestmark = pytest.mark.integration
 

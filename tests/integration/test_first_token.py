@@ -15,11 +15,11 @@ from redis import Redis
 
 from broker import Client, keys
 from fairq.stack import DEMO_MODELS
+from sim._wire import WORDS, output_text
 from tests.support import local_http
 from tests.support.eventually import eventually
 from tests.support.settings import make_settings
 from tests.support.stack import demo_stack, sim_port
-from sim._wire import WORDS, output_text
 
 pytestmark = pytest.mark.integration
 

@@ -24,6 +24,7 @@ from redis.asyncio import Redis
 from broker import AsyncClient, JobQueue, RequestKind, StreamMode, Submission, keys
 from broker.results import read_after
 from fairq.localredis import free_port
+from sim import SimProfile
 from tests.support.eventually import WAIT_S, aeventually
 from tests.support.hostile import body as hostile_body
 from tests.support.settings import ALICE, ALICE_KEY, MODEL, make_config, make_settings
@@ -35,7 +36,6 @@ from tests.support.stack import (
     sim,
 )
 from tests.support.stack import gateway as gateway_server
-from sim import SimProfile
 
 pytestmark = pytest.mark.integration
 

@@ -20,11 +20,11 @@ import pytest
 from redis.asyncio import Redis
 
 from broker import AsyncClient, keys
+from sim import SimProfile
 from tests.support.eventually import WAIT_S, aeventually
 from tests.support.settings import ALICE_KEY, BOB_KEY, MODEL, make_settings
 from tests.support.stack import components, sim
 from tests.support.stack import gateway as gateway_server
-from sim import SimProfile
 
 pytestmark = pytest.mark.integration
 

@@ -25,11 +25,11 @@ from redis.exceptions import RedisError
 
 from broker import Settings, keys
 from fairq.localredis import LocalRedis, free_port
+from sim import SimProfile
 from tests.support.eventually import WAIT_S, aeventually
 from tests.support.quota import day_left_s, redis_now_ms
 from tests.support.settings import MODEL, api_key, make_config
 from tests.support.stack import FAST, WorkerProcesses, components, sim
-from sim import SimProfile
 
 pytestmark = pytest.mark.integration
 

@@ -45,13 +45,13 @@ from broker import (
     read_queues,
 )
 from fairq.localredis import free_port
+from sim import create_app as create_sim
 from tests.support import local_http
 from tests.support.eventually import WAIT_S, aeventually
 from tests.support.processes import ProcessGroups, kill_group
 from tests.support.servers import uvicorn_thread
 from tests.support.settings import ALICE, ALICE_KEY, BOB_KEY, MODEL, SIM_FAULTS, make_settings
 from tests.support.stack import FAST, components, gateway, sim, wait_healthy
-from sim import create_app as create_sim
 
 pytestmark = pytest.mark.integration
 

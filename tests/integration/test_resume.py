@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 
 from broker import AsyncClient, keys
 from fairq.localredis import free_port
+from sim import SimProfile
 from tests.support.eventually import WAIT_S, aeventually
 from tests.support.settings import ALICE, ALICE_KEY, BOB, MODEL, make_config, make_settings
 from tests.support.stack import (
@@ -29,7 +30,6 @@ from tests.support.stack import (
     state_is,
 )
 from tests.support.stack import gateway as gateway_server
-from sim import SimProfile
 
 pytestmark = pytest.mark.integration
 

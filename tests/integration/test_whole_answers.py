@@ -11,9 +11,9 @@ import yaml
 
 from broker import Client
 from fairq.stack import DEMO_MODELS
+from sim._wire import WORDS, output_text
 from tests.support.settings import make_settings
 from tests.support.stack import demo_stack
-from sim._wire import WORDS, output_text
 
 pytestmark = pytest.mark.integration
 

@@ -7,12 +7,12 @@ from typing import Any
 
 import httpx
 
-from tests.support.stack import sim
-from tests.sim.test_sim import metric_value
 from sim import SimProfile
 from sim._parsing import parse_request
 from sim._prefix import PrefixCache, block_hashes
 from sim._scheduler import SchedSeq, Scheduler, step_duration_s
+from tests.sim.test_sim import metric_value
+from tests.support.stack import sim
 
 MODEL = "tiny"
 BLOCK_CHARS = 16 * 4  # one block of 16 tokens at the simulator's 4 characters a token

@@ -28,11 +28,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fairq.localredis import free_port
+from sim import ProfileError, SimProfile, load_profile
+from sim._scheduler import SchedSeq, Scheduler, SeqStatus, StepPlan, step_duration_s
 from tests.support.eventually import aeventually
 from tests.support.paths import REPO
 from tests.support.stack import sim, wait_healthy
-from sim import ProfileError, SimProfile, load_profile
-from sim._scheduler import SchedSeq, Scheduler, SeqStatus, StepPlan, step_duration_s
 
 FIXTURES = REPO / "tests" / "fixtures" / "vllm-0.32-cpu"
 MODEL = "tiny"
@@ -863,10 +863,7 @@ def test_a_better_priority_waits_for_a_free_slot_then_goes_ahead_of_worse_ones()
 def test_sigterm_cuts_open_streams_and_serve_exits_with_status_0() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    code = (
-        "from sim import serve, SimProfile; "
-        f"serve('127.0.0.1', {port}, ['tiny'], SimProfile())"
-    )
+    code = f"from sim import serve, SimProfile; serve('127.0.0.1', {port}, ['tiny'], SimProfile())"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env)
     try:

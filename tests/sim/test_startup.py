@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 from fairq.localredis import free_port
+from sim import SimProfile, create_app
 from tests.support import local_http
 from tests.support.eventually import eventually
 from tests.support.processes import ProcessGroups
-from sim import SimProfile, create_app
 
 STARTUP_S = 2.0
 MODEL = "m"

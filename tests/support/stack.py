@@ -31,14 +31,14 @@ from dispatcher.service import Dispatcher
 from fairq.localredis import free_port
 from fairq.stack import DEMO_MODELS, Stack, demo_config
 from gateway import create_app, gateway_config
+from sim import SimProfile
+from sim import create_app as create_sim
 from tests.support import local_http
 from tests.support.eventually import WAIT_S, eventually
 from tests.support.processes import ProcessGroups
 from tests.support.servers import free_socket, running, uvicorn_thread
 from tests.support.settings import MODEL
 from workers.service import Worker
-from sim import SimProfile
-from sim import create_app as create_sim
 
 # Fast steps: a token every ~2 ms, so a test's stream of a few dozen tokens is quick.
 FAST = SimProfile(step_base_ms=2.0, step_per_seq_ms=0.05, default_output_tokens=8)

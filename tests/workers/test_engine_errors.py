@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from workers.errors import EngineError
 from sim._wire import error_body
+from workers.errors import EngineError
 
 # vLLM's body for a request whose max_tokens do not fit the context, from the releases that
 # refuse one: its VLLMValidationError(parameter="max_tokens") becomes the 'param'.

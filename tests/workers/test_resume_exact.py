@@ -310,9 +310,9 @@ def test_at_every_cut_the_client_gets_the_uncut_stream_byte_for_byte(kind: Reque
 
 
 async def test_the_context_length_comes_from_the_engines_model_list_once() -> None:
+    from sim import SimProfile, create_app
     from tests.support.servers import uvicorn_thread
     from workers.engine_info import ContextLengths
-    from sim import SimProfile, create_app
 
     lengths = ContextLengths()
     with uvicorn_thread(create_app(["tiny"], SimProfile(max_model_len=512))) as url:
