@@ -2,7 +2,10 @@
 
 Settings, API keys, job and request models, the key schema, the Lua scripts,
 enqueue/cancel/status, result streams, the Python client and the HTTP gateway.
-``dispatcher`` and ``workers`` import only the names listed here.
+A service imports the names listed here and the modules of ``FACE``, nothing else of
+broker (``tests/test_architecture.py`` holds it): the Lua scripts are called through the
+stores' typed wrappers, the transport's lean connection stays inside it, and the settings'
+parts are read through ``broker.settings``.
 """
 
 from broker import job_fields, keys, telemetry
@@ -70,6 +73,47 @@ from broker.status import (
     read_status,
 )
 from broker.tiers import ServiceTiers
+
+# The modules of broker a service may import besides this one. A module not named here is
+# broker's own until it is.
+FACE = (
+    "auth",
+    "batch",
+    "batch.errors",
+    "batch.files",
+    "batch.lines",
+    "batch.reading",
+    "batch.store",
+    "deadlines",
+    "demand",
+    "engine_fields",
+    "errors",
+    "execution",
+    "failure_text",
+    "idempotency",
+    "inspection",
+    "job_fields",
+    "jobs",
+    "keys",
+    "position",
+    "process.backoff",
+    "process.mailbox",
+    "process.tasks",
+    "process.uvicorn_server",
+    "queue",
+    "quota_status",
+    "quotas",
+    "redis.cluster",
+    "redis.connect",
+    "redis.replies",
+    "requests",
+    "result_readers",
+    "results",
+    "settings",
+    "status",
+    "telemetry",
+    "tiers",
+)
 
 __all__ = [
     "DISPATCH_RATE_WINDOW_S",

@@ -1,8 +1,9 @@
 """The arrows of ``../shared/DESIGN.md``, section "Shape", held by reading every import.
 
-Every service imports broker; broker imports no service; services never import each
-other (they meet only through Redis); ``fairq`` (the command and local stack) is the
-composition root and may import them all. No module of the product imports itself back
+Every service imports broker, only its face (its names and ``broker.FACE``, the modules a
+service may import); broker imports no service; services never import each other (they
+meet only through Redis); ``fairq`` (the command and local stack) is the composition root
+and may import them all. No module of the product imports itself back
 through others (no circle), counting imports made inside functions too.
 
 ``benchmarks`` measures the product from outside: it may import the product, and no package
@@ -25,9 +26,6 @@ SERVICES = ("gateway", "batch", "dispatcher", "scaler", "sim", "workers")
 PRODUCT = ("broker", *SERVICES, "fairq")
 CHECKED = (*PRODUCT, "benchmarks")
 BENCH_LIB = "lib"  # the room of benchmarks that every family may import
-# Names of broker a service must not use: the Lua scripts are called through their typed
-# wrappers in broker's stores, and the lean connection's internals stay in the transport.
-BROKER_INTERNALS = ("broker.lua", "broker.redis.resp", "broker.redis.packed")
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -85,17 +83,29 @@ def import_graph(root: Path, packages: tuple[str, ...] = CHECKED) -> dict[str, s
     return graph
 
 
-def forbidden_arrows(graph: dict[str, set[str]]) -> list[str]:
+def broker_face(root: Path) -> set[str]:
+    """The modules of broker a service may import: broker itself and those its ``FACE``
+    names (read from its ``__init__.py``, not imported)."""
+    tree = ast.parse((root / "broker" / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "FACE" for t in node.targets
+        ):
+            return {"broker", *(f"broker.{name}" for name in ast.literal_eval(node.value))}
+    return {"broker"}
+
+
+def forbidden_arrows(graph: dict[str, set[str]], face: set[str]) -> list[str]:
     """Each import that breaks the rules, as ``importer -> imported``."""
     wrong = []
     for importer, targets in graph.items():
         for target in sorted(targets):
-            if not _allowed(importer, target):
+            if not _allowed(importer, target, face):
                 wrong.append(f"{importer} -> {target}")
     return wrong
 
 
-def _allowed(importer: str, target: str) -> bool:
+def _allowed(importer: str, target: str, face: set[str]) -> bool:
     source = importer.split(".", maxsplit=1)[0]
     package = target.split(".", maxsplit=1)[0]
     if package == "benchmarks":  # the product never imports its benchmarks
@@ -104,7 +114,7 @@ def _allowed(importer: str, target: str) -> bool:
         return True
     if package != "broker":
         return False  # broker imports no service; services never import each other
-    return not any(target == inner or target.startswith(inner + ".") for inner in BROKER_INTERNALS)
+    return target in face
 
 
 def _bench_room(module: str) -> str:
@@ -131,7 +141,7 @@ def test_every_package_of_the_shape_exists() -> None:
 
 
 def test_no_import_breaks_the_arrows_of_the_shape() -> None:
-    assert forbidden_arrows(import_graph(ROOT)) == []
+    assert forbidden_arrows(import_graph(ROOT), broker_face(ROOT)) == []
 
 
 def test_no_module_imports_itself_back() -> None:
@@ -160,8 +170,9 @@ def clean(tmp_path: Path) -> Path:
     _tree(
         tmp_path,
         {
-            "broker/__init__.py": "from broker.keys import ready\n",
+            "broker/__init__.py": "FACE = ('keys',)\nfrom broker.keys import ready\n",
             "broker/keys.py": "def ready(): ...\n",
+            "broker/inner.py": "",
             "broker/lua/__init__.py": "",
             "gateway/__init__.py": "from broker import keys\n",
             "batch/__init__.py": "import broker.keys\n",
@@ -189,7 +200,7 @@ def test_the_checker_passes_a_clean_tree(clean: Path) -> None:
     assert graph["dispatcher"] == {"dispatcher.fair"}
     assert graph["benchmarks.fairness.cli"] == {"benchmarks.fairness.arms", "dispatcher"}
     assert graph["benchmarks.fleet.cli"] == {"fairq", "benchmarks.lib.stats"}
-    assert forbidden_arrows(graph) == []
+    assert forbidden_arrows(graph, broker_face(clean)) == []
     assert circle(graph) == []
 
 
@@ -200,6 +211,7 @@ def test_the_checker_passes_a_clean_tree(clean: Path) -> None:
         ("gateway/__init__.py", "import dispatcher.fair", "gateway -> dispatcher.fair"),
         ("workers/__init__.py", "def f():\n    from batch import y", "workers -> batch"),
         ("dispatcher/fair.py", "from broker.lua import s", "dispatcher.fair -> broker.lua"),
+        ("batch/__init__.py", "import broker.inner", "batch -> broker.inner"),
         ("fairq/__init__.py", "from benchmarks.fleet import cli", "fairq -> benchmarks.fleet.cli"),
         ("gateway/__init__.py", "def f():\n    import benchmarks.lib", "gateway -> benchmarks.lib"),
         (
@@ -224,7 +236,7 @@ def test_the_checker_finds_a_planted_forbidden_import(
 ) -> None:
     target = clean / path
     target.write_text(target.read_text() + line + "\n")
-    assert forbidden_arrows(import_graph(clean)) == [arrow]
+    assert forbidden_arrows(import_graph(clean), broker_face(clean)) == [arrow]
 
 
 def test_the_checker_finds_a_planted_circle(clean: Path) -> None:
