@@ -12,8 +12,9 @@ from sim._scheduler import SchedSeq, Scheduler
 from sim._server import serve
 from sim._wire import WORDS, output_text
 
-# The scheduler alone, for a bound on paper (``benchmarks/fairness/fill_bound.py``), and the
-# text the simulator writes, for checks that an answer taken back and resumed reads as one
+# Beside the server: the scheduler alone, for a bound on paper
+# (``benchmarks/fairness/fill_bound.py``), and the text the simulator writes, for checks
+# that an answer taken back and resumed reads as one.
 __all__ = [
     "WORDS",
     "ProfileError",

@@ -3,8 +3,8 @@
 Every service imports broker, only its face (its names and ``broker.FACE``, the modules a
 service may import); broker imports no service; services never import each other (they
 meet only through Redis); ``fairq`` (the command and local stack) is the composition root
-and may import them all. No module of the product imports itself back
-through others (no circle), counting imports made inside functions too.
+and may import them all. No module of the product imports itself back through others
+(no circle), counting imports made inside functions too.
 
 ``benchmarks`` measures the product from outside: it may import the product, and no package
 of the product imports it (``fairq bench`` loads a benchmark by its module's name, which
