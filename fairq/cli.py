@@ -17,7 +17,7 @@ from broker import hash_key
 from fairq import runtime
 from fairq.batch_cli import batch
 from fairq.config_cli import config
-from fairq.k8s_cli import k8s
+from fairq.k8s.cli import k8s
 from fairq.keda_scaler_cli import keda_scaler
 from fairq.redis_cli import redis
 from fairq.stack import DEMO_MODELS

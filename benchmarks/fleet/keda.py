@@ -1,4 +1,4 @@
-"""KEDA's rules for one ScaledObject, as ``fairq k8s render`` writes it (``fairq.k8s_engines``),
+"""KEDA's rules for one ScaledObject, as ``fairq k8s render`` writes it (``fairq.k8s.engines``),
 applied to a model's demand: how many replicas it should have now. Pure, no I/O.
 
 The rendered ScaledObject has one Prometheus trigger on ``max(fairq_model_demand{model})``,

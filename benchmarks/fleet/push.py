@@ -98,7 +98,7 @@ class PushDecisions:
 
 def scaled_object(model: str, demand_per_replica: float) -> pb.ScaledObjectRef:
     """The reference KEDA sends with each call: the trigger's metadata as ``fairq k8s
-    render`` writes it (``fairq.k8s_engines``; the scaler reads ``model`` and
+    render`` writes it (``fairq.k8s.engines``; the scaler reads ``model`` and
     ``demandPerReplica``)."""
     metadata = {"model": model, "demandPerReplica": str(demand_per_replica)}
     return pb.ScaledObjectRef(name=f"engine-{model}", namespace=NAMESPACE, scalerMetadata=metadata)

@@ -5,7 +5,7 @@ replica host: ``benchmarks.fleet.host``) and answers 503 while it "loads its wei
 a readiness probe reads its ``/health`` every ``probe_s``, and only once it answers 200
 does the model's DNS name get the replica's record (a headless Service publishes ready
 pods only). ``Fleet.stop`` is a pod stopped: its record goes first, then the preStop hook
-(``fairq.engine_drain.drain``: wait for dispatchers to stop sending, then for the engine
+(``fairq.k8s.drain.drain``: wait for dispatchers to stop sending, then for the engine
 to hold no request), then the replica stops. Every step's time is kept on the
 ``Replica`` (``time.monotonic()`` seconds, the load's clock too).
 """
@@ -29,7 +29,7 @@ import httpx
 from benchmarks.fleet.dns import Zone
 from fairq.answering import wait_answering
 from fairq.children import start_child
-from fairq.engine_drain import drain
+from fairq.k8s.drain import drain
 from fairq.localredis import free_port
 
 State = Literal["starting", "ready", "stopping", "stopped"]

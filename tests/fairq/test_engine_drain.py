@@ -15,7 +15,7 @@ import httpx
 import pytest
 import yaml
 
-from fairq.engine_drain import MetricsUnreadable, requests_in
+from fairq.k8s.drain import MetricsUnreadable, requests_in
 from fairq.localredis import free_port
 from tests.support.paths import FIXTURES
 from tests.support.processes import ProcessGroups
@@ -92,7 +92,7 @@ def test_the_drain_returns_at_once_on_an_idle_engine(engine: str) -> None:
     assert done.returncode == 0, done.stderr
     assert "holds no request" in done.stderr
     assert returned_at - started < 5.0  # the process's own start-up; no waiting beyond it
-    from fairq.engine_drain import drain as in_process
+    from fairq.k8s.drain import drain as in_process
 
     started = time.monotonic()
     assert in_process(engine, interval_s=1.0, say=lambda _: None) == 0

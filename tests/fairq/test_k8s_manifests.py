@@ -28,9 +28,9 @@ from dockerfile_parse import DockerfileParser
 
 from broker import keys
 from broker.settings import Settings, load_settings
-from fairq import k8s
 from fairq.cli import main as fairq_cli
 from fairq.config_check import check_file
+from fairq.k8s import render as k8s
 from tests.support.kustomize import (
     K8S_DIR,
     OVERLAYS,

@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from broker import hash_key
-from fairq import k8s_keys
-from fairq.k8s_secrets import DEMO_ENGINE_KEY, DEMO_REDIS_PASSWORD, PLACEHOLDERS
+from fairq.k8s import keys as k8s_keys
+from fairq.k8s.secrets import DEMO_ENGINE_KEY, DEMO_REDIS_PASSWORD, PLACEHOLDERS
 from fairq.stack import DEMO_ADMIN_KEY, DEMO_KEYS
 from tests.support.cli import fairq
 from tests.support.kustomize import (

@@ -8,7 +8,7 @@
 
 A name is a field of fairq's settings (``http.`` and ``batch.`` for the nested ones), of
 an engine, model or discovery entry, or of ``deploy/k8s/fairq.yaml``'s ``k8s`` blocks
-(``fairq.k8s_spec``). A name that is none of these is not a setting, and is skipped."""
+(``fairq.k8s.spec``). A name that is none of these is not a setting, and is skipped."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from broker.settings import (
     ModelConfig,
     Settings,
 )
-from fairq.k8s_spec import ClusterSpec, EngineSpec
+from fairq.k8s.spec import ClusterSpec, EngineSpec
 
 OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 

@@ -275,7 +275,8 @@ _OPERATOR_FILES = {
 def operator_checkout(target: Path) -> Path:
     """deploy/k8s copied to ``target``, with an API key of the operator's in fairq.yaml
     (rendered) and the secrets files of each production overlay; its deploy/k8s."""
-    from fairq import k8s, k8s_keys
+    from fairq.k8s import keys as k8s_keys
+    from fairq.k8s import render as k8s
 
     shutil.copytree(K8S_DIR, target, ignore=shutil.ignore_patterns("*.env"))
     for overlay, files in _OPERATOR_FILES.items():

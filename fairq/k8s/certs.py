@@ -4,7 +4,7 @@ A CA of the deployment's own (a self-signed Issuer makes it; nothing outside the
 namespace trusts it or is trusted by it), then from that CA the scaler's server
 certificate, named for the Service KEDA dials (``ClusterSpec.scaler_address``), and
 KEDA's client certificate. cert-manager writes each into a Secret with ``ca.crt``,
-``tls.crt`` and ``tls.key``, the keys ``fairq.k8s_scaler`` mounts and names, and renews
+``tls.crt`` and ``tls.key``, the keys ``fairq.k8s.scaler`` mounts and names, and renews
 them before they expire: the CA lasts ``CA_DURATION`` (its renewal would need every
 certificate it signed issued again), the others cert-manager's default 90 days, and the
 scaler serves a renewed pair from its next connection on (``scaler.tls``).
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fairq.k8s_scaler import CLIENT_SECRET, SERVER_SECRET
-from fairq.k8s_spec import SCALER_NAME, ClusterSpec
+from fairq.k8s.scaler import CLIENT_SECRET, SERVER_SECRET
+from fairq.k8s.spec import SCALER_NAME, ClusterSpec
 
 _API = "cert-manager.io/v1"
 _SELF_SIGNED = "fairq-selfsigned"

@@ -2,7 +2,7 @@
 its Deployment, the Service KEDA's triggers name (``scalerAddress``), a disruption
 budget, the NetworkPolicy that lets only KEDA's operator call it, and the
 TriggerAuthentication that gives KEDA its client certificate. Rendered into the base
-when ``k8s.engine_trigger`` is ``external-push`` (``fairq.k8s``).
+when ``k8s.engine_trigger`` is ``external-push`` (``fairq.k8s.render``).
 
 The scaler authenticates its caller by mutual TLS (KEDA sends an external scaler no call
 metadata, so a token is not possible): it serves the certificate of Secret
@@ -10,14 +10,14 @@ metadata, so a token is not possible): it serves the certificate of Secret
 KEDA's operator presents from Secret ``CLIENT_SECRET`` (``TriggerAuthentication``
 ``AUTH_NAME``, which every external-push trigger names). Both Secrets have the keys a
 cert-manager Certificate writes (``ca.crt``, ``tls.crt``, ``tls.key``):
-``components/scaler-certs`` issues them (``fairq.k8s_certs``), or the operator creates
+``components/scaler-certs`` issues them (``fairq.k8s.certs``), or the operator creates
 them by hand (docs/operations.md, "Security")."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fairq.k8s_spec import SCALER_NAME, SCALER_PORT, ClusterSpec
+from fairq.k8s.spec import SCALER_NAME, SCALER_PORT, ClusterSpec
 
 _METRICS_PORT = 9464  # every fairq pod's /metrics port in the cluster (components/prometheus)
 SERVER_SECRET = "keda-scaler-tls"  # the scaler's certificate and key, and their CA's

@@ -28,7 +28,7 @@ _DIR_OPTION = click.option(
 
 
 def _k8s_dir(given: Path | None) -> Path:
-    from fairq import k8s as generator
+    from fairq.k8s import render as generator
 
     found = given or generator.find_dir(Path.cwd())
     if found is None or not (found / "fairq.yaml").is_file():
@@ -56,8 +56,8 @@ def render(k8s_dir: Path | None, check: bool) -> None:
     placeholder password) is anywhere but the simulator overlay, naming its line."""
     from pydantic import ValidationError
 
-    from fairq import k8s as generator
-    from fairq import k8s_secrets
+    from fairq.k8s import render as generator
+    from fairq.k8s import secrets as k8s_secrets
 
     directory = _k8s_dir(k8s_dir)
     shown = Path(_shown(directory))
@@ -95,7 +95,7 @@ def render(k8s_dir: Path | None, check: bool) -> None:
 def add_key(user: str, tenant: str | None, admin: bool, k8s_dir: Path | None) -> None:
     """Make a random API key for USER: print it once, and add its SHA-256 (never the key)
     to the api_keys of DIR/fairq.yaml. Then `fairq k8s render` puts it in the Secret."""
-    from fairq import k8s_keys
+    from fairq.k8s import keys as k8s_keys
 
     directory = _k8s_dir(k8s_dir)
     key = k8s_keys.new_key()
@@ -142,7 +142,7 @@ def probe(timeout_s: float) -> None:
 def drain(url: str, settle_s: float, timeout_s: float, interval_s: float) -> None:
     """An engine pod's preStop hook: return once the engine at URL runs and holds no
     request (vllm:num_requests_running + waiting = 0), or exit 1 after TIMEOUT_S."""
-    from fairq.engine_drain import drain as run
+    from fairq.k8s.drain import drain as run
 
     sys.exit(
         run(
@@ -161,6 +161,6 @@ def install_drain(directory: Path) -> None:
     """Copy the drain hook, a script of the standard library only, to
     DIRECTORY/fairq_drain.py: an init container does this for engine images without
     fairq (vLLM), whose preStop then runs `python3 DIRECTORY/fairq_drain.py`."""
-    from fairq.engine_drain import install
+    from fairq.k8s.drain import install
 
     click.echo(f"wrote {install(directory)}")

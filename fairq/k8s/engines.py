@@ -1,7 +1,7 @@
 """A model's engine manifests: the Deployment (vLLM, or ``fairq sim`` on clusters without
 GPUs) with its preStop drain, the headless Service fairq discovers its pods by, and the
 KEDA ScaledObject that scales the Deployment on the model's demand, through fairq's own
-scaler or Prometheus (``fairq.k8s``)."""
+scaler or Prometheus (``fairq.k8s.render``)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from fairq import k8s_scaler
-from fairq.k8s_secrets import ENGINE_SECRET
-from fairq.k8s_spec import ENGINE_PORT, ClusterSpec, Model, label_value
+from fairq.k8s import scaler as k8s_scaler
+from fairq.k8s.secrets import ENGINE_SECRET
+from fairq.k8s.spec import ENGINE_PORT, ClusterSpec, Model, label_value
 
 _MODEL_LABEL = "fairq.io/model"
 _MODEL_ANNOTATION = "fairq.io/model-name"

@@ -37,7 +37,7 @@ the series the dispatcher that owns the model exports instead. Any demand activa
 model at zero, and a model keeps its replicas while a job of it is in flight. An engine
 pod that is stopped first leaves the Service's records (fairq sends it nothing new), then
 its preStop hook waits until the engine runs and holds no request
-(``fairq.engine_drain``), within the pod's grace period.
+(``fairq.k8s.drain``), within the pod's grace period.
 
 Rendering is deterministic, so ``fairq k8s render --check`` (and the tests) can
 tell when a committed file is stale, and ``write`` leaves a file that would not change
@@ -53,8 +53,12 @@ import yaml
 
 from broker import keys
 from broker.settings import ModelConfig, split_entry
-from fairq import k8s_certs, k8s_engines, k8s_keys, k8s_scaler, k8s_secrets
-from fairq.k8s_spec import ENGINE_PORT, ClusterSpec, EngineSpec, Model, label_value, slug
+from fairq.k8s import certs as k8s_certs
+from fairq.k8s import engines as k8s_engines
+from fairq.k8s import keys as k8s_keys
+from fairq.k8s import scaler as k8s_scaler
+from fairq.k8s import secrets as k8s_secrets
+from fairq.k8s.spec import ENGINE_PORT, ClusterSpec, EngineSpec, Model, label_value, slug
 
 __all__ = [
     "API_KEYS_FILE", "ENGINE_PORT", "ClusterSpec", "EngineSpec", "Model", "find_dir", "label_value",
@@ -75,7 +79,7 @@ def find_dir(start: Path) -> Path | None:
             return folder
         if (folder / "deploy" / "k8s" / "fairq.yaml").is_file():
             return folder / "deploy" / "k8s"
-    beside = Path(__file__).resolve().parents[1] / "deploy" / "k8s"
+    beside = Path(__file__).resolve().parents[2] / "deploy" / "k8s"  # above fairq/k8s/
     return beside if (beside / "fairq.yaml").is_file() else None
 
 
@@ -195,7 +199,7 @@ _BASE_COMMENT = """\
 # fairq's own components: gateway, dispatchers, workers, batch workers, their config,
 # disruption budgets and network policies (the KEDA scaler of the engines is in
 # ../components/engine-scaling). No Secret, no Redis
-# and no engines: an overlay adds them (its secrets, fairq.k8s_secrets; ../redis or an
+# and no engines: an overlay adds them (its secrets, fairq.k8s.secrets; ../redis or an
 # external Redis; ../engines/vllm or ../engines/sim). fairq reads its configuration once
 # at start-up: the ConfigMap's name carries a hash of the content, so a changed
 # fairq.yaml rolls every pod that mounts it.

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 ENGINE_PORT = 8000
-SCALER_NAME = "keda-scaler"  # its Deployment and Service (fairq.k8s_scaler)
+SCALER_NAME = "keda-scaler"  # its Deployment and Service (fairq.k8s.scaler)
 SCALER_PORT = 9467
 _SLUG_MAX = 48  # "engine-" + slug stays within a Service name's 63 characters
 
