@@ -27,7 +27,7 @@ data they read (a job id popped from a queue).
     fq:{m}:owner             string   the dispatcher that owns the model (a lease, PX)
     fq:dispatchers           zset     live dispatchers, score = when their heartbeat lapses (ms)
     fq:local-stack           string   in the private Redis of a ``fairq up``: that stack's pid,
-                                      gateway and configuration (JSON; ``fairq.stack_redis``)
+                                      gateway and configuration (JSON; ``fairq.stack.owner``)
     fq:{m}:wake              channel  "something changed": new job, freed capacity
     fq:{m}:qf:{band}:{user}  list     jobs taken back out of the engine (park.lua), served
                                       before the user's queue

@@ -20,7 +20,7 @@ from fairq.config_cli import config
 from fairq.k8s.cli import k8s
 from fairq.keda_scaler_cli import keda_scaler
 from fairq.redis_cli import redis
-from fairq.stack import DEMO_MODELS
+from fairq.stack.processes import DEMO_MODELS
 from fairq.status_cli import job, jobs, status, top
 from fairq.up_cli import up
 

@@ -3,7 +3,7 @@
 Every component refuses to start without ``FAIRQ_REDIS_URL``; to run them by hand
 (``fairq api``, ``dispatcher``, ``worker``, ``batch-worker``, each in its own shell)
 without a Redis of one's own, this serves one and prints its URL and the export line.
-It is ``fairq.localredis.LocalRedis`` as ``fairq up`` runs it: on 127.0.0.1 only,
+It is ``fairq.stack.localredis.LocalRedis`` as ``fairq up`` runs it: on 127.0.0.1 only,
 append-only file fsynced every second, its files in a temporary directory that is
 deleted when it stops. Ctrl-C or SIGTERM stops it (the server first, then this
 command, exit 0); the server also dies with this command if it is killed outright.
@@ -18,8 +18,8 @@ import time
 
 import click
 
-from fairq.localredis import LocalRedis
 from fairq.runtime import environment
+from fairq.stack.localredis import LocalRedis
 
 _POLL_S = 0.5
 

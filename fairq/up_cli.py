@@ -1,5 +1,5 @@
 """``fairq up``: the whole stack on this machine, on the demo, the user's configuration,
-or the user's engine (``fairq.upconfig``), with a console that keeps its banner in view
+or the user's engine (``fairq.stack.upconfig``), with a console that keeps its banner in view
 (``fairq.console``)."""
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import click
 from click.core import ParameterSource
 
 from fairq.console import Console, watch_enter
-from fairq.localredis import RedisServerError, claim_port
 from fairq.runtime import environment
-from fairq.stack import Stack
-from fairq.stack_redis import owner_of
-from fairq.upconfig import ENGINES, Plan, PlanError, demo_plan, engine_plan, file_plan
+from fairq.stack.localredis import RedisServerError, claim_port
+from fairq.stack.owner import owner_of
+from fairq.stack.processes import Stack
+from fairq.stack.upconfig import ENGINES, Plan, PlanError, demo_plan, engine_plan, file_plan
 
 _HELP = """Run the whole stack locally: Redis, the engines, a dispatcher, workers, a batch
 worker and the gateway, each its own process; Ctrl-C stops everything.
@@ -154,7 +154,7 @@ def _plan(
 
 
 def _refuse_another_stacks_redis(ctx: click.Context, url: str | None, plan: Plan) -> None:
-    """Exit 2 when ``url`` is another ``fairq up``'s private Redis (``fairq.stack_redis``
+    """Exit 2 when ``url`` is another ``fairq up``'s private Redis (``fairq.stack.owner``
     says why a second stack never joins it), naming what to undo."""
     owner = None if url is None else owner_of(url)
     if owner is None:

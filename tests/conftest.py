@@ -13,7 +13,7 @@ import pytest
 import redis
 from redis.asyncio import Redis
 
-from fairq.localredis import LOCAL_PORTS_ENV, LocalRedis
+from fairq.stack.localredis import LOCAL_PORTS_ENV, LocalRedis
 from tests.support.processes import (  # noqa: F401 - fixtures
     for_the_session,
     no_process_left,

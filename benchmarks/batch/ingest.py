@@ -18,8 +18,8 @@ import redis
 
 from benchmarks.lib.batch_api import batch_file, create, upload, wait_status
 from benchmarks.lib.stats import machine, markdown_table, save
-from fairq.localredis import free_port
-from fairq.stack import DEMO_MODELS, Stack, demo_config
+from fairq.stack.localredis import free_port
+from fairq.stack.processes import DEMO_MODELS, Stack, demo_config
 
 
 def used_memory(r: redis.Redis) -> int:

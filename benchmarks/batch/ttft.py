@@ -23,8 +23,8 @@ import orjson
 
 from benchmarks.lib.batch_api import batch_file, create, upload, wait_status
 from benchmarks.lib.stats import machine, markdown_table, median, pct, save
-from fairq.localredis import free_port
-from fairq.stack import DEMO_MODELS, Stack, demo_config
+from fairq.stack.localredis import free_port
+from fairq.stack.processes import DEMO_MODELS, Stack, demo_config
 
 MODEL = DEMO_MODELS[0]
 

@@ -35,8 +35,8 @@ from benchmarks.lib.cpu import (
 from benchmarks.lib.load import Target
 from benchmarks.lib.provision import WORKERS, EngineChoice, engine_for, worker_slots
 from broker import hash_key
-from fairq.localredis import free_port
-from fairq.stack import Stack
+from fairq.stack.localredis import free_port
+from fairq.stack.processes import Stack
 
 IDLE_USER = "idle"  # measures TTFT on the idle engine; never part of the flood
 START_TIMEOUT_S = 60.0

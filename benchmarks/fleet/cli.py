@@ -49,9 +49,9 @@ from benchmarks.fleet.report import cold_figures, cold_starts, duplicate_jobs, l
 from benchmarks.fleet.scaler import Scaler
 from benchmarks.lib.stats import machine, pct, save
 from broker import hash_key
-from fairq.localredis import free_port
 from fairq.runtime import environment
-from fairq.stack import Stack
+from fairq.stack.localredis import free_port
+from fairq.stack.processes import Stack
 
 APP_KEY = "fq-bench-fleet-app"
 BATCH = 16  # the replicas' max_num_seqs

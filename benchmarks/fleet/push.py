@@ -35,8 +35,8 @@ from grpc import aio
 from benchmarks.fleet.keda import ModelScale, Rules, on_push, target
 from benchmarks.fleet.replicas import Fleet
 from benchmarks.fleet.scaler import replicas, resize
-from fairq.children import start_child
-from fairq.localredis import free_port
+from fairq.stack.children import start_child
+from fairq.stack.localredis import free_port
 from scaler.protocol import externalscaler_pb2 as pb
 from scaler.protocol import externalscaler_pb2_grpc as pb_grpc
 

@@ -27,10 +27,10 @@ from typing import Any, Literal
 import httpx
 
 from benchmarks.fleet.dns import Zone
-from fairq.answering import wait_answering
-from fairq.children import start_child
 from fairq.k8s.drain import drain
-from fairq.localredis import free_port
+from fairq.stack.answering import wait_answering
+from fairq.stack.children import start_child
+from fairq.stack.localredis import free_port
 
 State = Literal["starting", "ready", "stopping", "stopped"]
 HOST_START_TIMEOUT_S = 30.0

@@ -22,8 +22,8 @@ from typing import Any
 import yaml
 
 from benchmarks.lib.cpu import ENGINE_CPUS
-from fairq.localredis import free_port
-from fairq.stack import Stack
+from fairq.stack.localredis import free_port
+from fairq.stack.processes import Stack
 
 SIM_MODEL = "sim-model"
 VLLM_MODULE = "benchmarks.lib.vllm_engine"

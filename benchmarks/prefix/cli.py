@@ -34,9 +34,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks.lib.stats import machine, markdown_table, pct, save
 from benchmarks.prefix.load import LoadRun, LoadShape, agent, chat, oneshot, run_load
 from broker import hash_key
-from fairq.localredis import free_port
 from fairq.runtime import environment
-from fairq.stack import Stack
+from fairq.stack.localredis import free_port
+from fairq.stack.processes import Stack
 
 MODEL = "bench-prefix"
 APP_KEY = "fq-bench-prefix-app"

@@ -58,7 +58,7 @@ from broker import (
 )
 from broker.jobs import new_job_id
 from dispatcher.fairness import policy
-from fairq.localredis import LocalRedis
+from fairq.stack.localredis import LocalRedis
 
 MODEL = "m0"
 BAND = "default"

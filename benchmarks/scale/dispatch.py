@@ -31,7 +31,7 @@ import yaml
 
 from benchmarks.lib.stats import machine, markdown_table, save
 from broker import JobQueue, RequestKind, Settings, StreamMode, Submission, connect, keys
-from fairq.localredis import LocalRedis
+from fairq.stack.localredis import LocalRedis
 
 CASES = ((10, 1), (10_000, 1), (10, 100), (10_000, 100))  # (users, models)
 PAYLOAD = b'{"model":"m","messages":[{"role":"user","content":"hello"}],"max_tokens":8}'

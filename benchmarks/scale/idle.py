@@ -26,8 +26,8 @@ import httpx
 import psutil
 
 from benchmarks.lib.stats import cpu_seconds, machine, markdown_table, median, save
-from fairq.localredis import free_port
-from fairq.stack import DEMO_MODELS, Stack, demo_config
+from fairq.stack.localredis import free_port
+from fairq.stack.processes import DEMO_MODELS, Stack, demo_config
 
 BUDGET_PCT = 1.0  # of one core, per fairq component
 WARMUP_S = 10.0

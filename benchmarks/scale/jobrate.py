@@ -47,8 +47,8 @@ from rq import Queue
 from benchmarks.lib.stats import machine, markdown_table, median, save
 from benchmarks.scale.rq_job import complete
 from broker import AsyncClient, Settings
-from fairq.localredis import LocalRedis, free_port
-from fairq.stack import DEMO_MODELS, Stack, demo_config
+from fairq.stack.localredis import LocalRedis, free_port
+from fairq.stack.processes import DEMO_MODELS, Stack, demo_config
 
 KEY = "fq-demo-alice"
 TOKENS = 4

@@ -45,8 +45,8 @@ import httpx
 import psutil
 
 from benchmarks.lib.stats import machine, markdown_table, median, pct, save
-from fairq.answering import wait_answering
-from fairq.localredis import LocalRedis, free_port
+from fairq.stack.answering import wait_answering
+from fairq.stack.localredis import LocalRedis, free_port
 
 ARMS = ("httpx+full", "httpx+filtered", "lean", "lean+redis")
 FIXTURE = Path(__file__).resolve().parents[2] / "tests/fixtures/vllm-0.32-cpu/metrics_load.txt"

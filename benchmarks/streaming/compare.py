@@ -33,8 +33,8 @@ import click
 from benchmarks.lib.stats import cpu_seconds, machine, markdown_table, median, save
 from benchmarks.streaming.client import run_load
 from benchmarks.streaming.hot_path import KEY, _body, _stack
-from fairq.localredis import free_port
-from fairq.stack import DEMO_MODELS
+from fairq.stack.localredis import free_port
+from fairq.stack.processes import DEMO_MODELS
 
 _PROCESSES = ("worker", "gateway", "redis", "sim")
 

@@ -35,8 +35,8 @@ from openai.types.chat import ChatCompletionUserMessageParam
 
 from benchmarks.lib.stats import machine, markdown_table, median, pct, save
 from benchmarks.streaming.latency import KEY, Arm, one_request
-from fairq.localredis import free_port
-from fairq.stack import DEMO_MODELS, Stack, demo_config
+from fairq.stack.localredis import free_port
+from fairq.stack.processes import DEMO_MODELS, Stack, demo_config
 
 TOKENS = 16
 _PROMPT = [ChatCompletionUserMessageParam(role="user", content="Say something.")]

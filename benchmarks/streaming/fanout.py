@@ -36,8 +36,8 @@ from benchmarks.streaming.client import Load, run_load
 from broker import Claimed, ExecutionStore, JobState, Outcome, Settings, keys, lean_link
 from broker.redis.connect import connect
 from broker.settings import load_settings
-from fairq.localredis import free_port
-from fairq.stack import DEMO_MODELS, Stack, demo_config
+from fairq.stack.localredis import free_port
+from fairq.stack.processes import DEMO_MODELS, Stack, demo_config
 from workers.writer import ResultWriter
 
 KEY = "fq-demo-alice"

@@ -36,9 +36,9 @@ import yaml
 
 from benchmarks.lib.stats import machine, markdown_table, pct, save
 from broker import hash_key
-from fairq.answering import wait_answering
-from fairq.localredis import free_port
-from fairq.stack import DEMO_MODELS, Stack, demo_config
+from fairq.stack.answering import wait_answering
+from fairq.stack.localredis import free_port
+from fairq.stack.processes import DEMO_MODELS, Stack, demo_config
 
 INSTANT = {"step_base_ms": 0.2, "step_per_seq_ms": 0.0, "prefill_ms_per_token": 0.0,
            "max_num_seqs": 256, "max_num_batched_tokens": 8192}  # fmt: skip

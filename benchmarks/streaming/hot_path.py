@@ -37,8 +37,8 @@ from benchmarks.lib.stats import cpu_seconds, machine, markdown_table, median, p
 from benchmarks.streaming import fanout as fan_out
 from benchmarks.streaming.client import Load, run_load
 from benchmarks.streaming.relay_floor import relay_floor_us
-from fairq.localredis import free_port
-from fairq.stack import DEMO_MODELS, Stack, demo_config
+from fairq.stack.localredis import free_port
+from fairq.stack.processes import DEMO_MODELS, Stack, demo_config
 
 KEY = "fq-demo-alice"
 STEP_MS = 20.0  # one engine step per token: ~50 tokens/s per stream

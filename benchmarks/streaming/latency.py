@@ -39,8 +39,8 @@ import redis
 from benchmarks.lib.stats import cpu_seconds, machine, markdown_table, median, pct, save
 from benchmarks.streaming.latency_load import Target, capacity
 from broker import keys
-from fairq.localredis import free_port
-from fairq.stack import DEMO_MODELS, Stack, demo_config
+from fairq.stack.localredis import free_port
+from fairq.stack.processes import DEMO_MODELS, Stack, demo_config
 from gateway.errors import JOB_HEADER
 
 KEY = "fq-demo-alice"

@@ -45,8 +45,8 @@ from benchmarks.tenants.plan import (
     interactive_stream,
 )
 from broker import hash_key
-from fairq.localredis import free_port
-from fairq.stack import Stack
+from fairq.stack.localredis import free_port
+from fairq.stack.processes import Stack
 
 START_TIMEOUT_S = 60.0
 IDLE_TIMEOUT_S = 120.0

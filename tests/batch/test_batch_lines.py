@@ -12,8 +12,8 @@ import orjson
 import pytest
 from openai import OpenAI
 
-from fairq.localredis import LocalRedis
-from fairq.stack import DEMO_MODELS
+from fairq.stack.localredis import LocalRedis
+from fairq.stack.processes import DEMO_MODELS
 from tests.support.eventually import eventually
 from tests.support.settings import SIM_FAULTS
 from tests.support.stack import demo_stack

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 
 from benchmarks.lib.provision import SIM_MODEL
 from fairq.cli import main
-from fairq.localredis import free_port
-from fairq.stack import Stack
+from fairq.stack.localredis import free_port
+from fairq.stack.processes import Stack
 from sim import load_profile
 from tests.support import local_http
 

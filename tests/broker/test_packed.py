@@ -16,7 +16,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from broker.redis import resp
 from broker.redis.packed import PackedPipeline
 from broker.redis.resp import RespLink
-from fairq.localredis import LocalRedis
+from fairq.stack.localredis import LocalRedis
 from tests.support.servers import silent_server
 
 

@@ -28,7 +28,7 @@ from dispatcher.engine_metrics import (
     recent_tpot_s,
 )
 from dispatcher.scraper import Scraper
-from fairq.localredis import free_port
+from fairq.stack.localredis import free_port
 from tests.support.eventually import aeventually
 from tests.support.paths import FIXTURES
 from tests.support.servers import uvicorn_thread

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 
 from broker import Client, JobState, OwnershipStore, keys
 from dispatcher.ownership import Ownership, plan
-from fairq.stack import Stack
+from fairq.stack.processes import Stack
 from tests.support.eventually import aeventually, eventually
 from tests.support.settings import make_settings
 from tests.support.stack import demo_stack

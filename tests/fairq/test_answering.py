@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from fairq.answering import wait_answering
-from fairq.localredis import free_port
+from fairq.stack.answering import wait_answering
+from fairq.stack.localredis import free_port
 from tests.support.servers import uvicorn_thread
 
 

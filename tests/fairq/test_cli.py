@@ -16,7 +16,7 @@ import yaml
 from click.testing import CliRunner
 
 from fairq.cli import main
-from fairq.localredis import free_port
+from fairq.stack.localredis import free_port
 from tests.support.cli import RUN_S, fairq
 from tests.support.processes import ProcessGroups
 from tests.support.settings import make_config

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from broker import load_settings
-from fairq.localredis import free_port
+from fairq.stack.localredis import free_port
 from tests.support.cli import fairq
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "fairq.example.yaml"
@@ -256,7 +256,7 @@ def test_config_check_names_each_problem_of_a_discovery(tmp_path: Path) -> None:
 
 
 def test_fairq_up_names_where_a_models_replicas_are_found(tmp_path: Path) -> None:
-    from fairq.upconfig import file_plan
+    from fairq.stack.upconfig import file_plan
 
     path = tmp_path / "fairq.yaml"
     path.write_text(DISCOVERY)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from fairq.upconfig import detect_engine
+from fairq.stack.upconfig import detect_engine
 from tests.support.paths import FIXTURES
 from tests.support.servers import uvicorn_thread
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from fairq.k8s.drain import MetricsUnreadable, requests_in
-from fairq.localredis import free_port
+from fairq.stack.localredis import free_port
 from tests.support.paths import FIXTURES
 from tests.support.processes import ProcessGroups
 from tests.support.stack import wait_healthy

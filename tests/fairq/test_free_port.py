@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from fairq.localredis import LOCAL_PORTS_ENV, claim_port, free_port
+from fairq.stack.localredis import LOCAL_PORTS_ENV, claim_port, free_port
 
 
 def test_a_process_never_gets_one_port_twice() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fairq.localredis import free_port
+from fairq.stack.localredis import free_port
 
 pytestmark = pytest.mark.integration
 

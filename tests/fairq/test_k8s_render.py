@@ -15,7 +15,7 @@ import yaml
 
 from broker import Settings, hash_key
 from fairq.k8s import render as k8s
-from fairq.stack import demo_api_keys
+from fairq.stack.processes import demo_api_keys
 from tests.support.cli import fairq
 from tests.support.kustomize import K8S_DIR, kustomize, operator_checkout
 

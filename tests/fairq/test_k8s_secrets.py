@@ -17,7 +17,7 @@ import pytest
 from broker import hash_key
 from fairq.k8s import keys as k8s_keys
 from fairq.k8s.secrets import DEMO_ENGINE_KEY, DEMO_REDIS_PASSWORD, PLACEHOLDERS
-from fairq.stack import DEMO_ADMIN_KEY, DEMO_KEYS
+from fairq.stack.processes import DEMO_ADMIN_KEY, DEMO_KEYS
 from tests.support.cli import fairq
 from tests.support.kustomize import (
     K8S_DIR,

@@ -18,7 +18,7 @@ import psutil
 import pytest
 import redis
 
-from fairq.localredis import LocalRedis, free_port
+from fairq.stack.localredis import LocalRedis, free_port
 from tests.support.cli import RUN_S, fairq
 from tests.support.processes import ProcessGroups
 

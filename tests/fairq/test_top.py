@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from fairq.localredis import LocalRedis
+from fairq.stack.localredis import LocalRedis
 from fairq.status_cli import render_status
 from tests.support.eventually import eventually
 from tests.support.processes import ProcessGroups

@@ -42,7 +42,7 @@ from broker import (
     keys,
 )
 from broker.position import NO_DRAIN
-from fairq.localredis import free_port
+from fairq.stack.localredis import free_port
 from gateway import outcomes, sse
 from gateway.errors import ERROR_ID_HEADER
 from tests.support.eventually import aeventually, eventually

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 
-from fairq.localredis import free_port
+from fairq.stack.localredis import free_port
 from tests.support import local_http
 from tests.support.settings import make_config
 from tests.support.stack import WorkerProcesses

@@ -35,8 +35,8 @@ from pydantic import ValidationError
 from broker import ApiKeyConfig, JobQueue, KeyRing, Settings, StreamMode, Submission
 from broker.jobs import RequestKind
 from broker.requests import engine_payload
-from fairq.localredis import LocalRedis
-from fairq.stack import DEMO_MODELS, Stack
+from fairq.stack.localredis import LocalRedis
+from fairq.stack.processes import DEMO_MODELS, Stack
 from tests.support.settings import (
     ADMIN,
     ADMIN_KEY,

@@ -14,7 +14,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker import Client, JobState
-from fairq.stack import DEMO_MODELS
+from fairq.stack.processes import DEMO_MODELS
 from tests.support import local_http
 from tests.support.settings import make_settings
 from tests.support.stack import demo_stack, sim_port

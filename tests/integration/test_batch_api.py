@@ -13,8 +13,8 @@ import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
-from fairq.localredis import LocalRedis
-from fairq.stack import DEMO_MODELS, Stack
+from fairq.stack.localredis import LocalRedis
+from fairq.stack.processes import DEMO_MODELS, Stack
 from tests.support import local_http
 from tests.support.cli import fairq
 from tests.support.eventually import eventually

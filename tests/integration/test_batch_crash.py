@@ -18,7 +18,7 @@ from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker import keys
-from fairq.stack import DEMO_MODELS, Stack
+from fairq.stack.processes import DEMO_MODELS, Stack
 from tests.support import local_http
 from tests.support.eventually import eventually
 from tests.support.processes import ProcessGroups

@@ -22,7 +22,7 @@ import redis
 import yaml
 
 from broker import JobState, keys
-from fairq.stack import DEMO_MODELS, Stack
+from fairq.stack.processes import DEMO_MODELS, Stack
 from tests.support.eventually import eventually
 from tests.support.stack import demo_stack
 

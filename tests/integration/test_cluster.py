@@ -1,7 +1,7 @@
 """The whole stack on a real 3-master Redis Cluster, with models spread over the shards.
 
 The cluster is three nodes of the same server binary the other tests use, each in
-cluster mode on its own loopback port (``fairq.localcluster``). The stack runs as
+cluster mode on its own loopback port (``fairq.stack.localcluster``). The stack runs as
 production does (gateway, two dispatchers sharing the models by lease, two workers
 serving every model), pointed at one node with ``FAIRQ_REDIS_CLUSTER=true``.
 """
@@ -24,9 +24,9 @@ from redis.crc import key_slot
 from broker import keys
 from broker.redis.cluster import node_url, slot_groups, slot_of
 from broker.redis.connect import connect
-from fairq.localcluster import LocalCluster
-from fairq.localredis import free_port
-from fairq.stack import Stack, demo_config
+from fairq.stack.localcluster import LocalCluster
+from fairq.stack.localredis import free_port
+from fairq.stack.processes import Stack, demo_config
 from gateway.restarts import RestartWatch, restarted
 from tests.support import local_http
 from tests.support.eventually import eventually

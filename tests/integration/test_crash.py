@@ -17,7 +17,7 @@ import pytest
 from redis.asyncio import Redis
 
 from broker import AsyncClient, ExecutionStore, JobFailed, JobState, ResultEvent, keys
-from fairq.localredis import free_port
+from fairq.stack.localredis import free_port
 from tests.support.eventually import WAIT_S, aeventually
 from tests.support.settings import (
     ADMIN,

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fairq.stack import DEMO_MODELS, Stack
+from fairq.stack.processes import DEMO_MODELS, Stack
 from tests.support.cdp import Page, browser_page, find_browser
 from tests.support.eventually import aeventually
 from tests.support.paths import REPO

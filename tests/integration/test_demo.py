@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from fairq.demo import Flood, newcomer
-from fairq.stack import DEMO_BATCH_SLOTS, DEMO_MODELS, Stack
+from fairq.stack.processes import DEMO_BATCH_SLOTS, DEMO_MODELS, Stack
 from tests.support.cli import fairq
 from tests.support.stack import demo_stack
 

@@ -23,7 +23,7 @@ import yaml
 from redis.asyncio import Redis
 
 from broker import AsyncClient, JobState, Settings, keys, read_queues
-from fairq.localredis import free_port
+from fairq.stack.localredis import free_port
 from tests.support.dns import Zone, dns_server
 from tests.support.eventually import aeventually
 from tests.support.processes import ProcessGroups

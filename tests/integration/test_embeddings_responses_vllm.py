@@ -23,7 +23,7 @@ import pytest
 from redis.asyncio import Redis
 
 from benchmarks.lib.vllm_engine import Runner, has_model, is_installed, resolve_home, running_vllm
-from fairq.localredis import free_port
+from fairq.stack.localredis import free_port
 from tests.support.eventually import WAIT_S
 from tests.support.settings import ALICE_KEY, MODEL, make_settings
 from tests.support.stack import components, job_field

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from broker import AsyncClient, JobFailed, JobState, ResultEvent
-from fairq.localredis import free_port
+from fairq.stack.localredis import free_port
 from tests.support.eventually import WAIT_S
 from tests.support.settings import ALICE_KEY, MODEL, SIM_FAULTS, make_settings
 from tests.support.stack import components, gateway, sim

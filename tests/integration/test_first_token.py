@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 
 from broker import Client, keys
-from fairq.stack import DEMO_MODELS
+from fairq.stack.processes import DEMO_MODELS
 from sim._wire import WORDS, output_text
 from tests.support import local_http
 from tests.support.eventually import eventually

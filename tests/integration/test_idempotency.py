@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 
 from broker import AsyncClient, JobQueue, RequestKind, StreamMode, Submission, keys
 from broker.results import read_after
-from fairq.localredis import free_port
+from fairq.stack.localredis import free_port
 from sim import SimProfile
 from tests.support.eventually import WAIT_S, aeventually
 from tests.support.hostile import body as hostile_body

@@ -24,8 +24,8 @@ import yaml
 from openai import OpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
-from fairq.localredis import free_port
-from fairq.stack import DEMO_KEYS, demo_api_keys
+from fairq.stack.localredis import free_port
+from fairq.stack.processes import DEMO_KEYS, demo_api_keys
 from tests.support.processes import ProcessGroups
 from tests.support.stack import wait_healthy
 

@@ -17,7 +17,7 @@ import pytest
 
 from broker.failure_text import HIDDEN
 from broker.jobs import new_job_id
-from fairq.localredis import LocalRedis, free_port
+from fairq.stack.localredis import LocalRedis, free_port
 from gateway.errors import ERROR_ID_HEADER, JOB_HEADER
 from tests.support.eventually import WAIT_S
 from tests.support.settings import ALICE, MODEL, SIM_FAULTS, make_settings

@@ -29,7 +29,7 @@ import yaml
 from grpc import aio
 
 from broker import AsyncClient, JobState
-from fairq.localredis import free_port
+from fairq.stack.localredis import free_port
 from scaler.protocol import externalscaler_pb2 as pb
 from scaler.protocol import externalscaler_pb2_grpc as pb_grpc
 from tests.support.cli import fairq

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fairq.stack import DEMO_MODELS, Stack
+from fairq.stack.processes import DEMO_MODELS, Stack
 from tests.support import local_http
 from tests.support.eventually import eventually
 from tests.support.stack import demo_stack

@@ -16,8 +16,8 @@ import httpx
 import openai
 import pytest
 
-from fairq.localredis import LocalRedis
-from fairq.stack import DEMO_MODELS, Stack, demo_api_keys
+from fairq.stack.localredis import LocalRedis
+from fairq.stack.processes import DEMO_MODELS, Stack, demo_api_keys
 from tests.support.settings import SIM_FAULTS, api_key
 from tests.support.stack import demo_stack
 

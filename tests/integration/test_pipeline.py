@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from broker import Client, JobFailed, JobState, Settings, keys
-from fairq.stack import Stack
+from fairq.stack.processes import Stack
 from tests.support.eventually import eventually
 from tests.support.settings import make_settings
 from tests.support.stack import demo_stack

@@ -24,7 +24,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from broker import Settings, keys
-from fairq.localredis import LocalRedis, free_port
+from fairq.stack.localredis import LocalRedis, free_port
 from sim import SimProfile
 from tests.support.eventually import WAIT_S, aeventually
 from tests.support.quota import day_left_s, redis_now_ms

@@ -34,8 +34,8 @@ from redis.asyncio import Redis
 
 from broker import Claimed, ExecutionStore, JobState, Outcome, RequestKind, keys
 from broker.jobs import new_job_id
-from fairq.localredis import LocalRedis
-from fairq.stack import DEMO_MODELS, Stack
+from fairq.stack.localredis import LocalRedis
+from fairq.stack.processes import DEMO_MODELS, Stack
 from tests.support.eventually import eventually
 from tests.support.settings import api_key, make_settings
 from tests.support.stack import demo_stack, gateway

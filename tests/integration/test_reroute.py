@@ -44,7 +44,7 @@ from broker import (
     keys,
     read_queues,
 )
-from fairq.localredis import free_port
+from fairq.stack.localredis import free_port
 from sim import create_app as create_sim
 from tests.support import local_http
 from tests.support.eventually import WAIT_S, aeventually

@@ -16,7 +16,7 @@ import pytest
 from redis.asyncio import Redis
 
 from broker import AsyncClient, keys
-from fairq.localredis import free_port
+from fairq.stack.localredis import free_port
 from sim import SimProfile
 from tests.support.eventually import WAIT_S, aeventually
 from tests.support.settings import ALICE, ALICE_KEY, BOB, MODEL, make_config, make_settings

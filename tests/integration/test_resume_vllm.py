@@ -21,8 +21,8 @@ from redis import Redis
 from benchmarks.fairness.resumed import problems, read_answer, tokenizer_decode
 from benchmarks.lib.vllm_engine import has_model, is_installed, resolve_home, running_vllm
 from broker import Client, keys
-from fairq.localredis import free_port
-from fairq.stack import Stack, demo_config
+from fairq.stack.localredis import free_port
+from fairq.stack.processes import Stack, demo_config
 from tests.support import local_http
 from tests.support.settings import make_settings
 

@@ -32,7 +32,7 @@ from redis.asyncio import Redis
 
 from broker import AsyncClient, JobState, Settings, keys
 from broker.results import CHUNK_FIELD
-from fairq.localredis import free_port
+from fairq.stack.localredis import free_port
 from tests.support import local_http
 from tests.support.dispatcher_process import dispatcher_process
 from tests.support.dns import Zone, dns_server

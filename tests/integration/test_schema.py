@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from fairq.localredis import LocalRedis
-from fairq.stack import DEMO_MODELS, Stack
+from fairq.stack.localredis import LocalRedis
+from fairq.stack.processes import DEMO_MODELS, Stack
 from tests.support import local_http
 from tests.support.stack import demo_stack
 

@@ -17,8 +17,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker import Client, JobState, keys
-from fairq.localredis import LocalRedis, free_port
-from fairq.stack import Stack
+from fairq.stack.localredis import LocalRedis, free_port
+from fairq.stack.processes import Stack
 from tests.support import local_http
 from tests.support.eventually import eventually
 from tests.support.settings import ALICE_KEY, API_KEYS, BOB_KEY, make_settings

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from broker.telemetry import METRICS_PORTS
-from fairq.localredis import free_port
+from fairq.stack.localredis import free_port
 from tests.support import local_http
 from tests.support.eventually import eventually
 from tests.support.processes import ProcessGroups

@@ -28,8 +28,8 @@ import pytest
 import yaml
 
 from fairq.console import QUIET_S, rows
-from fairq.localredis import LocalRedis, free_port
-from fairq.stack import Stack
+from fairq.stack.localredis import LocalRedis, free_port
+from fairq.stack.processes import Stack
 from tests.support import local_http
 from tests.support.eventually import eventually
 from tests.support.processes import ProcessGroups
@@ -351,7 +351,7 @@ def test_a_failing_test_leaves_no_process_of_fairq_up(tmp_path: Path) -> None:
 
         import psutil
 
-        from fairq.localredis import free_port
+        from fairq.stack.localredis import free_port
         from tests.support.processes import processes  # noqa: F401
 
         def test_fails(processes):

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from broker import Client
-from fairq.stack import DEMO_MODELS
+from fairq.stack.processes import DEMO_MODELS
 from sim._wire import WORDS, output_text
 from tests.support.settings import make_settings
 from tests.support.stack import demo_stack

@@ -27,7 +27,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fairq.localredis import free_port
+from fairq.stack.localredis import free_port
 from sim import ProfileError, SimProfile, load_profile
 from sim._scheduler import SchedSeq, Scheduler, SeqStatus, StepPlan, step_duration_s
 from tests.support.eventually import aeventually

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from fairq.localredis import free_port
+from fairq.stack.localredis import free_port
 from sim import SimProfile, create_app
 from tests.support import local_http
 from tests.support.eventually import eventually

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from fairq.localredis import free_port
+from fairq.stack.localredis import free_port
 from tests.support.processes import ProcessGroups
 from tests.support.stack import wait_healthy
 

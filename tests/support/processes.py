@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
-from fairq.children import default_signals
+from fairq.stack.children import default_signals
 
 _GRACE_S = 5.0  # a process being stopped as the test ends gets this long to exit
 _SESSION_PIDS: set[int] = set()  # processes session fixtures started: they outlive tests

@@ -28,8 +28,8 @@ from redis.asyncio import Redis
 
 from broker import Settings, connect, connect_blocking, keys
 from dispatcher.service import Dispatcher
-from fairq.localredis import free_port
-from fairq.stack import DEMO_MODELS, Stack, demo_config
+from fairq.stack.localredis import free_port
+from fairq.stack.processes import DEMO_MODELS, Stack, demo_config
 from gateway import create_app, gateway_config
 from sim import SimProfile
 from sim import create_app as create_sim

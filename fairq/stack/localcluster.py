@@ -15,7 +15,7 @@ import time
 
 import redis
 
-from fairq.localredis import LocalRedis, RedisServerError, free_port
+from fairq.stack.localredis import LocalRedis, RedisServerError, free_port
 
 SLOTS = 16384
 

@@ -5,10 +5,10 @@ dispatcher, workers, a batch worker (RQ) and the gateway, each a child process r
 ``fairq`` command a production pod runs. Children die with the parent (Linux
 PR_SET_PDEATHSIG), and ``stop`` ends them all, so nothing is left behind. The kernel
 sends that signal when the *thread* that started the child ends, so every child is
-started by one thread the stack owns until ``stop`` (``fairq.children``): a child
+started by one thread the stack owns until ``stop`` (``fairq.stack.children``): a child
 restarted from a short-lived thread (a test's ``asyncio.to_thread``) would otherwise be
 stopped with it. The private Redis is started by that thread too, and dies with the stack;
-it carries the stack's claim (``fairq.stack_redis``), so that no other ``fairq up`` joins
+it carries the stack's claim (``fairq.stack.owner``), so that no other ``fairq up`` joins
 it, and ``restart_redis`` brings it back over its files if it dies first.
 Tests and benchmarks use the same class; a stack of simulators alone (no
 dispatcher, worker or gateway, as in a benchmark's direct arm) starts no Redis.
@@ -37,10 +37,10 @@ from typing import IO, Any
 import yaml
 
 from broker import hash_key
-from fairq.answering import wait_answering
-from fairq.children import start_child
-from fairq.localredis import LocalRedis, free_port
-from fairq.stack_redis import StackOwner, claim
+from fairq.stack.answering import wait_answering
+from fairq.stack.children import start_child
+from fairq.stack.localredis import LocalRedis, free_port
+from fairq.stack.owner import StackOwner, claim
 
 DEMO_MODELS = ("demo-chat", "demo-code")
 DEMO_BATCH_SLOTS = 32  # max_num_seqs of the simulator's default profile (fairq learns it)

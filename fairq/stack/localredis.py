@@ -32,7 +32,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from fairq.children import start_server
+from fairq.stack.children import start_server
 
 # "13898:M 25 Nov 2026 03:36:22.997 # " before each line of the server's log
 _LOG_PREFIX = re.compile(r"^\d+:[A-Z] \d+ \w+ \d+ [\d:.]+ [.\-*#] ")
@@ -132,7 +132,7 @@ class LocalRedis:
     are passed to the server as they are (e.g. ``["--maxmemory", "10mb"]``); ``env``
     is added to the server's environment (e.g. ``LD_PRELOAD`` of another allocator).
     ``die_with_parent``: the server dies with the thread that starts it, and ignores
-    SIGINT (``fairq.children.start_server``): start it from a thread that lives as long
+    SIGINT (``fairq.stack.children.start_server``): start it from a thread that lives as long
     as it should, and stop it with ``stop``.
     """
 
@@ -212,7 +212,7 @@ class LocalRedis:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env=self._env,
-            # ctypes calls only (fairq.children): no lock another thread could hold
+            # ctypes calls only (fairq.stack.children): no lock another thread could hold
             preexec_fn=start_server if self._die_with_parent else None,  # noqa: PLW1509
         )
         self._wait_ready(timeout_s)

@@ -19,8 +19,8 @@ import httpx
 
 from broker import Settings
 from broker.settings import KINDS
-from fairq.localredis import free_port
-from fairq.stack import (
+from fairq.stack.localredis import free_port
+from fairq.stack.processes import (
     DEMO_ADMIN_KEY,
     DEMO_KEYS,
     DEMO_MODELS,
