@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 
-from fairq.console import Console, rows
+from fairq.cli.console import Console, rows
 
 BANNER = ["fairq is up: http://127.0.0.1:8000/v1", "API keys:", "  fq-demo-alice"]
 

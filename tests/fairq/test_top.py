@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 from rich.console import Console
 
+from fairq.cli.status import render_status
 from fairq.stack.localredis import LocalRedis
-from fairq.status_cli import render_status
 from tests.support.eventually import eventually
 from tests.support.processes import ProcessGroups
 from tests.support.settings import make_config

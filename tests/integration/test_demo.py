@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fairq.demo import Flood, newcomer
+from fairq.cli.demo import Flood, newcomer
 from fairq.stack.processes import DEMO_BATCH_SLOTS, DEMO_MODELS, Stack
 from tests.support.cli import fairq
 from tests.support.stack import demo_stack

@@ -27,7 +27,7 @@ import psutil
 import pytest
 import yaml
 
-from fairq.console import QUIET_S, rows
+from fairq.cli.console import QUIET_S, rows
 from fairq.stack.localredis import LocalRedis, free_port
 from fairq.stack.processes import Stack
 from tests.support import local_http

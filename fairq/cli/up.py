@@ -1,6 +1,6 @@
 """``fairq up``: the whole stack on this machine, on the demo, the user's configuration,
 or the user's engine (``fairq.stack.upconfig``), with a console that keeps its banner in view
-(``fairq.console``)."""
+(``fairq.cli.console``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import click
 from click.core import ParameterSource
 
-from fairq.console import Console, watch_enter
+from fairq.cli.console import Console, watch_enter
 from fairq.runtime import environment
 from fairq.stack.localredis import RedisServerError, claim_port
 from fairq.stack.owner import owner_of

@@ -15,14 +15,12 @@ import click
 
 from broker import hash_key
 from fairq import runtime
-from fairq.batch_cli import batch
-from fairq.config_cli import config
+
+# The commands' modules, not their names: a command named as its module would hide the
+# module behind it on this package (fairq.cli.status would be the command).
+from fairq.cli import batch, config, keda_scaler, redis, status, up
 from fairq.k8s.cli import k8s
-from fairq.keda_scaler_cli import keda_scaler
-from fairq.redis_cli import redis
 from fairq.stack.processes import DEMO_MODELS
-from fairq.status_cli import job, jobs, status, top
-from fairq.up_cli import up
 
 
 class _Main(click.Group):
@@ -113,7 +111,7 @@ def batch_worker() -> None:
     run_batch_worker(settings)
 
 
-main.add_command(batch)
+main.add_command(batch.batch)
 
 
 _SIM_STARTUP = ("FAIRQ_SIM_STARTUP_S", "--startup-s [0]")
@@ -181,9 +179,9 @@ def bench() -> None:
 
 
 main.add_command(k8s)
-main.add_command(keda_scaler)
-main.add_command(config)
-for _command in (status, top, jobs, job):
+main.add_command(keda_scaler.keda_scaler)
+main.add_command(config.config)
+for _command in (status.status, status.top, status.jobs, status.job):
     main.add_command(_command)
 
 
@@ -204,8 +202,8 @@ def newcomer(
 ) -> None:
     """alice floods the model with long answers, then bob sends one request: prints his
     time to first token and the estimated_wait_s his job showed while he waited."""
-    from fairq.demo import Flood
-    from fairq.demo import newcomer as run_demo
+    from fairq.cli.demo import Flood
+    from fairq.cli.demo import newcomer as run_demo
 
     flood = Flood(model=model, requests=requests, max_tokens=max_tokens)
     try:
@@ -215,5 +213,5 @@ def newcomer(
         sys.exit(1)
 
 
-main.add_command(up)
-main.add_command(redis)
+main.add_command(up.up)
+main.add_command(redis.redis)
