@@ -1,7 +1,7 @@
 """A model's demand and readiness: what scales its engines, and what a queued job is told.
 
 Engines scale with fairq's queue (``docs/operations.md``, "Scale to zero"): the
-dispatcher that owns a model exports its demand (``dispatcher.status``) and KEDA reads it.
+dispatcher that owns a model exports its demand (``dispatcher.publisher``) and KEDA reads it.
 Two reads live here, beside the keys they touch:
 
 - ``read_oldest_ms``: when the oldest queued job of each band was enqueued. Queue entry

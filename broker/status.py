@@ -216,12 +216,12 @@ class Snapshot:
     source: str  # "dispatcher" (published) or "redis" (queues only: no dispatcher seen)
     queues: dict[str, object]
     endpoints: list[dict[str, object]] = field(default_factory=list)
-    history: list[list[float | None]] = field(default_factory=list)  # see dispatcher.status
+    history: list[list[float | None]] = field(default_factory=list)  # see dispatcher.publisher
     policy: str = ""
     admission: str = ""
     dispatcher: str | None = None
     # TTFT of the recent jobs dispatched to a user with nothing in the engine:
-    # {"p50", "p95" (ms; None: no such job), "jobs", "window_s"}; see dispatcher.status
+    # {"p50", "p95" (ms; None: no such job), "jobs", "window_s"}; see dispatcher.publisher
     newcomer_ttft: dict[str, object] | None = None
 
     def public(self) -> dict[str, object]:

@@ -16,7 +16,7 @@ Each component exports what it alone knows; Prometheus joins them by name:
     keda scaler the activity it pushed to KEDA per model (``scaler``)
 
 Counters and histograms are registered here; the gauges a collector builds at scrape
-time from a component's latest view (``dispatcher.status``, ``workers.telemetry``) are
+time from a component's latest view (``dispatcher.publisher``, ``workers.telemetry``) are
 declared here as ``Gauge`` (name, help, labels) and built by ``Gauge.family``.
 
 Observations on the hot path are a counter increment or one histogram observe per
@@ -137,7 +137,7 @@ class Gauge:
         return GaugeMetricFamily(self.name, self.help, labels=list(self.labels))
 
 
-# The dispatcher's view (dispatcher.status.DispatcherCollector).
+# The dispatcher's view (dispatcher.publisher.DispatcherCollector).
 _ENDPOINT = ("model", "endpoint")
 QUEUE_DEPTH = Gauge("fairq_queue_depth", "Jobs queued", ("model", "band"))
 QUEUE_USERS = Gauge("fairq_queue_backlogged_users", "Users with queued jobs", ("model", "band"))

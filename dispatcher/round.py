@@ -174,7 +174,7 @@ class Round:
 
     def _note_override(self, views: Mapping[str, EndpointView]) -> None:
         """Say once per endpoint, in the log, where the engine disagrees with the model's
-        ``batch_slots`` (status says it too: ``dispatcher.status``)."""
+        ``batch_slots`` (status says it too: ``dispatcher.publisher``)."""
         configured = self.stages.config.batch_slots
         if not configured:
             return

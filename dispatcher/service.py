@@ -214,7 +214,7 @@ class Dispatcher:
 
     def when_queued(self, hook: Callable[[str], None]) -> None:
         """Call ``hook(model)`` whenever a job of ``model`` comes (queued or sent express),
-        as its wake message arrives: the status publisher's cue (``dispatcher.status``)."""
+        as its wake message arrives: the status publisher's cue (``dispatcher.publisher``)."""
         self._queued_hooks.append(hook)
 
     def _queued(self, model: str) -> None:

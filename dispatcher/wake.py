@@ -9,7 +9,7 @@ sent straight to an endpoint) is also reported to ``on_express`` at once, so
 admission counts it before the engine's metrics can show it. Every message that says a
 job came (queued, or sent express) is then reported to ``on_queued``: a model whose
 demand was 0 is published and its replicas are read at once rather than at their next
-period (``dispatcher.status``, ``dispatcher.discovery``).
+period (``dispatcher.publisher``, ``dispatcher.discovery``).
 
 Models that share an engine are dispatched by one loop (``dispatcher.service``): their
 wake-ups set one event (``together``), so that loop waits on one thing.

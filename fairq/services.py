@@ -47,8 +47,8 @@ def run_batch_worker(settings: Settings) -> None:
 
 
 async def run_dispatcher(settings: Settings, stop: asyncio.Event) -> None:
+    from dispatcher.publisher import DispatcherCollector, StatusPublisher
     from dispatcher.service import Dispatcher
-    from dispatcher.status import DispatcherCollector, StatusPublisher
 
     redis = connect(settings)
     try:

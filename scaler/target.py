@@ -3,7 +3,7 @@
 KEDA sends each call the trigger's ``metadata`` (``ScaledObjectRef.scalerMetadata``);
 ``fairq k8s render`` writes there the fairq model the engine serves (``model``) and the
 demand one replica serves (``demandPerReplica``). A model's demand is what
-``fairq_model_demand`` exports (``dispatcher.status``): its jobs queued in every band
+``fairq_model_demand`` exports (``dispatcher.publisher``): its jobs queued in every band
 plus its jobs in flight, read from the same two counters.
 """
 

@@ -17,8 +17,8 @@ from broker import hash_key
 from fairq import runtime
 
 # The commands' modules, not their names: a command named as its module would hide the
-# module behind it on this package (fairq.cli.status would be the command).
-from fairq.cli import batch, config, keda_scaler, redis, status, up
+# module behind it on this package (fairq.cli.views would be the command).
+from fairq.cli import batch, config, keda_scaler, redis, up, views
 from fairq.k8s.cli import k8s
 from fairq.stack.processes import DEMO_MODELS
 
@@ -181,7 +181,7 @@ def bench() -> None:
 main.add_command(k8s)
 main.add_command(keda_scaler.keda_scaler)
 main.add_command(config.config)
-for _command in (status.status, status.top, status.jobs, status.job):
+for _command in (views.status, views.top, views.jobs, views.job):
     main.add_command(_command)
 
 

@@ -365,7 +365,7 @@ def test_the_wait_is_the_later_of_the_drains_rate_and_the_next_slots_to_free() -
 
 
 async def _publish_engine_drain(r: Redis, per_endpoint: list[float | None]) -> None:
-    """What a dispatcher's status snapshot says of the engines (dispatcher.status)."""
+    """What a dispatcher's status snapshot says of the engines (dispatcher.publisher)."""
     rows = [{"url": f"{EP}{i}", "drain_per_s": d} for i, d in enumerate(per_endpoint)]
     await r.set(keys.status(MODEL), orjson.dumps({"model": MODEL, "endpoints": rows}))
 

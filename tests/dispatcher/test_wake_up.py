@@ -26,8 +26,8 @@ from broker import (
     keys,
     stop_task,
 )
+from dispatcher.publisher import ModelStatus, StatusPublisher, publish_at_once
 from dispatcher.service import Dispatcher
-from dispatcher.status import ModelStatus, StatusPublisher, publish_at_once
 from tests.support.dns import dns_server
 from tests.support.eventually import aeventually
 from tests.support.settings import MODEL, make_settings

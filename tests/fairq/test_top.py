@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from fairq.cli.status import render_status
+from fairq.cli.views import render_status
 from fairq.stack.localredis import LocalRedis
 from tests.support.eventually import eventually
 from tests.support.processes import ProcessGroups

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 from redis.asyncio import Redis
 
 from broker import JobQueue, RequestKind, Settings, StreamMode, Submission
+from dispatcher.publisher import DispatcherCollector, StatusPublisher
 from dispatcher.service import Dispatcher
-from dispatcher.status import DispatcherCollector, StatusPublisher
 from fairq.cli import main
 from tests.support.quota import within_one_minute
 from tests.support.settings import ADMIN, MODEL, make_config

@@ -33,14 +33,14 @@ from broker import (
     keys,
 )
 from broker.status import ModelQueues, read_queues, read_status
-from dispatcher.service import Dispatcher
-from dispatcher.status import (
+from dispatcher.publisher import (
     HISTORY_STEP_S,
     DispatcherCollector,
     ModelStatus,
     StatusPublisher,
     _History,
 )
+from dispatcher.service import Dispatcher
 from fairq.cli import main
 from tests.support.paths import REPO
 from tests.support.settings import (
