@@ -22,6 +22,7 @@ from batch.context import StepContext
 from batch.harvest import stop_pending
 from batch.ingest import cleanup
 from broker import keys
+from broker.batch import batch_fields
 from broker.jobs import JobState
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ async def _give_up(ctx: StepContext, tries: int, error: str) -> None:
     message = f"the batch could not go on: its step failed {tries} times in a row, last: {error}"
     data = [{"code": "batch_step_failed", "message": message, "line": None, "param": None}]
     errors = orjson.dumps({"object": "list", "data": data})
-    await ctx.store.move(ctx.batch_id, "failed", _ACTIVE, "failed_at", errors=errors)
+    await ctx.store.move(ctx.batch_id, "failed", _ACTIVE, batch_fields.FAILED_AT, errors=errors)
     try:
         await stop_pending(ctx, JobState.CANCELLED, collect=False)
     except Exception:  # the failing piece may be this one: the lines then run and expire

@@ -16,12 +16,17 @@ from collections.abc import AsyncIterator
 from batch.context import StepContext
 from batch.ingest import cleanup
 from broker import keys
+from broker.batch import batch_fields
 from broker.batch.lines import ERROR, OUTPUT
 from broker.batch.store import BatchRecord
 from broker.redis import replies
 
 _PAGE = 1000
-_STAMPS = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}
+_STAMPS = {
+    "completed": batch_fields.COMPLETED_AT,
+    "cancelled": batch_fields.CANCELLED_AT,
+    "expired": batch_fields.EXPIRED_AT,
+}
 _FROM = ("validating", "in_progress", "finalizing", "cancelling")  # the first: expiry
 
 
@@ -33,16 +38,18 @@ def output_file_ids(batch_id: str) -> tuple[str, str]:
 async def finalize(ctx: StepContext, batch: BatchRecord, end: str) -> None:
     """Write the files and end the batch as ``end`` (completed, cancelled or expired)."""
     if end == "completed":
-        await ctx.store.move(ctx.batch_id, "finalizing", ("in_progress",), "finalizing_at")
+        await ctx.store.move(
+            ctx.batch_id, "finalizing", ("in_progress",), batch_fields.FINALIZING_AT
+        )
     batch = await ctx.store.get(ctx.batch_id, None)
     output_id, error_id = output_file_ids(ctx.batch_id)
     fields: dict[str, str | int | bytes] = {}
-    if batch.n("completed"):
+    if batch.n(batch_fields.COMPLETED):
         await _write(ctx, batch, output_id, "output", OUTPUT)
-        fields["output_file_id"] = output_id
-    if batch.n("failed"):
+        fields[batch_fields.OUTPUT_FILE_ID] = output_id
+    if batch.n(batch_fields.FAILED):
         await _write(ctx, batch, error_id, "errors", ERROR)
-        fields["error_file_id"] = error_id
+        fields[batch_fields.ERROR_FILE_ID] = error_id
     await ctx.renew()
     await ctx.store.move(ctx.batch_id, end, _FROM, _STAMPS[end], **fields)
     await cleanup(ctx)
@@ -55,7 +62,7 @@ async def _write(
         batch.owner,
         f"{ctx.batch_id}_{name}.jsonl",
         "batch_output",
-        _records(ctx, batch.n("line"), kind),
+        _records(ctx, batch.n(batch_fields.LINE), kind),
         keep_s=ctx.settings.batch.output_file_keep_s,
         file_id=file_id,
     )

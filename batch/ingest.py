@@ -27,6 +27,7 @@ import orjson
 
 from batch.context import StepContext
 from broker import keys
+from broker.batch import batch_fields
 from broker.batch.lines import KINDS, LineError, ValidLine, check_line, error_record
 from broker.batch.reading import Line, read_lines
 from broker.batch.store import BatchRecord
@@ -49,16 +50,16 @@ def pending_member(job_id: str, custom_id: str) -> str:
 async def ingest(ctx: StepContext, batch: BatchRecord) -> None:
     """Read the rest of the file into jobs; then in_progress, or failed."""
     try:
-        await ctx.files.get(batch.s("input_file_id") or "", batch.owner)
+        await ctx.files.get(batch.s(batch_fields.INPUT_FILE_ID) or "", batch.owner)
     except NotFound:
         await _fail(ctx, batch, "file_not_found", "the input file was deleted before it was read")
         return
     chunk: list[Line] = []
     lines = read_lines(
         ctx.files,
-        batch.s("input_file_id") or "",
-        batch.n("off"),
-        batch.n("line"),
+        batch.s(batch_fields.INPUT_FILE_ID) or "",
+        batch.n(batch_fields.OFFSET),
+        batch.n(batch_fields.LINE),
         ctx.settings.max_body_bytes,
     )
     async for line in lines:
@@ -75,7 +76,9 @@ async def ingest(ctx: StepContext, batch: BatchRecord) -> None:
 
 async def _still_validating(ctx: StepContext) -> bool:
     await ctx.renew()
-    status, expiring = await ctx.redis.hmget(keys.batch(ctx.batch_id), "status", "expiring")
+    status, expiring = await ctx.redis.hmget(
+        keys.batch(ctx.batch_id), batch_fields.STATUS, batch_fields.EXPIRING
+    )
     return status == b"validating" and not expiring
 
 
@@ -152,7 +155,7 @@ def _check(ctx: StepContext, batch: BatchRecord, line: Line) -> ValidLine | Line
             "too_many_requests",
             f"line {line.number}: a batch holds at most {ctx.settings.batch.max_lines} requests",
         )
-    endpoint = batch.s("endpoint") or ""
+    endpoint = batch.s(batch_fields.ENDPOINT) or ""
     return check_line(line.number, line.raw, endpoint, ctx.settings, batch.models)
 
 
@@ -175,14 +178,14 @@ def _submission(batch: BatchRecord, line: ValidLine, job_id: str) -> Submission:
         model=line.model.name,
         owner=batch.owner,
         user=batch.owner,
-        tenant=batch.s("tenant") or batch.owner,
+        tenant=batch.s(batch_fields.TENANT) or batch.owner,
         band="batch",
-        kind=KINDS[batch.s("endpoint") or ""],
+        kind=KINDS[batch.s(batch_fields.ENDPOINT) or ""],
         stream_flag=stream_mode(line.body, line.model),
         payload=engine_payload(line.body, job_id, line.model),
         job_id=job_id,
         cost=estimate_cost(line.body, line.model),
-        weight=float(batch.s("weight") or 1.0),
+        weight=float(batch.s(batch_fields.WEIGHT) or 1.0),
     )
 
 
@@ -218,17 +221,19 @@ async def _commit(
         if queued:
             members = {pending_member(job_id, v.custom_id): v.number for v, job_id in queued}
             pipe.zadd(keys.batch_pending(b), members)
-            pipe.hsetnx(keys.batch(b), "model", queued[0][0].model.name)
+            pipe.hsetnx(keys.batch(b), batch_fields.MODEL, queued[0][0].model.name)
         for error in errors:
             ctx.store.record_call(b, error.number, "failed", error_record(b, error), "").queue(pipe)
-        pipe.hset(keys.batch(b), mapping={"off": last.end, "line": last.number})
-        pipe.hincrby(keys.batch(b), "queued", len(queued))
+        pipe.hset(
+            keys.batch(b), mapping={batch_fields.OFFSET: last.end, batch_fields.LINE: last.number}
+        )
+        pipe.hincrby(keys.batch(b), batch_fields.QUEUED, len(queued))
         await pipe.execute()
 
 
 async def _finish(ctx: StepContext, batch: BatchRecord) -> None:
     b = ctx.batch_id
-    lines, queued = await ctx.redis.hmget(keys.batch(b), "line", "queued")
+    lines, queued = await ctx.redis.hmget(keys.batch(b), batch_fields.LINE, batch_fields.QUEUED)
     total = await ctx.redis.hlen(keys.batch_results(b)) + int(queued or 0)
     if not int(queued or 0):
         await _fail(
@@ -240,7 +245,9 @@ async def _finish(ctx: StepContext, batch: BatchRecord) -> None:
             int(lines or 0),
         )
         return
-    await ctx.store.move(b, "in_progress", ("validating",), "in_progress_at", total=total)
+    await ctx.store.move(
+        b, "in_progress", ("validating",), batch_fields.IN_PROGRESS_AT, total=total
+    )
     await ctx.redis.delete(keys.batch_custom_ids(b))
 
 
@@ -264,7 +271,7 @@ async def _fail(
         ctx.batch_id,
         "failed",
         ("validating",),
-        "failed_at",
+        batch_fields.FAILED_AT,
         errors=errors,
         total=0,
         completed=0,

@@ -31,6 +31,7 @@ from batch.context import StepContext
 from batch.failures import step_failed
 from batch.steps import advance
 from broker import keys
+from broker.batch import batch_fields
 from broker.batch.errors import LeaseLost
 from broker.redis import replies
 from broker.redis.connect import connect
@@ -66,7 +67,7 @@ def expire(batch_id: str) -> None:
         redis = connect(_settings())
         try:
             if await redis.exists(keys.batch(batch_id)):
-                await redis.hset(keys.batch(batch_id), "expiring", 1)
+                await redis.hset(keys.batch(batch_id), batch_fields.EXPIRING, 1)
         finally:
             await redis.aclose()
 
@@ -105,7 +106,10 @@ def sweep(redis: SyncRedis, queue: Queue, settings: Settings) -> int:
     for raw in cast(set[bytes], redis.smembers(keys.ACTIVE_BATCHES)):
         batch_id = raw.decode()
         status, scheduled, expires_at = replies.values(
-            redis.hmget(keys.batch(batch_id), ["status", "xs", "expires_at"])
+            redis.hmget(
+                keys.batch(batch_id),
+                [batch_fields.STATUS, batch_fields.EXPIRY_SCHEDULED, batch_fields.EXPIRES_AT],
+            )
         )
         if status is None:
             redis.srem(keys.ACTIVE_BATCHES, batch_id)
@@ -113,7 +117,7 @@ def sweep(redis: SyncRedis, queue: Queue, settings: Settings) -> int:
         if not scheduled and expires_at:
             when = datetime.fromtimestamp(int(expires_at), UTC)
             queue.enqueue_at(when, expire, batch_id, failure_ttl=_FAILED_TTL_S)
-            redis.hset(keys.batch(batch_id), "xs", 1)
+            redis.hset(keys.batch(batch_id), batch_fields.EXPIRY_SCHEDULED, 1)
         token = secrets.token_hex(8)
         if redis.set(keys.batch_lease(batch_id), token, nx=True, px=lease_ms):
             step = _STEPS.get(status.decode(), progress)

@@ -23,6 +23,7 @@ from batch.finalize import finalize
 from batch.harvest import harvest, pending_page, stop_pending
 from batch.ingest import cleanup, ingest
 from broker import keys
+from broker.batch import batch_fields
 from broker.batch.store import TERMINAL, BatchRecord
 from broker.jobs import JobState
 
@@ -32,7 +33,9 @@ async def advance(ctx: StepContext) -> None:
     if batch.status in TERMINAL:
         await cleanup(ctx)
         return
-    expiring = bool(batch.s("expiring")) or time.time() >= batch.n("expires_at")
+    expiring = bool(batch.s(batch_fields.EXPIRING)) or time.time() >= batch.n(
+        batch_fields.EXPIRES_AT
+    )
     if expiring:
         await _end(ctx, batch, JobState.EXPIRED)
     elif batch.status == "validating":
@@ -47,9 +50,11 @@ async def advance(ctx: StepContext) -> None:
 
 async def _end(ctx: StepContext, batch: BatchRecord, state: JobState) -> None:
     """Stop the lines that have not started; finalize once none is pending."""
-    if not batch.s("total"):  # the file was not read to its end: count what was
-        total = await ctx.redis.hlen(keys.batch_results(ctx.batch_id)) + batch.n("queued")
-        await ctx.redis.hset(keys.batch(ctx.batch_id), "total", total)
+    if not batch.s(batch_fields.TOTAL):  # the file was not read to its end: count what was
+        total = await ctx.redis.hlen(keys.batch_results(ctx.batch_id)) + batch.n(
+            batch_fields.QUEUED
+        )
+        await ctx.redis.hset(keys.batch(ctx.batch_id), batch_fields.TOTAL, total)
     await stop_pending(ctx, state)
     await _finalize_if_done(ctx, batch, state.value)
 

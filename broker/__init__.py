@@ -79,6 +79,7 @@ from broker.tiers import ServiceTiers
 FACE = (
     "auth",
     "batch",
+    "batch.batch_fields",
     "batch.errors",
     "batch.files",
     "batch.lines",

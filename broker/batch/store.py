@@ -9,11 +9,9 @@ so a gateway's cancel and a batch worker's progress can never both win::
     validating / in_progress ─(window passed: flag 'expiring')─▶ expired
     any of these ─(a step failed batch.step_max_tries times in a row)─▶ failed
 
-The hash keeps OpenAI's field names; internal fields: ``owner``, ``tenant``,
-``weight``, ``models`` (the key's entitlement), ``off``/``line``/``queued`` (the
-ingest cursor: byte offset, lines read, lines queued), ``expiring``, ``xs``
-(expiry scheduled with RQ), ``step_fails``/``step_error`` (steps failed in a row and
-the last one's error: ``batch.failures``). A batch created with an Idempotency-Key
+The hash keeps OpenAI's field names and fairq's own beside them
+(``broker.batch.batch_fields``: the key's entitlement, the ingest cursor, expiry, steps
+failed in a row). A batch created with an Idempotency-Key
 (``create_once``) is stored in the transaction that records the key's claim
 (``broker.idempotency``), so a retry gets the first batch.
 """
@@ -31,6 +29,7 @@ from redis.asyncio.client import Pipeline
 
 from broker import idempotency, keys, telemetry
 from broker.auth import Principal
+from broker.batch import batch_fields
 from broker.batch.errors import NotCancellable
 from broker.errors import NotFound
 from broker.idempotency import Idempotency
@@ -40,28 +39,19 @@ from broker.lua.batch_status import batch_status_call
 from broker.redis import replies
 
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
-_TIMES = (
-    "in_progress_at",
-    "finalizing_at",
-    "completed_at",
-    "failed_at",
-    "expired_at",
-    "cancelling_at",
-    "cancelled_at",
-)
 
 
 def new_batch_id() -> str:
     return f"batch_{secrets.token_hex(12)}"
 
 
-def _int(h: dict[bytes, bytes], field: bytes) -> int | None:
-    value = h.get(field)
+def _int(h: dict[bytes, bytes], field: str) -> int | None:
+    value = h.get(field.encode())
     return int(value) if value else None
 
 
-def _json(h: dict[bytes, bytes], field: bytes) -> Any:
-    value = h.get(field)
+def _json(h: dict[bytes, bytes], field: str) -> Any:
+    value = h.get(field.encode())
     return orjson.loads(value) if value else None
 
 
@@ -75,19 +65,19 @@ class BatchRecord:
         return value.decode() if value else None
 
     def n(self, field: str) -> int:
-        return _int(self.h, field.encode()) or 0
+        return _int(self.h, field) or 0
 
     @property
     def status(self) -> str:
-        return self.s("status") or ""
+        return self.s(batch_fields.STATUS) or ""
 
     @property
     def owner(self) -> str:
-        return self.s("owner") or ""
+        return self.s(batch_fields.OWNER) or ""
 
     @property
     def models(self) -> tuple[str, ...] | None:
-        value = _json(self.h, b"models")
+        value = _json(self.h, batch_fields.MODELS)
         return tuple(value) if value is not None else None
 
     def public(self) -> dict[str, object]:
@@ -95,24 +85,24 @@ class BatchRecord:
         out: dict[str, object] = {
             "id": self.id,
             "object": "batch",
-            "endpoint": self.s("endpoint"),
-            "errors": _json(self.h, b"errors"),
-            "input_file_id": self.s("input_file_id"),
-            "completion_window": self.s("completion_window"),
+            "endpoint": self.s(batch_fields.ENDPOINT),
+            "errors": _json(self.h, batch_fields.ERRORS),
+            "input_file_id": self.s(batch_fields.INPUT_FILE_ID),
+            "completion_window": self.s(batch_fields.COMPLETION_WINDOW),
             "status": self.status,
-            "output_file_id": self.s("output_file_id"),
-            "error_file_id": self.s("error_file_id"),
-            "created_at": self.n("created_at"),
-            "expires_at": _int(self.h, b"expires_at"),
+            "output_file_id": self.s(batch_fields.OUTPUT_FILE_ID),
+            "error_file_id": self.s(batch_fields.ERROR_FILE_ID),
+            "created_at": self.n(batch_fields.CREATED_AT),
+            "expires_at": _int(self.h, batch_fields.EXPIRES_AT),
             "request_counts": {
-                "total": self.n("total") or self.n("line"),
-                "completed": self.n("completed"),
-                "failed": self.n("failed"),
+                "total": self.n(batch_fields.TOTAL) or self.n(batch_fields.LINE),
+                "completed": self.n(batch_fields.COMPLETED),
+                "failed": self.n(batch_fields.FAILED),
             },
-            "metadata": _json(self.h, b"metadata"),
-            "model": self.s("model"),
+            "metadata": _json(self.h, batch_fields.METADATA),
+            "model": self.s(batch_fields.MODEL),
         }
-        out.update({field: _int(self.h, field.encode()) for field in _TIMES})
+        out.update({field: _int(self.h, field) for field in batch_fields.TIMES})
         return out
 
 
@@ -128,24 +118,24 @@ def _fields(
     """A new batch's hash: status ``validating``, the caller's entitlement, no progress."""
     now = int(time.time())
     fields: dict[str, str | int | bytes] = {
-        "status": "validating",
-        "endpoint": endpoint,
-        "input_file_id": input_file_id,
-        "completion_window": window,
-        "created_at": now,
-        "expires_at": now + window_s,
-        "owner": caller.user,
-        "tenant": caller.tenant,
-        "weight": str(caller.weight),
-        "models": orjson.dumps(caller.models),
-        "off": 0,
-        "line": 0,
-        "queued": 0,
-        "completed": 0,
-        "failed": 0,
+        batch_fields.STATUS: "validating",
+        batch_fields.ENDPOINT: endpoint,
+        batch_fields.INPUT_FILE_ID: input_file_id,
+        batch_fields.COMPLETION_WINDOW: window,
+        batch_fields.CREATED_AT: now,
+        batch_fields.EXPIRES_AT: now + window_s,
+        batch_fields.OWNER: caller.user,
+        batch_fields.TENANT: caller.tenant,
+        batch_fields.WEIGHT: str(caller.weight),
+        batch_fields.MODELS: orjson.dumps(caller.models),
+        batch_fields.OFFSET: 0,
+        batch_fields.LINE: 0,
+        batch_fields.QUEUED: 0,
+        batch_fields.COMPLETED: 0,
+        batch_fields.FAILED: 0,
     }
     if metadata:
-        fields["metadata"] = orjson.dumps(metadata)
+        fields[batch_fields.METADATA] = orjson.dumps(metadata)
     return fields
 
 
@@ -218,7 +208,9 @@ class BatchStore:
     async def get(self, batch_id: str, owner: str | None) -> BatchRecord:
         """The batch; NotFound if there is none or it is someone else's (``owner=None``: any)."""
         h = replies.hash_reply(await self._redis.hgetall(keys.batch(batch_id)))
-        if not h or (owner is not None and h.get(b"owner", b"").decode() != owner):
+        if not h or (
+            owner is not None and h.get(batch_fields.OWNER.encode(), b"").decode() != owner
+        ):
             raise NotFound(f"No such Batch object: {batch_id}", code="batch_not_found")
         return BatchRecord(batch_id, h)
 
@@ -255,20 +247,22 @@ class BatchStore:
         """Count a failed step of the batch and keep its error; returns the failures in a
         row (two fields, however many: the count and the last error)."""
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hincrby(keys.batch(batch_id), "step_fails", 1)
-            pipe.hset(keys.batch(batch_id), "step_error", error)
+            pipe.hincrby(keys.batch(batch_id), batch_fields.STEP_FAILS, 1)
+            pipe.hset(keys.batch(batch_id), batch_fields.STEP_ERROR, error)
             fails, _ = await pipe.execute()
         return int(fails)
 
     async def step_succeeded(self, batch_id: str) -> None:
         """A step went through: the next failure is the first in a row again."""
-        await self._redis.hdel(keys.batch(batch_id), "step_fails", "step_error")
+        await self._redis.hdel(
+            keys.batch(batch_id), batch_fields.STEP_FAILS, batch_fields.STEP_ERROR
+        )
 
     async def cancel(self, batch_id: str, owner: str) -> BatchRecord:
         """Start cancelling (the batch workers finish it); NotCancellable once it is ending."""
         await self.get(batch_id, owner)
         moved, status = await self.move(
-            batch_id, "cancelling", ("validating", "in_progress"), "cancelling_at"
+            batch_id, "cancelling", ("validating", "in_progress"), batch_fields.CANCELLING_AT
         )
         if not moved and status != "cancelling":
             raise NotCancellable(f"Cannot cancel a batch with status '{status}'.")
