@@ -103,10 +103,22 @@ def _url_table(
     table = Table(title=title, title_justify="left", expand=True, **_SLIM)
     table.add_column("endpoint", overflow="fold", width=max(16, min(longest, width - beside - 2)))
     for header in columns:
-        table.add_column(header, justify="left" if header == "health" else "right")
+        table.add_column(shown(header), justify="left" if header == "health" else "right")
     for row, url in enumerate(urls):
-        table.add_row(url, *(cells[row] for cells in columns.values()))
+        table.add_row(shown(url), *(cells[row] for cells in columns.values()))
     return table
+
+
+def shown(value: object) -> Text:
+    """User-supplied text as it is: never rich markup (a user named ``[/]`` crashed the
+    parser), and each character that is neither printable nor a line break shown as its
+    escape (``\\x1b``), so no control sequence reaches the operator's terminal (rich
+    passes ESC through)."""
+    return Text("".join(_visible(c) for c in str(value)))
+
+
+def _visible(char: str) -> str:
+    return char if char.isprintable() or char == "\n" else char.encode("unicode_escape").decode()
 
 
 def _endpoints(model: dict[str, Any], width: int) -> Table:
@@ -119,7 +131,7 @@ def _endpoints(model: dict[str, Any], width: int) -> Table:
         if ep.get("batch_slots_disagree")
     ]
     if notes:
-        table.caption = "\n".join(notes)
+        table.caption = shown("\n".join(notes))
         table.caption_justify = "left"
     return table
 
@@ -163,7 +175,12 @@ def _bands(model: dict[str, Any]) -> Table:
     table.add_column("top users (queued)")
     for band in model["bands"]:
         top = ", ".join(f"{u['user']} {u['queued']}" for u in band["top_users"])
-        table.add_row(band["band"], str(band["queued"]), str(band["backlogged_users"]), top or "-")
+        table.add_row(
+            shown(band["band"]),
+            str(band["queued"]),
+            str(band["backlogged_users"]),
+            shown(top or "-"),
+        )
     return table
 
 
@@ -176,7 +193,7 @@ def _model_view(model: dict[str, Any], width: int) -> RenderableType:
     rate = model.get("dispatch_rate")
     in_engine = ", ".join(f"{u['user']} {u['jobs']}" for u in model.get("in_engine_users", []))
     head = Text.assemble(
-        (model["model"], "bold"),
+        (shown(model["model"]).plain, "bold"),
         f"  {model['policy']}, admission {model['admission']}, {source}",
         f", {rate:.2f} jobs/s dispatched" if rate else "",
         _newcomers(model.get("newcomer_ttft_ms")),
@@ -186,7 +203,7 @@ def _model_view(model: dict[str, Any], width: int) -> RenderableType:
         _endpoints(model, width),
         _admission(model, width),
         _bands(model),
-        Text(f"in the engines: {in_engine or '-'}"),
+        shown(f"in the engines: {in_engine or '-'}"),
     )
 
 
@@ -208,11 +225,11 @@ def _quotas(quotas: list[dict[str, Any]]) -> Table:
     for header in ("used", "of", "left", "resets in"):
         table.add_column(header, justify="right", no_wrap=True)
     for quota in quotas:
-        who = Text(f"{quota['scope']} {quota['name']}")  # a Text: a name is not markup
+        who = shown(f"{quota['scope']} {quota['name']}")
         for use in quota["limits"]:
             table.add_row(
                 who,
-                use["name"],
+                shown(use["name"]),
                 str(use["used"]),
                 str(use["limit"]),
                 str(use["remaining"]),
@@ -369,13 +386,9 @@ def _jobs_table(rows: list[dict[str, Any]], total: int) -> Table:
         created = row["created_at_ms"]
         when = time.strftime("%H:%M:%S", time.localtime(created / 1000)) if created else "-"
         table.add_row(
-            row["id"],
-            row["model"],
-            row["status"],
-            row["band"],
-            row["user"],
+            *(shown(row[field]) for field in ("id", "model", "status", "band", "user")),
             when,
-            row["endpoint"] or "-",
+            shown(row["endpoint"] or "-"),
         )
     return table
 
