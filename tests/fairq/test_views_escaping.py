@@ -39,8 +39,15 @@ def test_status_shows_hostile_user_band_model_and_url_as_text() -> None:
 
 
 def test_the_jobs_table_shows_hostile_fields_as_text() -> None:
-    row = {"id": f"job{HOSTILE}", "model": STYLED, "status": "queued", "band": "default",
-           "user": HOSTILE + ESCAPE, "created_at_ms": 0, "endpoint": f"http://x/{STYLED}"}  # fmt: skip
+    row = {
+        "id": f"job{HOSTILE}",
+        "model": STYLED,
+        "status": "queued",
+        "band": "default",
+        "user": HOSTILE + ESCAPE,
+        "created_at_ms": 0,
+        "endpoint": f"http://x/{STYLED}",
+    }
     shown = _shown(_jobs_table([row], 1))
     assert f"job{HOSTILE}" in shown and STYLED in shown and f"http://x/{STYLED}" in shown
     assert HOSTILE in shown and "\x1b]" not in shown and "\x1b[2J" not in shown
