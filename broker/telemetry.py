@@ -27,7 +27,7 @@ are rebuilt on every collection (a user who left the top N leaves the output).
 The dispatcher, the worker, the batch worker and the KEDA scaler serve ``/metrics`` on a
 port of their own (``serve_metrics``: loopback unless ``metrics_host`` says otherwise, a
 port per kind of component unless ``metrics_port`` says one, 0: none); the gateway serves
-it on its HTTP port.
+it on its HTTP port, or on ``http.metrics_port`` where that is set (``serve_metrics_at``).
 """
 
 from __future__ import annotations
@@ -238,6 +238,19 @@ def serve_metrics(settings: Settings, component: str) -> int | None:
         if port is None and exc.errno == errno.EADDRINUSE:
             return _serve_on_a_free_port(host, wanted, component)
         log.error("cannot serve /metrics on %s:%d (%s); running without metrics", host, wanted, exc)
+        return None
+    log.info("serving /metrics on %s:%d", host, bound)
+    return bound
+
+
+def serve_metrics_at(host: str, port: int) -> int | None:
+    """Serve the default registry on ``host:port`` from a daemon thread (the gateway's own
+    port: ``http.metrics_port``); returns the port, or None where it cannot bind (logged,
+    as ``serve_metrics``)."""
+    try:
+        bound = _start_http_server(host, port)
+    except OSError as exc:
+        log.error("cannot serve /metrics on %s:%d (%s); running without metrics", host, port, exc)
         return None
     log.info("serving /metrics on %s:%d", host, bound)
     return bound

@@ -25,6 +25,8 @@ def run_gateway(settings: Settings, host: str, port: int) -> None:
     from gateway import GatewayServer, create_app, gateway_config, make_room
 
     app = create_app(settings)
+    if settings.http.metrics_port is not None:  # else /metrics is on the HTTP port
+        telemetry.serve_metrics_at(settings.metrics_host, settings.http.metrics_port)
     make_room(settings.http)
     gc_tuning.settle(settings)
     GatewayServer(gateway_config(app, settings, host, port), app).run()

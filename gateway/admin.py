@@ -10,8 +10,9 @@ pipelined read for all).
 ``/dashboard`` is one static page (no external assets: the chart is drawn on a canvas)
 that asks for an admin key, keeps it in the tab's session storage, and polls
 ``/admin/status``; the page itself holds no data, so it is served to anyone. ``/metrics``
-is the gateway's own series, unauthenticated as Prometheus expects; do not route it
-through the public Ingress. None of them is part of the public API: the OpenAPI document
+is the gateway's own series, unauthenticated as Prometheus expects: on the HTTP port
+unless ``http.metrics_port`` serves it on a port of its own (``fairq.services``), as the
+Kubernetes manifests do. None of them is part of the public API: the OpenAPI document
 leaves them out.
 """
 
@@ -36,11 +37,13 @@ from gateway.errors import json_response
 from gateway.state import gateway_of
 
 router = APIRouter(include_in_schema=False)
+# On the HTTP port only where ``http.metrics_port`` does not give /metrics a port of its own
+metrics_router = APIRouter(include_in_schema=False)
 
 _PAGE = resources.files("gateway").joinpath("static/dashboard.html")
 
 
-@router.get("/metrics")
+@metrics_router.get("/metrics")
 async def metrics() -> Response:
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 

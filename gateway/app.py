@@ -54,6 +54,8 @@ def create_app(settings: Settings) -> FastAPI:
     )
     for module in (completions, jobs, models, health, admin, admin_queues):
         app.include_router(module.router)
+    if settings.http.metrics_port is None:
+        app.include_router(admin.metrics_router)
     # The Batch API runs on RQ, which cannot use a Redis Cluster (docs/operations.md).
     batch = [] if not settings.redis_cluster else [Depends(_batch_needs_single_redis)]
     for module in (files, batches):

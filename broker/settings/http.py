@@ -1,4 +1,5 @@
-"""The gateway's HTTP connections (``gateway/connections.py``): what one client may hold."""
+"""The gateway's HTTP connections (``gateway/connections.py``): what one client may hold,
+and where its own /metrics is served."""
 
 from __future__ import annotations
 
@@ -43,4 +44,13 @@ class HttpSettings(Frozen):
         "or that 503) is read and dropped up to this many bytes, so that a client that "
         "sends its whole body before it reads gets the answer; beyond, the connection is "
         "closed.",
+    )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="The gateway's Prometheus /metrics on a port of its own, on "
+        "metrics_host, and not on its HTTP port. null: on its HTTP port beside the API, "
+        "unauthenticated as Prometheus expects; a deployment whose HTTP port is reachable "
+        "from outside (an Ingress) sets this, as the Kubernetes manifests do.",
     )

@@ -381,7 +381,7 @@ class Settings(BaseSettings):
         ge=0,
         le=65535,
         description="The Prometheus /metrics port of dispatchers, workers, batch workers and "
-        "the KEDA scaler (the gateway serves its own on its HTTP port). null: each "
+        "the KEDA scaler (the gateway's: http.metrics_port). null: each "
         "component's own (dispatcher 9464, worker 9465, batch worker 9466, KEDA scaler "
         "9468), or a free one, logged, when "
         "another process on the host holds it; 0: no metrics server.",

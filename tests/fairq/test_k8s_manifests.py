@@ -25,6 +25,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
+from pydantic import BaseModel
 
 from broker import keys
 from broker.settings import Settings, load_settings
@@ -390,9 +391,18 @@ def test_every_namespaced_object_lands_in_the_fairq_namespace(overlay: str) -> N
 
 
 def settings_env_names() -> set[str]:
-    """FAIRQ_* names pydantic-settings reads: the prefix and every field of Settings."""
-    prefix = Settings.model_config["env_prefix"]
-    return {f"{prefix}{name}".upper() for name in Settings.model_fields}
+    """FAIRQ_* names pydantic-settings reads: the prefix and every field of Settings, and
+    of each group of settings a field of one (``FAIRQ_HTTP__METRICS_PORT``)."""
+    prefix, nested = (
+        Settings.model_config["env_prefix"],
+        Settings.model_config["env_nested_delimiter"],
+    )
+    names = {f"{prefix}{name}".upper() for name in Settings.model_fields}
+    for name, field in Settings.model_fields.items():
+        group = field.annotation
+        if isinstance(group, type) and issubclass(group, BaseModel):
+            names |= {f"{prefix}{name}{nested}{sub}".upper() for sub in group.model_fields}
+    return names
 
 
 def test_the_settings_names_come_from_the_model() -> None:
@@ -476,10 +486,14 @@ def test_a_pod_that_exposes_metrics_serves_them_on_every_address_at_that_port(
         for name, value in _container_env(objects, pod, container, tmp_path / str(i)).items():
             monkeypatch.setenv(name, value)
         settings = load_settings()
-        served = (settings.metrics_host, settings.metrics_port)
+        # The gateway's own metrics port is http.metrics_port (its HTTP port has none then)
+        port = (
+            settings.http.metrics_port if container["args"][0] == "api" else settings.metrics_port
+        )
+        served = (settings.metrics_host, port)
         assert served == ("0.0.0.0", ports["metrics"]), workload["metadata"]["name"]
         exposed += 1
-    assert exposed >= 2  # dispatchers and workers
+    assert exposed >= 3  # gateways, dispatchers and workers
 
 
 # -- engines: one Deployment and Service per model and pod ------------------------------

@@ -174,7 +174,9 @@ def intended(overlay: str) -> set[tuple[str, str, str]]:
     table |= {("keda", "keda-scaler", "9467/TCP")}  # KEDA calls the engines' scaler
     table |= {("redis", "dns", p) for p in ("53/UDP", "53/TCP")}
     table |= {(p, "redis", "6379/TCP") for p in fairq}
-    table |= {("monitoring", p, "9464/TCP") for p in ("dispatcher", "worker", "keda-scaler")}
+    table |= {
+        ("monitoring", p, "9464/TCP") for p in ("gateway", "dispatcher", "worker", "keda-scaler")
+    }
     if overlay == "production":
         table |= {("keda", "redis", "6379/TCP")}  # the workers' redis-streams triggers
         table |= {("engine", "public-https", "443/TCP")}  # vLLM downloads its weights

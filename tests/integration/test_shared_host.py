@@ -1,8 +1,9 @@
 """fairq's components on one host, each started as an operator starts it by hand: with
 no metrics setting, every one serves ``/metrics`` (a port per kind, a second of a kind
 on a free port it names), and only on loopback unless ``metrics_host`` says otherwise;
-at ``FAIRQ_LOG_LEVEL=WARNING`` no process prints a line below WARNING, a library's
-included (RQ's scheduler lock, its registry cleaning)."""
+the gateway, given ``http.metrics_port``, there and not on its HTTP port; at
+``FAIRQ_LOG_LEVEL=WARNING`` no process prints a line below WARNING, a library's included
+(RQ's scheduler lock, its registry cleaning)."""
 
 from __future__ import annotations
 
@@ -111,6 +112,22 @@ def test_metrics_host_and_port_when_set_are_where_a_component_listens(
     assert eventually(listening, "the worker listens on its metrics port", 30.0) == "0.0.0.0"
     assert "fairq_worker_concurrency" in local_http.get(f"http://127.0.0.1:{port}/metrics").text
     _stop(worker)
+
+
+def test_the_gateway_serves_metrics_on_its_own_port_when_set_and_then_not_on_http(
+    env: dict[str, str], processes: ProcessGroups
+) -> None:
+    # As the Kubernetes manifests run it: clients reach the HTTP port, monitoring the other.
+    api_port, metrics_port = free_port(), free_port()
+    settings = {"FAIRQ_HTTP__METRICS_PORT": str(metrics_port), "FAIRQ_LOG_LEVEL": "WARNING"}
+    gateway = _start(processes, env | settings, "api", "--port", str(api_port))
+    _answers(f"http://127.0.0.1:{api_port}/readyz")
+    own = local_http.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5.0)
+    assert own.status_code == 200 and "fairq_jobs_submitted" in own.text
+    assert _listening(gateway.pid, metrics_port) == "127.0.0.1"  # metrics_host's default
+    public = local_http.get(f"http://127.0.0.1:{api_port}/metrics", timeout=5.0)
+    assert public.status_code == 404 and "fairq_jobs_submitted" not in public.text
+    _stop(gateway)
 
 
 def test_at_warning_no_process_prints_a_line_below_it(
