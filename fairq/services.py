@@ -32,6 +32,20 @@ def run_gateway(settings: Settings, host: str, port: int) -> None:
     GatewayServer(gateway_config(app, settings, host, port), app).run()
 
 
+async def _end_files_kept_forever(settings: Settings) -> None:
+    """Files stored before files expired get an end and count against their owner's quota
+    (``FileStore.end_files_kept_forever``): once, as a batch worker starts."""
+    from broker.batch import FileStore
+
+    redis = connect(settings)
+    try:
+        ended = await FileStore(redis).end_files_kept_forever(settings.batch.file_keep_s)
+    finally:
+        await redis.aclose()
+    if ended:
+        log.info("%d file(s) stored before files expired now expire and count", ended)
+
+
 def run_batch_worker(settings: Settings) -> None:
     """Run a batch worker until SIGINT or SIGTERM (RQ's warm shutdown: the step finishes)."""
     from redis import Redis as SyncRedis
@@ -39,6 +53,7 @@ def run_batch_worker(settings: Settings) -> None:
     from batch import BatchWorker
 
     telemetry.serve_metrics(settings, "batch worker")  # batch lines and batches ended
+    asyncio.run(_end_files_kept_forever(settings))
     worker = BatchWorker(settings, SyncRedis.from_url(settings.require_redis_url()))
     log.info("batch worker %s on queue %s", worker.name, keys.BATCH_QUEUE)
     # RQ's own lines (its registry cleaning twice a second, its scheduler lock) are a

@@ -13,7 +13,8 @@ owner's quota (``file_reserve.lua``) from before its bytes reach Redis, when its
 known (an upload: the spool's), or once they have (a batch's output, never refused),
 until it is deleted, its upload fails, or it expires (released at the owner's next
 upload). While a file is copied in, its share counts for an hour only, so a gateway that
-dies mid-copy leaks no quota for longer.
+dies mid-copy leaks no quota for longer. A file stored by a fairq from before files
+expired gets its end, and its count, when a batch worker starts (``end_files_kept_forever``).
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ class FileRecord:
     created_at: int
     filename: str
     purpose: str
-    expires_at: int | None = None  # None: a file stored before files expired
+    expires_at: int | None = None  # None: stored before files expired, not yet given an end
 
     @classmethod
     def from_hash(cls, file_id: str, h: replies.Hash) -> FileRecord:
@@ -273,6 +274,39 @@ class FileStore:
         """Drop an upload that will not be stored: its bytes and its share of the quota."""
         await self._redis.delete(keys.file_tmp(file_id))
         await file_release_call(owner, file_id).run(self._redis)
+
+    async def end_files_kept_forever(self, keep_s: int, now: int | None = None) -> int:
+        """Give each file stored before files expired (no ``expires_at``: its keys never
+        expire, and no quota counts it) an end, ``keep_s`` after it was made but not
+        within the hour (a deployment that upgrades loses no file it reads at once), and
+        count it against its owner's quota until then, as any other. Returns how many.
+        Reads every owner's listing: a batch worker runs it once as it starts."""
+        now = int(time.time()) if now is None else now
+        ended = 0
+        prefix = keys.owner_files("")[:-1]  # fq:files:{
+        async for key in self._redis.scan_iter(match=keys.owner_files("*"), count=1000):
+            owner = key.decode()[len(prefix) : -1]
+            if key.decode() != keys.owner_files(owner):
+                continue  # an owner's :held or :ends
+            for member in replies.members(await self._redis.zrange(key, 0, -1)):
+                h = replies.hash_reply(await self._redis.hgetall(keys.file_meta(member.decode())))
+                if h and not h.get(b"expires_at"):
+                    record = FileRecord.from_hash(member.decode(), h)
+                    until = max(record.created_at + keep_s, now + EXPIRES_AFTER_MIN_S)
+                    await self._end(record, until)
+                    ended += 1
+        return ended
+
+    async def _end(self, record: FileRecord, until: int) -> None:
+        reserve = file_reserve_call(
+            record.owner, record.id, record.bytes, ends_at_s=until, max_bytes=0, max_files=0
+        )
+        await reserve.run(self._redis)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(keys.file_meta(record.id), "expires_at", until)
+            pipe.expireat(keys.file_meta(record.id), until)
+            pipe.expireat(keys.file_data(record.id), until)
+            await pipe.execute()
 
     async def keep_until(self, record: FileRecord, until: int) -> FileRecord:
         """The file kept (and counted) until at least ``until``: a batch's input file for

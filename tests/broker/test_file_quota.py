@@ -162,3 +162,35 @@ async def test_a_file_kept_for_a_batch_expires_later_and_counts_until_then(r: Re
 def test_a_quota_smaller_than_the_largest_upload_is_a_setting_error() -> None:
     with pytest.raises(ValueError, match=r"must be at least batch\.max_file_bytes"):
         BatchSettings(max_file_bytes=2048, owner_max_bytes=1024)
+
+
+async def _plant_file_kept_forever(r: Redis, file_id: str, created_at: int, data: bytes) -> None:
+    """A file as fairq stored it before files expired: no expires_at, no TTL, no quota."""
+    await r.hset(
+        keys.file_meta(file_id),
+        mapping={"owner": "alice", "bytes": len(data), "created_at": created_at,
+                 "filename": "old.jsonl", "purpose": "batch"},
+    )  # fmt: skip
+    await r.set(keys.file_data(file_id), data)
+    await r.zadd(keys.owner_files("alice"), {file_id: created_at * 1_000_000})
+
+
+async def test_files_stored_before_files_expired_get_an_end_and_count_against_the_quota(
+    r: Redis,
+) -> None:
+    store, now = FileStore(r), 1_800_000_000
+    quota = Quota(max_bytes=1000, max_files=100)
+    recent, old = "file-recent", "file-old"
+    await _plant_file_kept_forever(r, recent, now - 100, b"x" * 300)
+    await _plant_file_kept_forever(r, old, now - 10 * DAY_S, b"y" * 200)
+    kept = await upload(store, b"z" * 100, quota)  # a file of today: it has its end already
+    kept_end = (await store.get(kept, "alice")).expires_at
+    assert await store.end_files_kept_forever(DAY_S, now=now) == 2
+    ends = {f: (await store.get(f, "alice")).expires_at for f in (recent, old, kept)}
+    # A day after it was made; one made long ago gets an hour, not its end in the past.
+    assert ends == {recent: now - 100 + DAY_S, old: now + 3600, kept: kept_end}
+    for file_id in (recent, old):
+        assert await r.expiretime(keys.file_meta(file_id)) == ends[file_id]
+        assert await r.expiretime(keys.file_data(file_id)) == ends[file_id]
+    assert await held(r) == (3, 600)  # the two counted beside today's
+    assert await store.end_files_kept_forever(DAY_S, now=now) == 0  # once is enough

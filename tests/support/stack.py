@@ -159,6 +159,9 @@ class WorkerProcesses:
         wait_healthy(f"http://127.0.0.1:{port}/readyz", proc, "the gateway")
         return proc
 
+    def spawn_batch_worker(self) -> subprocess.Popen[bytes]:
+        return self.run(["batch-worker"], self._env)
+
     def run(self, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         proc: subprocess.Popen[bytes] = self._groups.start(
             [sys.executable, "-m", "fairq", *args], env=env
