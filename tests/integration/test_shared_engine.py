@@ -172,11 +172,14 @@ def test_a_newcomer_of_one_name_takes_a_slot_from_the_other_names_flood(
     # rather than waiting for one of her answers to end.
     engine = shared_engine(redis_url, tmp_path)
     prompt = [{"role": "user", "content": "hello"}]
-    with engine.stack, engine.alice, engine.bob, redis.Redis.from_url(redis_url) as r:
+    with engine.stack, engine.alice, engine.bob:
         long = [engine.alice.submit(BASE, messages=prompt, max_tokens=300) for _ in range(4)]
 
         def batch_full() -> bool:
-            return int(r.hget(keys.inflight(BASE), engine.url) or 0) >= BATCH
+            # In the engine's batch: streaming (a first token), not only dispatched (a job
+            # sent before the worker is up waits for it, and Bob's would wait too)
+            started = [engine.alice.status(job_id).first_token_ms for job_id in long]
+            return len([ms for ms in started if ms is not None]) >= BATCH
 
         eventually(batch_full, "Alice's answers to fill the batch", 10, interval_s=0.01)
         time.sleep(0.2)  # her answers are well under way: each takes over a second
