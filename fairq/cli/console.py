@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
+from fairq.cli.visible import visible
+
 QUIET_S = 5.0
 _NAME_WIDTH = 16
 _LOG_STAMP = re.compile(r"^\d{4}-\d\d-\d\d (\d\d:\d\d:\d\d),\d{3} ")
@@ -52,7 +54,8 @@ class Console:
         self._wanted = False
 
     def output(self, name: str, line: str) -> None:
-        """One line a component wrote."""
+        """One line a component wrote, with no control sequence of its own (``visible``)."""
+        line = visible(line)
         stamp = _LOG_STAMP.match(line)
         if stamp:
             self._print(f"{stamp.group(1)} {name:<{_NAME_WIDTH}} {line[stamp.end() :]}")

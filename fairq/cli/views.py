@@ -33,6 +33,7 @@ from rich.text import Text
 from broker import FairqError, JobQueue, JobRecord, JobState, Settings, connect, keys, read_status
 from broker import job_fields as jf
 from broker.quota_status import read_quotas
+from fairq.cli.visible import visible
 from fairq.runtime import CONFIG, REDIS, SETTING, environment, stack_settings_or_exit
 
 _ENV = environment(CONFIG, REDIS, SETTING)
@@ -111,14 +112,8 @@ def _url_table(
 
 def shown(value: object) -> Text:
     """User-supplied text as it is: never rich markup (a user named ``[/]`` crashed the
-    parser), and each character that is neither printable nor a line break shown as its
-    escape (``\\x1b``), so no control sequence reaches the operator's terminal (rich
-    passes ESC through)."""
-    return Text("".join(_visible(c) for c in str(value)))
-
-
-def _visible(char: str) -> str:
-    return char if char.isprintable() or char == "\n" else char.encode("unicode_escape").decode()
+    parser), and no control sequence (``visible``: rich passes ESC through)."""
+    return Text(visible(str(value)))
 
 
 def _endpoints(model: dict[str, Any], width: int) -> Table:

@@ -70,3 +70,12 @@ def test_enter_asks_for_the_banner_at_once() -> None:
 
 def test_long_lines_take_the_rows_they_wrap_to() -> None:
     assert rows(["x" * 80, "x" * 81, ""], 80) == 1 + 2 + 1
+
+
+def test_a_components_line_reaches_the_terminal_without_its_control_sequences() -> None:
+    # A line that would retitle the terminal and clear the screen is shown, not obeyed.
+    con, out, _ = console()
+    con.output("api", "user \x1b]0;owned\x07\x1b[2J said hello\tthere")
+    (line,) = out.getvalue().splitlines()
+    assert "\x1b" not in line and "\x07" not in line and "\t" not in line
+    assert line.endswith("user \\x1b]0;owned\\x07\\x1b[2J said hello\\tthere")
