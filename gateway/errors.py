@@ -108,7 +108,12 @@ async def _on_fairq_error(request: Request, exc: Exception) -> Response:
 async def _on_redis_error(request: Request, exc: Exception) -> Response:
     error_id = secrets.token_hex(6)
     where = f"{request.method} {request.url.path}"
-    log.warning("%s: Redis failed (error id %s): %s: %s", where, error_id, type(exc).__name__, exc)
+    gateway = getattr(request.app.state, "gateway", None)  # None: before the lifespan opened it
+    redis = gateway.settings.redis_address() if gateway is not None else "unknown"
+    log.warning(
+        "%s: Redis at %s failed (error id %s): %s: %s",
+        *(where, redis, error_id, type(exc).__name__, exc),
+    )
     return error_response(
         BrokerUnavailable(
             "the queue's store (Redis) is unavailable: retry in a few seconds (error id "

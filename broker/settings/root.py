@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import (
     Field,
@@ -443,6 +444,17 @@ class Settings(BaseSettings):
 
     def model(self, name: str) -> ModelConfig | None:
         return next((m for m in self.models if m.name == name), None)
+
+    def redis_address(self) -> str:
+        """Where Redis is, for the operator's log: the URL without its credentials
+        (``redis://host:6379/0``, ``unix:///run/redis.sock``); ``unset`` when none is."""
+        if self.redis_url is None:
+            return "unset"
+        parts = urlsplit(self.redis_url.get_secret_value())
+        host = parts.hostname or ""
+        where = f"[{host}]" if ":" in host else host
+        port = f":{parts.port}" if parts.port else ""
+        return f"{parts.scheme}://{where}{port}{parts.path}"
 
     def require_redis_url(self) -> str:
         if self.redis_url is None:

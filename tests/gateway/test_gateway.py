@@ -796,7 +796,7 @@ async def test_a_redis_failure_reaches_its_client_without_redis_s_address_and_wi
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-        dead = f"redis://127.0.0.1:{port}/0"  # bound, never listening
+        dead = f"redis://:hunter2@127.0.0.1:{port}/0"  # bound, never listening
         with gateway_server(make_settings(dead, **CONFIG)) as url:
             async with httpx.AsyncClient(base_url=url, timeout=WAIT_S, headers=ALICE) as http:
                 # redis-py's error, raised through the broker's error and straight
@@ -810,6 +810,8 @@ async def test_a_redis_failure_reaches_its_client_without_redis_s_address_and_wi
         assert answer.headers[ERROR_ID_HEADER] == told[1]
         logged = [r.getMessage() for r in caplog.records if told[1] in r.getMessage()]
         assert logged and "refused" in logged[0]  # the operator has the detail
+        assert f"Redis at redis://127.0.0.1:{port}/0 failed" in logged[0]  # where, not how
+        assert "hunter2" not in logged[0]
 
 
 def test_serve_answers_queued_streams_and_exits_cleanly_on_sigterm(redis_url: str) -> None:
